@@ -1,0 +1,89 @@
+//! The chat-completions dialect: the request rewrite for the replica, and the response
+//! normalisation on the way back (reasoning on `reasoning`, `service.output_status`, the
+//! hosted Usage object with cost), streamed or not.
+
+mod request;
+mod response;
+mod stream;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use pingora::http::ResponseHeader;
+use pingora::proxy::Session;
+
+use crate::ctx::RequestCtx;
+use crate::error::GatewayError;
+use crate::plugin::{Flow, Plugin};
+use crate::routes::Route;
+
+pub struct ChatCompletions;
+
+fn is_chat(cx: &RequestCtx) -> bool {
+    cx.route == Some(Route::ChatCompletions)
+}
+
+#[async_trait]
+impl Plugin for ChatCompletions {
+    fn name(&self) -> &'static str {
+        "chat_completions"
+    }
+
+    fn priority(&self) -> i16 {
+        200
+    }
+
+    async fn on_request(
+        &self,
+        _s: &mut Session,
+        cx: &mut RequestCtx,
+    ) -> Result<Flow, GatewayError> {
+        if is_chat(cx) {
+            request::rewrite(cx)?;
+        }
+        Ok(Flow::Continue)
+    }
+
+    fn on_response_header(
+        &self,
+        resp: &mut ResponseHeader,
+        cx: &mut RequestCtx,
+    ) -> Result<(), GatewayError> {
+        if !is_chat(cx) {
+            return Ok(());
+        }
+        // The body is rewritten, so its length changes: pingora then sends it chunked.
+        resp.remove_header("content-length");
+        let is_sse = resp
+            .headers
+            .get("content-type")
+            .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+        cx.response.streaming = is_sse;
+        if is_sse {
+            let _ = resp.insert_header("cache-control", "no-cache");
+        }
+        Ok(())
+    }
+
+    fn on_response_chunk(
+        &self,
+        body: &mut Option<Bytes>,
+        eos: bool,
+        cx: &mut RequestCtx,
+    ) -> Result<(), GatewayError> {
+        if !is_chat(cx) {
+            return Ok(());
+        }
+        if cx.response.streaming {
+            stream::on_chunk(body, eos, cx);
+            Ok(())
+        } else {
+            response::on_chunk(body, eos, cx)
+        }
+    }
+
+    async fn on_log(&self, cx: &mut RequestCtx) {
+        if is_chat(cx) {
+            response::settle_usage(cx);
+        }
+    }
+}

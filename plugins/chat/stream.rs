@@ -1,0 +1,159 @@
+//! Streamed chat responses, frame by frame as they arrive (never buffered beyond one
+//! partial frame): reasoning renamed, `service.output_status` on a no-answer terminal
+//! frame, the usage frame priced and forwarded only when asked for (or when no choice
+//! answered), `[DONE]` passed through; a stream that ends without `[DONE]` gets one error
+//! frame instead.
+
+use std::sync::atomic::Ordering;
+
+use bytes::{Bytes, BytesMut};
+use serde_json::Value;
+
+use super::response::{normalize, output_status, rename_model, with_usage};
+use crate::ctx::RequestCtx;
+use crate::envelope;
+use crate::error::{ErrorKind, GatewayError};
+use crate::sse::data_payload;
+use crate::usage;
+
+pub fn on_chunk(body: &mut Option<Bytes>, eos: bool, cx: &mut RequestCtx) {
+    if let Some(b) = body.take() {
+        cx.response.framer.push(&b);
+    }
+    let mut out = BytesMut::new();
+    while let Some(frame) = cx.response.framer.next_frame() {
+        on_frame(frame, cx, &mut out);
+    }
+    if eos {
+        if cx.response.framer.has_partial() {
+            // A last frame without its blank line: complete it.
+            let mut rest = BytesMut::from(&cx.response.framer.take_rest()[..]);
+            rest.extend_from_slice(b"\n\n");
+            on_frame(rest.freeze(), cx, &mut out);
+        }
+        if !cx.response.saw_done && cx.failure.is_none() {
+            let err = GatewayError::new(
+                ErrorKind::UpstreamStreamError,
+                "The model server ended the stream early; the response is incomplete.",
+            );
+            out.extend_from_slice(&envelope::sse_error_frame(
+                &err,
+                cx.envelope,
+                &cx.request_id,
+            ));
+            cx.failure = Some(err);
+        }
+    }
+    *body = (!out.is_empty()).then(|| out.freeze());
+}
+
+fn emit_json(v: &Value, out: &mut BytesMut) {
+    out.extend_from_slice(b"data: ");
+    if serde_json::to_writer(bytes::BufMut::writer(&mut *out), v).is_err() {
+        log::warn!("stream frame could not be serialized");
+    }
+    out.extend_from_slice(b"\n\n");
+}
+
+fn on_frame(frame: Bytes, cx: &mut RequestCtx, out: &mut BytesMut) {
+    let Some(data) = data_payload(&frame) else {
+        out.extend_from_slice(&frame);
+        return;
+    };
+    if data.trim_ascii() == b"[DONE]" {
+        cx.response.saw_done = true;
+        out.extend_from_slice(b"data: [DONE]\n\n");
+        return;
+    }
+    let Ok(mut v) = serde_json::from_slice::<Value>(&data) else {
+        // Not ours to judge: pass it on unchanged.
+        out.extend_from_slice(&frame);
+        return;
+    };
+    let Some(obj) = v.as_object_mut() else {
+        out.extend_from_slice(&frame);
+        return;
+    };
+    if obj.contains_key("error") && !obj.contains_key("choices") {
+        // The replica reported a failure inside the stream: end with our error frame.
+        let err = GatewayError::new(
+            ErrorKind::UpstreamFailed,
+            "The model server failed during generation.",
+        );
+        out.extend_from_slice(&envelope::sse_error_frame(
+            &err,
+            cx.envelope,
+            &cx.request_id,
+        ));
+        cx.failure = Some(err);
+        cx.response.saw_done = true; // nothing more is forwarded as a normal end
+        return;
+    }
+    let mut changed = rename_model(obj, cx);
+    let mut choices_empty = true;
+    if let Some(choices) = obj.get_mut("choices").and_then(Value::as_array_mut) {
+        choices_empty = choices.is_empty();
+        for (pos, choice) in choices.iter_mut().enumerate() {
+            let Some(choice) = choice.as_object_mut() else {
+                continue;
+            };
+            let idx = choice
+                .get("index")
+                .and_then(Value::as_u64)
+                .map_or(pos, |i| i as usize)
+                .min(64);
+            if cx.response.answered.len() <= idx {
+                cx.response.answered.resize(idx + 1, false);
+            }
+            if let Some(delta) = choice.get_mut("delta").and_then(Value::as_object_mut) {
+                let o = normalize(delta);
+                changed |= o.changed;
+                if o.output {
+                    cx.response.delivered_frames += 1;
+                    cx.response.delivered_text_bytes += o.text_bytes as u64;
+                    cx.first_token_seen.store(true, Ordering::Release);
+                }
+                cx.response.answered[idx] |= o.answer;
+            }
+            let finished = choice
+                .get("finish_reason")
+                .and_then(Value::as_str)
+                .map(str::to_owned);
+            if let Some(fr) = finished {
+                if !cx.response.answered[idx] {
+                    choice.insert("service".into(), output_status(&fr));
+                    changed = true;
+                }
+            }
+        }
+    }
+    let provider_usage = obj.remove("usage").filter(|u| !u.is_null());
+    if let Some(u) = provider_usage {
+        let figures = cx.model.as_ref().and_then(|m| usage::from_provider(&u, m));
+        let no_answer = !cx.response.answered.is_empty() && cx.response.answered.iter().all(|a| !a);
+        if let Some(f) = figures {
+            cx.usage = Some(f);
+            if cx.include_usage || (no_answer && choices_empty) {
+                match with_usage(obj, &usage::render_chat_usage(&f, no_answer)) {
+                    Ok(bytes) => {
+                        out.extend_from_slice(b"data: ");
+                        out.extend_from_slice(&bytes);
+                        out.extend_from_slice(b"\n\n");
+                    }
+                    Err(e) => log::warn!("usage frame not rendered: {e}"),
+                }
+                return;
+            }
+        }
+        if choices_empty {
+            return; // a usage-only frame the client did not ask for
+        }
+        emit_json(&v, out);
+        return;
+    }
+    if changed {
+        emit_json(&v, out);
+    } else {
+        out.extend_from_slice(&frame);
+    }
+}

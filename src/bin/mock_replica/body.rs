@@ -1,0 +1,91 @@
+//! The one response body type the server hands to hyper.
+//!
+//! A single concrete type (instead of boxed trait objects) keeps the common
+//! full-body path allocation-free, and lets every response carry the
+//! `InFlight` guard so `/mock/stats` counts a request as running until its
+//! last byte is written or the client leaves.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use hyper::body::{Body, Frame, SizeHint};
+
+use crate::sse::SseStream;
+use crate::state::InFlight;
+
+/// Returned as a body (or service) error to make hyper drop the connection
+/// without finishing the response: that is how the abort knob is played.
+#[derive(Debug)]
+pub struct Abort;
+
+impl std::fmt::Display for Abort {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("mock abort requested")
+    }
+}
+
+impl std::error::Error for Abort {}
+
+pub struct MockBody {
+    kind: Kind,
+    /// Held only for its `Drop`.
+    _in_flight: Option<InFlight>,
+}
+
+enum Kind {
+    Full(Option<Bytes>),
+    Sse(Box<SseStream>),
+}
+
+impl MockBody {
+    /// A complete body; hyper sends it with `Content-Length`.
+    pub fn full(data: impl Into<Bytes>) -> Self {
+        let data: Bytes = data.into();
+        let data = (!data.is_empty()).then_some(data);
+        Self {
+            kind: Kind::Full(data),
+            _in_flight: None,
+        }
+    }
+
+    /// A generated event stream; hyper sends it chunked.
+    pub fn sse(stream: SseStream) -> Self {
+        Self {
+            kind: Kind::Sse(Box::new(stream)),
+            _in_flight: None,
+        }
+    }
+
+    /// Ties the request's in-flight guard to the body's lifetime.
+    pub fn with_in_flight(mut self, guard: InFlight) -> Self {
+        self._in_flight = Some(guard);
+        self
+    }
+}
+
+impl Body for MockBody {
+    type Data = Bytes;
+    type Error = Abort;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Abort>>> {
+        match &mut self.get_mut().kind {
+            Kind::Full(data) => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+            Kind::Sse(stream) => stream.poll_next(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        matches!(self.kind, Kind::Full(None))
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.kind {
+            Kind::Full(data) => SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64)),
+            Kind::Sse(_) => SizeHint::default(),
+        }
+    }
+}

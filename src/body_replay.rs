@@ -1,0 +1,190 @@
+//! Forwarding a body the gateway has already read.
+//!
+//! Routing on `model` needs the body before `upstream_peer`, and Pingora 0.9 has no
+//! supported way to forward a body read in `request_filter` (its retry buffer stops at
+//! 64 KiB and a pipelined prefix at 1 MiB; our limit is 3.5 MB). So after reading and
+//! rewriting, the HTTP/1 downstream session is rebuilt over a stream that first yields the
+//! serialized header plus the new body and then the real socket. Pingora then proxies the new
+//! body as if the client had sent it, with a correct `Content-Length`, and keepalive intact.
+//!
+//! Consequences: HTTP/1 only (an HTTP/2 session cannot be taken apart; h2c stays off on the
+//! public listener); bytes a client pipelines after its body are lost, so a rewritten
+//! request's connection is not reused when such bytes were seen.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use pingora::protocols::http::ServerSession;
+use pingora::protocols::http::v1::client::http_req_header_to_wire;
+use pingora::protocols::raw_connect::ProxyDigest;
+use pingora::protocols::tls::{SslDigest, TlsRef};
+use pingora::protocols::{
+    ALPN, GetProxyDigest, GetSocketDigest, GetTimingDigest, Peek, Shutdown, SocketDigest, Ssl,
+    Stream, TimingDigest, UniqueID, UniqueIDType,
+};
+use pingora::proxy::Session;
+use pingora::{Error, ErrorType, Result};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+/// A socket that yields `prefix` before reading from `inner`.
+#[derive(Debug)]
+pub struct PrefixedStream {
+    prefix: Bytes,
+    inner: Stream,
+}
+
+impl AsyncRead for PrefixedStream {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        if self.prefix.is_empty() {
+            return Pin::new(&mut self.inner).poll_read(cx, buf);
+        }
+        let n = self.prefix.len().min(buf.remaining());
+        let head = self.prefix.split_to(n);
+        buf.put_slice(&head);
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl AsyncWrite for PrefixedStream {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        b: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, b)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[async_trait]
+impl Shutdown for PrefixedStream {
+    async fn shutdown(&mut self) {
+        self.inner.shutdown().await
+    }
+}
+
+impl UniqueID for PrefixedStream {
+    fn id(&self) -> UniqueIDType {
+        self.inner.id()
+    }
+}
+
+impl Ssl for PrefixedStream {
+    fn get_ssl(&self) -> Option<&TlsRef> {
+        self.inner.get_ssl()
+    }
+    fn get_ssl_digest(&self) -> Option<Arc<SslDigest>> {
+        self.inner.get_ssl_digest()
+    }
+    fn selected_alpn_proto(&self) -> Option<ALPN> {
+        self.inner.selected_alpn_proto()
+    }
+}
+
+impl GetTimingDigest for PrefixedStream {
+    fn get_timing_digest(&self) -> Vec<Option<TimingDigest>> {
+        self.inner.get_timing_digest()
+    }
+    fn get_read_pending_time(&self) -> Duration {
+        self.inner.get_read_pending_time()
+    }
+    fn get_write_pending_time(&self) -> Duration {
+        self.inner.get_write_pending_time()
+    }
+}
+
+impl GetProxyDigest for PrefixedStream {
+    fn get_proxy_digest(&self) -> Option<Arc<ProxyDigest>> {
+        self.inner.get_proxy_digest()
+    }
+}
+
+impl GetSocketDigest for PrefixedStream {
+    fn get_socket_digest(&self) -> Option<Arc<SocketDigest>> {
+        self.inner.get_socket_digest()
+    }
+}
+
+#[async_trait]
+impl Peek for PrefixedStream {
+    async fn try_peek(&mut self, buf: &mut [u8]) -> io::Result<bool> {
+        if self.prefix.is_empty() {
+            return self.inner.try_peek(buf).await;
+        }
+        let n = self.prefix.len().min(buf.len());
+        buf[..n].copy_from_slice(&self.prefix[..n]);
+        Ok(true)
+    }
+}
+
+/// Replace the downstream session with one whose request body is `body`.
+/// `keepalive` is the keepalive setting read before any `100 Continue` was written (writing
+/// it turns keepalive off on the old session).
+pub async fn replace_request_body(
+    session: &mut Session,
+    body: Bytes,
+    keepalive: Option<u64>,
+) -> Result<()> {
+    let mut hdr = session.req_header().clone();
+    for h in ["content-length", "transfer-encoding", "expect"] {
+        hdr.remove_header(h);
+    }
+    hdr.insert_header("content-length", body.len().to_string())?;
+    let mut wire = http_req_header_to_wire(&hdr).ok_or_else(|| {
+        Error::explain(ErrorType::InternalError, "cannot serialize request header")
+    })?;
+    wire.extend_from_slice(&body);
+    drop(body);
+    let reuses = session.get_keepalive_reuses_remaining();
+    let placeholder = Box::new(ServerSession::new_http1(Box::new(std::io::Cursor::new(
+        Vec::<u8>::new(),
+    ))));
+    let old = std::mem::replace(&mut session.downstream_session, placeholder);
+    let h1 = match *old {
+        ServerSession::H1(h1) => h1,
+        other => {
+            session.downstream_session = Box::new(other);
+            return Error::e_explain(
+                ErrorType::InternalError,
+                "body rewrite needs an HTTP/1 client connection",
+            );
+        }
+    };
+    let mut raw: Stream = h1.into_inner();
+    // On a kept-alive connection the previous request's wrapper is exhausted: unwrap it so
+    // wrappers do not nest request after request.
+    if raw
+        .as_any()
+        .downcast_ref::<PrefixedStream>()
+        .is_some_and(|p| p.prefix.is_empty())
+    {
+        if let Ok(p) = raw.into_any().downcast::<PrefixedStream>() {
+            raw = p.inner;
+        } else {
+            return Error::e_explain(ErrorType::InternalError, "stream unwrap failed");
+        }
+    }
+    let mut fresh = ServerSession::new_http1(Box::new(PrefixedStream {
+        prefix: wire.freeze(),
+        inner: raw,
+    }));
+    fresh.read_request().await?;
+    fresh.set_keepalive(keepalive);
+    fresh.set_keepalive_reuses_remaining(reuses);
+    session.downstream_session = Box::new(fresh);
+    Ok(())
+}

@@ -1,0 +1,266 @@
+//! `tollgate.yaml`: listeners, limits, budgets, shutdown, and the plugin chain.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::{ConfigProblem, Problems, parse_yaml, sibling};
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawGateway {
+    #[serde(default = "default_listen")]
+    listen: String,
+    #[serde(default = "default_admin_listen")]
+    admin_listen: String,
+    /// Public root clients use (`{base_url}`), for `error.base_url`; default: from `Host`.
+    #[serde(default)]
+    public_base_url: Option<String>,
+    #[serde(default = "default_threads")]
+    threads: usize,
+    #[serde(default = "default_models_file")]
+    models_file: String,
+    #[serde(default = "default_upstreams_file")]
+    upstreams_file: String,
+    #[serde(default = "default_owned_by")]
+    owned_by: String,
+    #[serde(default)]
+    limits: RawLimits,
+    #[serde(default)]
+    budgets: RawBudgets,
+    #[serde(default)]
+    shutdown: RawShutdown,
+    #[serde(default)]
+    plugins: Vec<RawPlugin>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLimits {
+    #[serde(default = "default_max_request_bytes")]
+    max_request_bytes: u64,
+}
+
+impl Default for RawLimits {
+    fn default() -> Self {
+        RawLimits {
+            max_request_bytes: default_max_request_bytes(),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawBudgets {
+    #[serde(default = "default_first_token")]
+    first_token_seconds: f64,
+    #[serde(default = "default_response")]
+    response_seconds: f64,
+    #[serde(default = "default_affinity_ttl")]
+    session_affinity_idle_ttl_seconds: u64,
+}
+
+impl Default for RawBudgets {
+    fn default() -> Self {
+        RawBudgets {
+            first_token_seconds: default_first_token(),
+            response_seconds: default_response(),
+            session_affinity_idle_ttl_seconds: default_affinity_ttl(),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawShutdown {
+    /// Above the 740 s response budget by default so in-flight work settles (pingora drops
+    /// requests still running at the end of the grace period without calling `logging`).
+    #[serde(default = "default_grace")]
+    grace_period_seconds: u64,
+    #[serde(default = "default_final_timeout")]
+    graceful_shutdown_timeout_seconds: u64,
+}
+
+impl Default for RawShutdown {
+    fn default() -> Self {
+        RawShutdown {
+            grace_period_seconds: default_grace(),
+            graceful_shutdown_timeout_seconds: default_final_timeout(),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPlugin {
+    name: String,
+    #[serde(default = "default_true")]
+    enabled: bool,
+    #[serde(default)]
+    settings: serde_json::Value,
+}
+
+fn default_listen() -> String {
+    "0.0.0.0:8080".into()
+}
+fn default_admin_listen() -> String {
+    "127.0.0.1:8081".into()
+}
+fn default_threads() -> usize {
+    2
+}
+fn default_models_file() -> String {
+    "models.yaml".into()
+}
+fn default_upstreams_file() -> String {
+    "upstreams.yaml".into()
+}
+fn default_owned_by() -> String {
+    "tollgate".into()
+}
+fn default_max_request_bytes() -> u64 {
+    3_500_000
+}
+fn default_first_token() -> f64 {
+    180.0
+}
+fn default_response() -> f64 {
+    740.0
+}
+fn default_affinity_ttl() -> u64 {
+    900
+}
+fn default_grace() -> u64 {
+    800
+}
+fn default_final_timeout() -> u64 {
+    5
+}
+fn default_true() -> bool {
+    true
+}
+
+/// The two time budgets of a generation (spec "Limits").
+#[derive(Debug, Clone, Copy)]
+pub struct Budgets {
+    pub first_token: Duration,
+    pub response: Duration,
+    /// Published as `response_time_ceiling_seconds`.
+    pub response_ceiling_seconds: u64,
+    pub session_affinity_idle_ttl_seconds: u64,
+}
+
+/// A plugin named in the chain, with its settings as given.
+#[derive(Debug, Clone)]
+pub struct PluginSpec {
+    pub name: String,
+    pub settings: serde_json::Value,
+}
+
+/// Checked `tollgate.yaml`.
+#[derive(Debug)]
+pub struct GatewaySettings {
+    pub listen: SocketAddr,
+    pub admin_listen: SocketAddr,
+    pub public_base_url: Option<String>,
+    pub threads: usize,
+    pub models_file: PathBuf,
+    pub upstreams_file: PathBuf,
+    pub owned_by: String,
+    pub max_request_bytes: u64,
+    pub budgets: Budgets,
+    pub grace_period_seconds: u64,
+    pub graceful_shutdown_timeout_seconds: u64,
+    pub plugins: Vec<PluginSpec>,
+}
+
+fn budget(p: &mut Problems, path: &str, secs: f64) -> Duration {
+    if !(secs.is_finite() && secs > 0.0 && secs <= 86_400.0) {
+        p.add(
+            path,
+            format!("must be a number of seconds in (0, 86400], got {secs}"),
+        );
+        return Duration::from_secs(1);
+    }
+    Duration::from_secs_f64(secs)
+}
+
+fn addr(p: &mut Problems, path: &str, value: &str) -> SocketAddr {
+    value.parse().unwrap_or_else(|_| {
+        p.add(
+            path,
+            format!("`{value}` is not an address like 127.0.0.1:8080"),
+        );
+        SocketAddr::from(([127, 0, 0, 1], 0))
+    })
+}
+
+pub(super) fn load(file: &Path, out: &mut Vec<ConfigProblem>) -> Option<GatewaySettings> {
+    let raw: RawGateway = parse_yaml(file, out)?;
+    let before = out.len();
+    let mut p = Problems::new(file, out);
+    let listen = addr(&mut p, "listen", &raw.listen);
+    let admin_listen = addr(&mut p, "admin_listen", &raw.admin_listen);
+    if raw.threads == 0 || raw.threads > 256 {
+        p.add("threads", format!("must be 1..=256, got {}", raw.threads));
+    }
+    if let Some(u) = &raw.public_base_url {
+        if !(u.starts_with("http://") || u.starts_with("https://")) || u.ends_with('/') {
+            p.add(
+                "public_base_url",
+                format!("`{u}` must be an absolute http(s) URL without a trailing slash"),
+            );
+        }
+    }
+    if raw.limits.max_request_bytes == 0 || raw.limits.max_request_bytes > 64 * 1024 * 1024 {
+        p.add("limits.max_request_bytes", "must be between 1 and 67108864");
+    }
+    let first_token = budget(
+        &mut p,
+        "budgets.first_token_seconds",
+        raw.budgets.first_token_seconds,
+    );
+    let response = budget(
+        &mut p,
+        "budgets.response_seconds",
+        raw.budgets.response_seconds,
+    );
+    let mut seen = std::collections::HashSet::new();
+    let mut plugins = Vec::new();
+    for (i, plug) in raw.plugins.into_iter().enumerate() {
+        if !seen.insert(plug.name.clone()) {
+            p.add(
+                format!("plugins[{i}].name"),
+                format!("`{}` is listed twice", plug.name),
+            );
+        }
+        if plug.enabled {
+            plugins.push(PluginSpec {
+                name: plug.name,
+                settings: plug.settings,
+            });
+        }
+    }
+    let settings = GatewaySettings {
+        listen,
+        admin_listen,
+        public_base_url: raw.public_base_url,
+        threads: raw.threads,
+        models_file: sibling(file, &raw.models_file),
+        upstreams_file: sibling(file, &raw.upstreams_file),
+        owned_by: raw.owned_by,
+        max_request_bytes: raw.limits.max_request_bytes,
+        budgets: Budgets {
+            first_token,
+            response,
+            response_ceiling_seconds: response.as_secs_f64().ceil() as u64,
+            session_affinity_idle_ttl_seconds: raw.budgets.session_affinity_idle_ttl_seconds,
+        },
+        grace_period_seconds: raw.shutdown.grace_period_seconds,
+        graceful_shutdown_timeout_seconds: raw.shutdown.graceful_shutdown_timeout_seconds,
+        plugins,
+    };
+    (out.len() == before).then_some(settings)
+}

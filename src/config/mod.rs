@@ -1,0 +1,143 @@
+//! Configuration: `conf/tollgate.yaml` names the listeners, budgets, plugins and the two
+//! operator-edited files, `models.yaml` (the catalog) and `upstreams.yaml` (replica pools).
+//!
+//! One path from files to [`Config`]: each file is parsed into `Raw*` structs that deny
+//! unknown fields (a typo is an error, not a silent default), then checked into runtime
+//! types. Every problem is collected with its file and dotted field path, so `check-config`
+//! and `serve` can list them all at once; a bad config never starts a half-working server.
+
+mod catalog;
+mod gateway;
+mod upstreams;
+
+pub use catalog::{Catalog, ModelEntry, Pricing};
+pub use gateway::{Budgets, GatewaySettings, PluginSpec};
+pub use upstreams::{Pool, Pools, Replica};
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde::de::DeserializeOwned;
+
+/// One thing wrong with the configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigProblem {
+    pub file: PathBuf,
+    /// Dotted path of the field, e.g. `models[2].pricing.input`; `.` for the whole file.
+    pub path: String,
+    pub problem: String,
+}
+
+impl fmt::Display for ConfigProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}: {}: {}",
+            self.file.display(),
+            self.path,
+            self.problem
+        )
+    }
+}
+
+/// Every problem found, in file order.
+#[derive(Debug, Default)]
+pub struct ConfigErrors(pub Vec<ConfigProblem>);
+
+impl fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for p in &self.0 {
+            writeln!(f, "{p}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ConfigErrors {}
+
+/// Collects problems for one file.
+pub(crate) struct Problems<'a> {
+    file: &'a Path,
+    out: &'a mut Vec<ConfigProblem>,
+}
+
+impl<'a> Problems<'a> {
+    pub(crate) fn new(file: &'a Path, out: &'a mut Vec<ConfigProblem>) -> Self {
+        Problems { file, out }
+    }
+
+    pub(crate) fn add(&mut self, path: impl Into<String>, problem: impl Into<String>) {
+        self.out.push(ConfigProblem {
+            file: self.file.to_path_buf(),
+            path: path.into(),
+            problem: problem.into(),
+        });
+    }
+}
+
+/// The checked configuration a server runs with.
+#[derive(Debug)]
+pub struct Config {
+    pub gateway: GatewaySettings,
+    pub catalog: Catalog,
+    pub pools: Pools,
+    /// Where `tollgate.yaml` was read from (relative paths in it resolve against its folder).
+    pub source: PathBuf,
+}
+
+/// Load and check `tollgate.yaml` and the files it names.
+pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
+    let mut out = Vec::new();
+    let gateway = gateway::load(path, &mut out);
+    let Some(gateway) = gateway else {
+        return Err(ConfigErrors(out));
+    };
+    let catalog = catalog::load(&gateway.models_file, &gateway, &mut out);
+    let pools = match &catalog {
+        Some(c) => upstreams::load(&gateway.upstreams_file, c, &mut out),
+        None => None,
+    };
+    match (catalog, pools) {
+        (Some(catalog), Some(pools)) if out.is_empty() => Ok(Config {
+            gateway,
+            catalog,
+            pools,
+            source: path.to_path_buf(),
+        }),
+        _ => Err(ConfigErrors(out)),
+    }
+}
+
+/// Parse one YAML file into `T`, recording a problem with the field path on failure.
+pub(crate) fn parse_yaml<T: DeserializeOwned>(
+    file: &Path,
+    out: &mut Vec<ConfigProblem>,
+) -> Option<T> {
+    let mut problems = Problems::new(file, out);
+    let text = match std::fs::read_to_string(file) {
+        Ok(t) => t,
+        Err(e) => {
+            problems.add(".", format!("cannot read file: {e}"));
+            return None;
+        }
+    };
+    let de = serde_yaml_ng::Deserializer::from_str(&text);
+    match serde_path_to_error::deserialize::<_, T>(de) {
+        Ok(v) => Some(v),
+        Err(e) => {
+            let path = e.path().to_string();
+            problems.add(path, e.into_inner().to_string());
+            None
+        }
+    }
+}
+
+/// Resolve `name` against the folder of `base_file`.
+pub(crate) fn sibling(base_file: &Path, name: &str) -> PathBuf {
+    let p = Path::new(name);
+    if p.is_absolute() {
+        p.to_path_buf()
+    } else {
+        base_file.parent().unwrap_or(Path::new(".")).join(p)
+    }
+}

@@ -1,0 +1,130 @@
+//! The per-request context: one typed field per concern, filled in phase order. Every
+//! plugin reads and writes it; `logging` reads it last. An `Option` here is `None` until
+//! the phase that fills it has run (or when that phase does not apply to the route).
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Instant;
+
+use bytes::{Bytes, BytesMut};
+use serde_json::Value;
+
+use crate::config::{Config, ModelEntry, Pool};
+use crate::envelope::Envelope;
+use crate::error::GatewayError;
+use crate::placement::Slot;
+use crate::routes::Route;
+use crate::sse::SseFramer;
+use crate::usage::UsageFigures;
+use crate::watchdog::Watchdog;
+
+/// What the replica's response has shown so far (filled by the response phases).
+#[derive(Debug, Default)]
+pub struct ResponseState {
+    /// Final status the replica answered with.
+    pub upstream_status: Option<u16>,
+    /// The replica answered 4xx: its body is collected and replaced by our 400.
+    pub upstream_refused: bool,
+    /// The response is an event stream.
+    pub streaming: bool,
+    /// Partial SSE frame carried between chunks.
+    pub framer: SseFramer,
+    /// Non-streamed body collected until the end.
+    pub body_buf: BytesMut,
+    /// Per choice index: final answer content (text or tool calls) was seen.
+    pub answered: Vec<bool>,
+    /// Content-carrying frames delivered (the fallback completion count, clarification 13).
+    pub delivered_frames: u64,
+    /// `data: [DONE]` passed through.
+    pub saw_done: bool,
+    /// Answer or reasoning text delivered to the client (bytes; fallback estimate).
+    pub delivered_text_bytes: u64,
+}
+
+pub struct RequestCtx {
+    pub config: Arc<Config>,
+    pub request_id: String,
+    pub started: Instant,
+    /// `None` for a path that is not an endpoint.
+    pub route: Option<Route>,
+    pub envelope: Envelope,
+    /// Validated `X-Client-Request-Id`, echoed back.
+    pub client_request_id: Option<String>,
+    /// The request body was read to its end (so the connection can be kept).
+    pub body_read: bool,
+    /// The parsed request body (inference routes).
+    pub body: Option<Value>,
+    /// The body to send to the replica; `None` means the body as received.
+    pub upstream_body: Option<Bytes>,
+    pub model: Option<Arc<ModelEntry>>,
+    pub pool: Option<Arc<Pool>>,
+    /// The client asked for `stream: true`.
+    pub stream: bool,
+    /// The client asked for `stream_options.include_usage: true`.
+    pub include_usage: bool,
+    /// Prompt tokens as estimated before generation (used when no usage report arrives).
+    pub prompt_estimate: u64,
+    /// The replica slot held for this request; released on drop.
+    pub slot: Option<Slot>,
+    /// Replica indexes already tried.
+    pub tried: Vec<usize>,
+    /// Headers added to the client response (e.g. `X-Service-Output-Clamped`).
+    pub response_headers: Vec<(&'static str, String)>,
+    /// A failure already classified by a phase, for `fail_to_proxy` to render.
+    pub failure: Option<GatewayError>,
+    pub watchdog: Option<Watchdog>,
+    /// Set by the stream parser at the first content frame (read by the watchdog).
+    pub first_token_seen: Arc<AtomicBool>,
+    pub response: ResponseState,
+    /// Usage of the response as delivered: counts and cost (for billing in `logging`).
+    pub usage: Option<UsageFigures>,
+    /// The client went away before the response ended.
+    pub client_gone: bool,
+    /// `logging` ran.
+    pub logged: bool,
+}
+
+impl RequestCtx {
+    pub fn new(config: Arc<Config>) -> Self {
+        RequestCtx {
+            config,
+            request_id: format!("req_{}", uuid::Uuid::new_v4().simple()),
+            started: Instant::now(),
+            route: None,
+            envelope: Envelope::Chat,
+            client_request_id: None,
+            body_read: false,
+            body: None,
+            upstream_body: None,
+            model: None,
+            pool: None,
+            stream: false,
+            include_usage: false,
+            prompt_estimate: 0,
+            slot: None,
+            tried: Vec::new(),
+            response_headers: Vec::new(),
+            failure: None,
+            watchdog: None,
+            first_token_seen: Arc::new(AtomicBool::new(false)),
+            response: ResponseState::default(),
+            usage: None,
+            client_gone: false,
+            logged: false,
+        }
+    }
+}
+
+impl Drop for RequestCtx {
+    /// Pingora drops requests still running when the shutdown grace period ends without
+    /// calling `logging`. The slot guard releases itself; what was delivered is recorded.
+    fn drop(&mut self) {
+        if !self.logged {
+            log::warn!(
+                "request {} dropped without logging (shutdown grace ended); usage {:?}",
+                self.request_id,
+                self.usage
+            );
+        }
+    }
+}

@@ -1,0 +1,147 @@
+//! The plugin contract. The core runs an ordered chain of plugins at each phase of a
+//! request; it knows this trait, never a concrete plugin (the chain is assembled from config
+//! in `plugins/mod.rs`). Every hook has a no-op default, so a plugin implements only the
+//! phases it works in. Request phases may stop the chain; the log phase runs every plugin.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use pingora::http::ResponseHeader;
+use pingora::proxy::Session;
+
+use crate::ctx::RequestCtx;
+use crate::error::GatewayError;
+
+/// What a request phase decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flow {
+    /// Go on to the next plugin and then upstream.
+    Continue,
+    /// A response was already written (for example a replay); stop here.
+    Handled,
+}
+
+#[async_trait]
+pub trait Plugin: Send + Sync {
+    fn name(&self) -> &'static str;
+
+    /// Higher runs first. The order follows the spec's layers: gate, auth, limits,
+    /// admission, dialect, billing.
+    fn priority(&self) -> i16;
+
+    /// After the route is known, before any body is read (gate, authentication, limits).
+    async fn on_request_headers(
+        &self,
+        _session: &mut Session,
+        _cx: &mut RequestCtx,
+    ) -> Result<Flow, GatewayError> {
+        Ok(Flow::Continue)
+    }
+
+    /// After the body is read and the model resolved, before placement. A dialect plugin
+    /// validates here and sets `cx.upstream_body`.
+    async fn on_request(
+        &self,
+        _session: &mut Session,
+        _cx: &mut RequestCtx,
+    ) -> Result<Flow, GatewayError> {
+        Ok(Flow::Continue)
+    }
+
+    /// A final 2xx response header from the replica, before it goes to the client.
+    fn on_response_header(
+        &self,
+        _resp: &mut ResponseHeader,
+        _cx: &mut RequestCtx,
+    ) -> Result<(), GatewayError> {
+        Ok(())
+    }
+
+    /// Each chunk of a 2xx response body. CPU work only (Pingora's body filters are sync).
+    fn on_response_chunk(
+        &self,
+        _body: &mut Option<Bytes>,
+        _end_of_stream: bool,
+        _cx: &mut RequestCtx,
+    ) -> Result<(), GatewayError> {
+        Ok(())
+    }
+
+    /// Once per request, on every path (success, refusal, failure, client gone).
+    async fn on_log(&self, _cx: &mut RequestCtx) {}
+}
+
+/// The plugins of one server, sorted by priority.
+#[derive(Clone, Default)]
+pub struct Chain {
+    plugins: Vec<Arc<dyn Plugin>>,
+}
+
+impl Chain {
+    pub fn new(mut plugins: Vec<Arc<dyn Plugin>>) -> Self {
+        // Stable: equal priorities keep the order of the config.
+        plugins.sort_by_key(|p| std::cmp::Reverse(p.priority()));
+        Chain { plugins }
+    }
+
+    pub fn names(&self) -> Vec<(&'static str, i16)> {
+        self.plugins
+            .iter()
+            .map(|p| (p.name(), p.priority()))
+            .collect()
+    }
+
+    pub async fn on_request_headers(
+        &self,
+        s: &mut Session,
+        cx: &mut RequestCtx,
+    ) -> Result<Flow, GatewayError> {
+        for p in &self.plugins {
+            if p.on_request_headers(s, cx).await? == Flow::Handled {
+                return Ok(Flow::Handled);
+            }
+        }
+        Ok(Flow::Continue)
+    }
+
+    pub async fn on_request(
+        &self,
+        s: &mut Session,
+        cx: &mut RequestCtx,
+    ) -> Result<Flow, GatewayError> {
+        for p in &self.plugins {
+            if p.on_request(s, cx).await? == Flow::Handled {
+                return Ok(Flow::Handled);
+            }
+        }
+        Ok(Flow::Continue)
+    }
+
+    pub fn on_response_header(
+        &self,
+        resp: &mut ResponseHeader,
+        cx: &mut RequestCtx,
+    ) -> Result<(), GatewayError> {
+        self.plugins
+            .iter()
+            .try_for_each(|p| p.on_response_header(resp, cx))
+    }
+
+    pub fn on_response_chunk(
+        &self,
+        body: &mut Option<Bytes>,
+        eos: bool,
+        cx: &mut RequestCtx,
+    ) -> Result<(), GatewayError> {
+        self.plugins
+            .iter()
+            .try_for_each(|p| p.on_response_chunk(body, eos, cx))
+    }
+
+    pub async fn on_log(&self, cx: &mut RequestCtx) {
+        for p in &self.plugins {
+            p.on_log(cx).await;
+        }
+    }
+}

@@ -1,0 +1,381 @@
+//! The one `ProxyHttp` implementation. It stays thin: route and read the request, run the
+//! plugin chain per phase, place the request on a replica, and turn every failure into a
+//! catalogued error (`fail_to_proxy` is the single exit for errors after `request_filter`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use pingora::http::ResponseHeader;
+use pingora::prelude::HttpPeer;
+use pingora::protocols::Digest;
+use pingora::proxy::{FailToProxy, ProxyHttp, Session};
+use pingora::{Error, ErrorSource, ErrorType, Result};
+
+use crate::config::Config;
+use crate::ctx::RequestCtx;
+use crate::envelope;
+use crate::error::{ErrorKind, GatewayError};
+use crate::plugin::{Chain, Flow};
+use crate::request::{self, read_json_body};
+use crate::responder;
+use crate::routes::Route;
+use crate::watchdog::{Fired, Watchdog};
+
+pub struct Gateway {
+    pub config: Arc<Config>,
+    pub chain: Chain,
+}
+
+impl Gateway {
+    pub fn new(config: Arc<Config>, chain: Chain) -> Self {
+        Gateway { config, chain }
+    }
+
+    async fn handle(&self, s: &mut Session, cx: &mut RequestCtx) -> Result<Flow, GatewayError> {
+        let route = request::route(s, cx)?;
+        request::client_request_id(s, cx)?;
+        if self.chain.on_request_headers(s, cx).await? == Flow::Handled {
+            return Ok(Flow::Handled);
+        }
+        match route {
+            Route::ListModels => {
+                responder::models_list(s, cx).await?;
+                return Ok(Flow::Handled);
+            }
+            Route::GetModel => {
+                responder::model_get(s, cx).await?;
+                return Ok(Flow::Handled);
+            }
+            Route::Credits | Route::Usage => {
+                return Err(GatewayError::new(
+                    ErrorKind::DatastoreUnavailable,
+                    "No ledger is configured on this gateway, so credits and usage cannot be read.",
+                ));
+            }
+            _ => {}
+        }
+        let keepalive = s.get_keepalive();
+        let raw = read_json_body(s, cx).await?;
+        request::resolve_model(cx, route)?;
+        if self.chain.on_request(s, cx).await? == Flow::Handled {
+            return Ok(Flow::Handled);
+        }
+        request::place(cx)?;
+        let body = match cx.upstream_body.take() {
+            Some(b) => b,
+            None => request::forwarded_body(cx, raw)?,
+        };
+        crate::body_replay::replace_request_body(s, body, keepalive)
+            .await
+            .map_err(|e| {
+                GatewayError::internal(format!("could not forward the request body: {e}"))
+            })?;
+        Ok(Flow::Continue)
+    }
+
+    /// Classify a proxy error that no phase classified.
+    fn classify(&self, e: &Error, cx: &RequestCtx) -> GatewayError {
+        use ErrorType::*;
+        if let Some(fired) = cx.watchdog.as_ref().and_then(Watchdog::fired) {
+            let what = match fired {
+                Fired::FirstToken => "No token arrived within the first-token budget.",
+                Fired::Response => "The response did not finish within the response budget.",
+            };
+            return timeout_error(what);
+        }
+        match (e.etype(), e.esource()) {
+            (
+                ConnectTimedout | ConnectRefused | ConnectNoRoute | ConnectError
+                | ConnectProxyFailure,
+                _,
+            ) => GatewayError::new(
+                ErrorKind::UpstreamUnreachable,
+                "The model server could not be reached.",
+            ),
+            (ReadTimedout | WriteTimedout, ErrorSource::Upstream) => {
+                timeout_error("The model server did not answer within the response budget.")
+            }
+            (_, ErrorSource::Upstream) => GatewayError::new(
+                ErrorKind::UpstreamFailed,
+                "The model server failed after the request was admitted.",
+            ),
+            _ => GatewayError::internal("The gateway failed unexpectedly."),
+        }
+    }
+}
+
+fn timeout_error(what: &str) -> GatewayError {
+    GatewayError::new(
+        ErrorKind::ResponseTimeout,
+        format!("{what} For non-streaming requests set `stream: true` or lower `max_tokens`."),
+    )
+}
+
+fn header_sent(s: &Session) -> bool {
+    s.response_written()
+        .is_some_and(|r| !r.status.is_informational())
+}
+
+#[async_trait]
+impl ProxyHttp for Gateway {
+    type CTX = RequestCtx;
+
+    fn new_ctx(&self) -> RequestCtx {
+        RequestCtx::new(self.config.clone())
+    }
+
+    async fn request_filter(&self, s: &mut Session, cx: &mut RequestCtx) -> Result<bool> {
+        match self.handle(s, cx).await {
+            Ok(Flow::Continue) => Ok(false),
+            Ok(Flow::Handled) => Ok(true),
+            Err(err) => {
+                responder::error(s, cx, &err).await?;
+                Ok(true)
+            }
+        }
+    }
+
+    async fn upstream_peer(&self, _s: &mut Session, cx: &mut RequestCtx) -> Result<Box<HttpPeer>> {
+        let (Some(slot), Some(pool)) = (cx.slot.as_ref(), cx.pool.as_ref()) else {
+            return Error::e_explain(ErrorType::InternalError, "no replica placed");
+        };
+        let mut peer = HttpPeer::new(slot.replica.addr, false, String::new());
+        let budgets = &self.config.gateway.budgets;
+        peer.options.connection_timeout = Some(pool.connect_timeout);
+        // Backstop only: the watchdog enforces the budgets exactly.
+        peer.options.read_timeout = Some(budgets.response + Duration::from_secs(5));
+        peer.options.write_timeout = Some(Duration::from_secs(30));
+        peer.options.idle_timeout = Some(Duration::from_secs(60));
+        Ok(Box::new(peer))
+    }
+
+    fn fail_to_connect(
+        &self,
+        _s: &mut Session,
+        _peer: &HttpPeer,
+        cx: &mut RequestCtx,
+        mut e: Box<Error>,
+    ) -> Box<Error> {
+        if let Some(slot) = cx.slot.take() {
+            cx.tried.push(slot.index);
+        }
+        if let Some(pool) = cx.pool.clone() {
+            if let Ok(next) = crate::placement::place(&pool, &cx.tried) {
+                log::info!("{}: replica connect failed, trying another", cx.request_id);
+                cx.slot = Some(next);
+                e.set_retry(true);
+                return e;
+            }
+        }
+        cx.failure = Some(GatewayError::new(
+            ErrorKind::UpstreamUnreachable,
+            "No replica of the model could be reached.",
+        ));
+        e
+    }
+
+    async fn connected_to_upstream(
+        &self,
+        _s: &mut Session,
+        _reused: bool,
+        _peer: &HttpPeer,
+        fd: std::os::unix::io::RawFd,
+        _digest: Option<&Digest>,
+        cx: &mut RequestCtx,
+    ) -> Result<()> {
+        if let Some(w) = cx.watchdog.take() {
+            w.disarm();
+        }
+        let budgets = &self.config.gateway.budgets;
+        let start = tokio::time::Instant::from_std(cx.started);
+        let first = cx
+            .stream
+            .then(|| (start + budgets.first_token, cx.first_token_seen.clone()));
+        cx.watchdog = Watchdog::arm(fd, start + budgets.response, first);
+        Ok(())
+    }
+
+    async fn upstream_request_filter(
+        &self,
+        _s: &mut Session,
+        req: &mut pingora::http::RequestHeader,
+        cx: &mut RequestCtx,
+    ) -> Result<()> {
+        for h in [
+            "accept-encoding",
+            "authorization",
+            "x-api-key",
+            "expect",
+            "cookie",
+        ] {
+            req.remove_header(h);
+        }
+        if let Some(slot) = &cx.slot {
+            req.insert_header("host", slot.replica.authority.as_str())?;
+        }
+        if let Some(auth) = cx.pool.as_ref().and_then(|p| p.authorization.as_deref()) {
+            req.insert_header("authorization", auth)?;
+        }
+        Ok(())
+    }
+
+    async fn upstream_response_filter(
+        &self,
+        _s: &mut Session,
+        resp: &mut ResponseHeader,
+        cx: &mut RequestCtx,
+    ) -> Result<()> {
+        if resp.status.is_informational() {
+            return Ok(());
+        }
+        let status = resp.status.as_u16();
+        cx.response.upstream_status = Some(status);
+        if status >= 500 {
+            let retry = resp
+                .headers
+                .get("retry-after")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.trim().parse::<u64>().ok());
+            let mut err = GatewayError::new(
+                ErrorKind::UpstreamHttpError,
+                format!("The model server answered HTTP {status}."),
+            );
+            if let Some(r) = retry {
+                err = err.with_retry_after(r);
+            }
+            cx.failure = Some(err);
+            return Error::e_explain(ErrorType::HTTPStatus(502), "replica answered 5xx");
+        }
+        if status >= 400 {
+            // Rewritten into our 400 once the replica's message has been read.
+            cx.response.upstream_refused = true;
+            resp.set_status(400)?;
+            resp.remove_header("content-length");
+            resp.insert_header("content-type", "application/json")?;
+            return Ok(());
+        }
+        self.chain.on_response_header(resp, cx).map_err(|e| {
+            cx.failure = Some(e);
+            Error::explain(ErrorType::InternalError, "response header phase failed")
+        })
+    }
+
+    async fn response_filter(
+        &self,
+        _s: &mut Session,
+        resp: &mut ResponseHeader,
+        cx: &mut RequestCtx,
+    ) -> Result<()> {
+        if resp.status.is_informational() {
+            return Ok(());
+        }
+        responder::common_headers(resp, cx)
+    }
+
+    fn response_body_filter(
+        &self,
+        _s: &mut Session,
+        body: &mut Option<Bytes>,
+        eos: bool,
+        cx: &mut RequestCtx,
+    ) -> Result<Option<Duration>> {
+        if cx.response.upstream_refused {
+            if let Some(b) = body.take() {
+                cx.response.body_buf.extend_from_slice(&b);
+            }
+            if eos {
+                let err = request::refusal_from_upstream(&cx.response.body_buf);
+                *body = Some(envelope::render(&err, cx.envelope, &cx.request_id).body);
+            }
+        } else if let Err(e) = self.chain.on_response_chunk(body, eos, cx) {
+            cx.failure = Some(e);
+            return Error::e_explain(ErrorType::InternalError, "response body phase failed");
+        }
+        if eos {
+            if let Some(w) = &cx.watchdog {
+                w.disarm();
+            }
+        }
+        Ok(None)
+    }
+
+    fn suppress_error_log(&self, _s: &Session, cx: &RequestCtx, e: &Error) -> bool {
+        // Expected outcomes are logged once, as an access line, in `logging`.
+        cx.failure.is_some()
+            || (*e.etype() == ErrorType::ConnectionClosed
+                && e.esource() == &ErrorSource::Downstream)
+    }
+
+    async fn fail_to_proxy(&self, s: &mut Session, e: &Error, cx: &mut RequestCtx) -> FailToProxy {
+        if e.esource() == &ErrorSource::Downstream
+            && matches!(
+                e.etype(),
+                ErrorType::ConnectionClosed | ErrorType::ReadError | ErrorType::WriteError
+            )
+        {
+            cx.client_gone = true;
+            return FailToProxy {
+                error_code: 0,
+                can_reuse_downstream: false,
+            };
+        }
+        let err = match cx.failure.take() {
+            Some(err) => err,
+            None => self.classify(e, cx),
+        };
+        let code = if header_sent(s) {
+            if cx.response.streaming {
+                let frame_err = match err.kind {
+                    ErrorKind::UpstreamFailed
+                    | ErrorKind::ResponseTimeout
+                    | ErrorKind::UpstreamHttpError => err.clone(),
+                    _ => GatewayError::new(ErrorKind::UpstreamStreamError, err.message.clone()),
+                };
+                let frame = envelope::sse_error_frame(&frame_err, cx.envelope, &cx.request_id);
+                if let Err(we) = s.write_response_body(Some(frame), true).await {
+                    log::debug!("{}: error frame not written: {we}", cx.request_id);
+                }
+            }
+            // A non-streamed body already started cannot change status: the connection
+            // is closed so the client sees an incomplete response (see docs/decisions.md).
+            200
+        } else {
+            let status = err.status();
+            if let Err(we) = responder::error(s, cx, &err).await {
+                log::debug!("{}: error response not written: {we}", cx.request_id);
+            }
+            status
+        };
+        cx.failure = Some(err);
+        FailToProxy {
+            error_code: code,
+            can_reuse_downstream: false,
+        }
+    }
+
+    async fn logging(&self, s: &mut Session, e: Option<&Error>, cx: &mut RequestCtx) {
+        if let Some(w) = cx.watchdog.take() {
+            w.disarm();
+        }
+        if e.is_some_and(|e| e.esource() == &ErrorSource::Downstream) {
+            cx.client_gone = true;
+        }
+        self.chain.on_log(cx).await;
+        cx.logged = true;
+        let status = s.response_written().map(|r| r.status.as_u16()).unwrap_or(0);
+        log::info!(
+            "{} {} {} status={} code={} model={} ms={} usage={:?}{}",
+            cx.request_id,
+            s.req_header().method,
+            s.req_header().uri.path(),
+            status,
+            cx.failure.as_ref().map(|f| f.kind.code()).unwrap_or("-"),
+            cx.model.as_ref().map(|m| m.id.as_str()).unwrap_or("-"),
+            cx.started.elapsed().as_millis(),
+            cx.usage,
+            if cx.client_gone { " client_gone" } else { "" },
+        );
+    }
+}

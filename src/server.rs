@@ -1,0 +1,45 @@
+//! Server bootstrap: one Pingora server with the public proxy listener. The chain of plugins
+//! is built from config by `plugins::build` (the one place that names concrete plugins).
+
+use std::sync::Arc;
+
+use pingora::server::Server;
+use pingora::server::configuration::{Opt, ServerConf};
+
+use crate::config::Config;
+use crate::plugin::Chain;
+use crate::proxy::Gateway;
+
+/// Build and run the server; never returns.
+pub fn run(config: Config, chain: Chain, pid_dir: &std::path::Path) -> ! {
+    let config = Arc::new(config);
+    let mut conf = ServerConf::default();
+    conf.threads = config.gateway.threads;
+    conf.grace_period_seconds = Some(config.gateway.grace_period_seconds);
+    conf.graceful_shutdown_timeout_seconds = Some(config.gateway.graceful_shutdown_timeout_seconds);
+    // Per-instance files, so several gateways (and tests) run side by side.
+    let port = config.gateway.listen.port();
+    conf.pid_file = pid_dir
+        .join(format!("tollgate-{port}.pid"))
+        .to_string_lossy()
+        .into_owned();
+    conf.upgrade_sock = pid_dir
+        .join(format!("tollgate-{port}.sock"))
+        .to_string_lossy()
+        .into_owned();
+    // Connect failures are retried on another replica by `fail_to_connect` (at most two).
+    conf.max_retries = 2;
+    let mut server = Server::new_with_opt_and_conf(Opt::default(), conf);
+    server.bootstrap();
+    log::info!(
+        "tollgate listening on {} with plugins {:?}",
+        config.gateway.listen,
+        chain.names()
+    );
+    let listen = config.gateway.listen.to_string();
+    let mut proxy =
+        pingora::proxy::http_proxy_service(&server.configuration, Gateway::new(config, chain));
+    proxy.add_tcp(&listen);
+    server.add_service(proxy);
+    server.run_forever()
+}

@@ -1,0 +1,209 @@
+//! Usage and cost: the hosted Usage object built from what the replica reported (or, for a
+//! stream cut short, from what was delivered), priced in integer microcents.
+//!
+//! 1 USD = 100,000,000 microcents; prices are microcents per million tokens (see
+//! `config::Pricing`). The dollar `cost` is rendered from microcents as a fixed eight-decimal
+//! number, never computed in floating point.
+
+use serde_json::Value;
+
+use crate::config::{ModelEntry, Pricing};
+
+/// Where the counts came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UsageBasis {
+    /// The replica's usage report.
+    ProviderReported,
+    /// Counted from delivered frames because no usage report arrived (clarification 13).
+    DeliveredFrames,
+}
+
+/// The billing figures of one response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UsageFigures {
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    pub total_tokens: u64,
+    /// Input tokens billed at the cached rate (0 when the model has no active cached tier).
+    pub cached_tokens: u64,
+    pub cost_microcents: u64,
+    pub basis: UsageBasis,
+}
+
+/// Cost in microcents, rounded half up to a whole microcent.
+pub fn cost_microcents(
+    pricing: Option<&Pricing>,
+    prompt: u64,
+    cached: u64,
+    completion: u64,
+) -> u64 {
+    let Some(p) = pricing else { return 0 };
+    let cached = cached.min(prompt);
+    let uncached = u128::from(prompt - cached);
+    let cached_rate = u128::from(p.cached_input.unwrap_or(p.input));
+    let scaled = uncached * u128::from(p.input)
+        + u128::from(cached) * cached_rate
+        + u128::from(completion) * u128::from(p.output);
+    let micro = (scaled + 500_000) / 1_000_000;
+    u64::try_from(micro).unwrap_or(u64::MAX)
+}
+
+/// Figures from a replica's `usage` object; `None` when it is not one.
+pub fn from_provider(usage: &Value, model: &ModelEntry) -> Option<UsageFigures> {
+    let prompt = usage.get("prompt_tokens")?.as_u64()?;
+    let completion = usage
+        .get("completion_tokens")
+        .and_then(Value::as_u64)
+        .unwrap_or(0);
+    let total = usage
+        .get("total_tokens")
+        .and_then(Value::as_u64)
+        .unwrap_or(prompt + completion);
+    let reported_cached = usage
+        .pointer("/prompt_tokens_details/cached_tokens")
+        .and_then(Value::as_u64)
+        .unwrap_or(0);
+    Some(figures(
+        model,
+        prompt,
+        reported_cached,
+        completion,
+        total,
+        UsageBasis::ProviderReported,
+    ))
+}
+
+/// Price counts for `model`. Cached tokens count only where the model has an active cached
+/// tier on an isolated cache; otherwise they are billed (and reported) as uncached.
+pub fn figures(
+    model: &ModelEntry,
+    prompt: u64,
+    reported_cached: u64,
+    completion: u64,
+    total: u64,
+    basis: UsageBasis,
+) -> UsageFigures {
+    let cached_tier = model
+        .pricing
+        .as_ref()
+        .is_some_and(|p| p.cached_input.is_some());
+    let cached = if cached_tier {
+        reported_cached.min(prompt)
+    } else {
+        0
+    };
+    UsageFigures {
+        prompt_tokens: prompt,
+        completion_tokens: completion,
+        total_tokens: total,
+        cached_tokens: cached,
+        cost_microcents: cost_microcents(model.pricing.as_ref(), prompt, cached, completion),
+        basis,
+    }
+}
+
+/// `microcents` as dollars with exactly eight decimals, e.g. `0.00001234`.
+pub fn dollars(microcents: u64) -> String {
+    format!(
+        "{}.{:08}",
+        microcents / 100_000_000,
+        microcents % 100_000_000
+    )
+}
+
+/// The chat-dialect Usage object as JSON text. `no_answer` adds
+/// `service.output_token_accounting` (only when every choice lacks a final answer).
+pub fn render_chat_usage(u: &UsageFigures, no_answer: bool) -> String {
+    let accounting = if no_answer {
+        format!(
+            concat!(
+                ",\"output_token_accounting\":{{\"visible_answer_tokens\":0,",
+                "\"non_answer_completion_tokens\":{},\"sources\":{{",
+                "\"visible_answer_tokens\":\"proxy_classified\",",
+                "\"non_answer_completion_tokens\":\"provider_reported\"}}}}"
+            ),
+            u.completion_tokens
+        )
+    } else {
+        String::new()
+    };
+    format!(
+        concat!(
+            "{{\"prompt_tokens\":{},\"completion_tokens\":{},\"total_tokens\":{},",
+            "\"prompt_tokens_details\":{{\"cached_tokens\":{}}},\"cost\":{},",
+            "\"service\":{{\"cost_microcents\":{},\"cached_input_tokens\":{}{}}}}}"
+        ),
+        u.prompt_tokens,
+        u.completion_tokens,
+        u.total_tokens,
+        u.cached_tokens,
+        dollars(u.cost_microcents),
+        u.cost_microcents,
+        u.cached_tokens,
+        accounting
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pricing(input: u64, output: u64, cached: Option<u64>) -> Pricing {
+        Pricing {
+            input,
+            output,
+            cached_input: cached,
+        }
+    }
+
+    #[test]
+    fn cost_uses_uncached_cached_and_output_rates() {
+        // $0.10 / $0.30 / cached $0.05 per Mtok, in microcents per Mtok.
+        let p = pricing(10_000_000, 30_000_000, Some(5_000_000));
+        // 1000 prompt (400 cached), 100 completion:
+        // 600*10 + 400*5 + 100*30 = 6000 + 2000 + 3000 = 11000 microcents.
+        assert_eq!(cost_microcents(Some(&p), 1000, 400, 100), 11_000);
+        // No cached tier: cached tokens billed at the input rate.
+        let q = pricing(10_000_000, 30_000_000, None);
+        assert_eq!(cost_microcents(Some(&q), 1000, 400, 100), 13_000);
+        assert_eq!(cost_microcents(None, 1000, 0, 100), 0);
+    }
+
+    #[test]
+    fn sub_microcent_costs_round_half_up() {
+        let p = pricing(150_000, 0, None); // $0.0015 per Mtok = 0.15 microcents per token
+        assert_eq!(cost_microcents(Some(&p), 3, 0, 0), 0); // 0.45
+        assert_eq!(cost_microcents(Some(&p), 4, 0, 0), 1); // 0.6
+        assert_eq!(cost_microcents(Some(&p), 10, 0, 0), 2); // 1.5
+    }
+
+    #[test]
+    fn dollars_have_eight_decimals() {
+        assert_eq!(dollars(0), "0.00000000");
+        assert_eq!(dollars(1_234), "0.00001234");
+        assert_eq!(dollars(250_000_001), "2.50000001");
+    }
+
+    #[test]
+    fn usage_object_is_valid_json_with_every_field() {
+        let u = UsageFigures {
+            prompt_tokens: 10,
+            completion_tokens: 5,
+            total_tokens: 15,
+            cached_tokens: 4,
+            cost_microcents: 1_234,
+            basis: UsageBasis::ProviderReported,
+        };
+        let v: Value = serde_json::from_str(&render_chat_usage(&u, true)).unwrap_or_default();
+        assert_eq!(v["prompt_tokens_details"]["cached_tokens"], 4);
+        assert_eq!(v["service"]["cached_input_tokens"], 4);
+        assert_eq!(v["service"]["cost_microcents"], 1234);
+        assert_eq!(v["cost"].as_f64(), Some(0.00001234));
+        assert_eq!(
+            v["service"]["output_token_accounting"]["non_answer_completion_tokens"],
+            5
+        );
+        let plain: Value = serde_json::from_str(&render_chat_usage(&u, false)).unwrap_or_default();
+        assert!(plain["service"].get("output_token_accounting").is_none());
+    }
+}

@@ -1,0 +1,114 @@
+//! Time budgets of a generation: the first-token budget (streams) and the whole-response
+//! budget. Pingora's `read_timeout` is per read, not a total, so a timer task shuts the
+//! upstream socket down at the deadline; the pending read then fails at once and
+//! `fail_to_proxy` answers 504 (nothing sent yet) or writes the error frame (stream open).
+//!
+//! The timer works on a `dup` of the socket so the descriptor number cannot be reused by
+//! another connection while the timer holds it. Exactly one side closes the dup: the timer
+//! when it fires, or `disarm` when the response ended first (a compare-and-swap decides).
+
+use std::os::fd::RawFd;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+const ARMED: u8 = 0;
+const DISARMED: u8 = 1;
+const FIRED_FIRST_TOKEN: u8 = 2;
+const FIRED_RESPONSE: u8 = 3;
+
+/// Which budget ran out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fired {
+    FirstToken,
+    Response,
+}
+
+#[derive(Debug)]
+pub struct Watchdog {
+    state: Arc<AtomicU8>,
+    fd: RawFd,
+    task: JoinHandle<()>,
+}
+
+fn fire(state: &AtomicU8, fd: RawFd, why: u8) {
+    if state
+        .compare_exchange(ARMED, why, Ordering::AcqRel, Ordering::Acquire)
+        .is_ok()
+    {
+        // SAFETY: `fd` is our own dup, still open: only the winner of the exchange above
+        // closes it, and that is this branch.
+        unsafe {
+            libc::shutdown(fd, libc::SHUT_RDWR);
+            libc::close(fd);
+        }
+    }
+}
+
+impl Watchdog {
+    /// Arm the budgets on the upstream socket `fd`. `first_token` is checked only when given
+    /// (streamed requests); `seen` is set by the stream parser at the first content frame.
+    pub fn arm(
+        fd: RawFd,
+        response_deadline: Instant,
+        first_token: Option<(Instant, Arc<AtomicBool>)>,
+    ) -> Option<Watchdog> {
+        // SAFETY: dup of a descriptor pingora holds open for the duration of this call.
+        let dup = unsafe { libc::dup(fd) };
+        if dup < 0 {
+            log::warn!("watchdog: dup failed; budgets fall back to read timeouts");
+            return None;
+        }
+        let state = Arc::new(AtomicU8::new(ARMED));
+        let st = state.clone();
+        let task = tokio::spawn(async move {
+            if let Some((at, seen)) = first_token {
+                if at < response_deadline {
+                    tokio::time::sleep_until(at).await;
+                    if !seen.load(Ordering::Acquire) {
+                        fire(&st, dup, FIRED_FIRST_TOKEN);
+                        return;
+                    }
+                }
+            }
+            tokio::time::sleep_until(response_deadline).await;
+            fire(&st, dup, FIRED_RESPONSE);
+        });
+        Some(Watchdog {
+            state,
+            fd: dup,
+            task,
+        })
+    }
+
+    /// Stop the timer (the response ended in time). Safe to call more than once.
+    pub fn disarm(&self) {
+        if self
+            .state
+            .compare_exchange(ARMED, DISARMED, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            self.task.abort();
+            // SAFETY: we won the exchange, so the timer will never touch `fd`.
+            unsafe {
+                libc::close(self.fd);
+            }
+        }
+    }
+
+    pub fn fired(&self) -> Option<Fired> {
+        match self.state.load(Ordering::Acquire) {
+            FIRED_FIRST_TOKEN => Some(Fired::FirstToken),
+            FIRED_RESPONSE => Some(Fired::Response),
+            _ => None,
+        }
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        self.disarm();
+    }
+}
