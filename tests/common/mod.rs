@@ -1,0 +1,295 @@
+//! Test harness: the real `tollgate` binary and the mock replica as child processes on
+//! ephemeral ports, with a temporary config written per test.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub struct Proc {
+    child: Child,
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The mock replica, started on port 0; the port comes from its first stdout line.
+pub struct Mock {
+    pub port: u16,
+    _proc: Proc,
+}
+
+impl Mock {
+    pub fn start() -> Mock {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate-mock-replica"))
+            .args(["--listen", "127.0.0.1:0"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("mock replica starts");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).expect("mock prints its port");
+        let port = line
+            .trim()
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("unexpected mock line {line:?}"));
+        Mock { port, _proc: Proc { child } }
+    }
+
+    pub fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// What the mock received last (`/mock/last-request`).
+    pub async fn last_request(&self) -> serde_json::Value {
+        reqwest::get(format!("http://{}/mock/last-request", self.addr()))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+
+    pub async fn stats(&self) -> serde_json::Value {
+        reqwest::get(format!("http://{}/mock/stats", self.addr()))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+}
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A port with nothing listening (bound once, then released).
+pub fn closed_port() -> u16 {
+    free_port()
+}
+
+pub const MODELS_YAML: &str = r#"
+models:
+  - id: chat-model
+    aliases: [org/Chat-Model-7B]
+    display_name: Chat Model
+    created: 1700000000
+    supported_endpoints: [chat_completions, responses, messages]
+    tool_calling: true
+    json_mode: true
+    max_output_tokens: 4096
+    context_window: 32768
+    pricing: { input: 0.10, output: 0.30 }
+    cached_input_price: 0.05
+    cache_isolation: isolated
+    cache_tiers: [gpu, host_ram]
+    cache_retention: best_effort
+    max_concurrent_requests_per_api_key: 8
+    max_tokens_per_minute_per_workspace: 1000000
+  - id: shared-cache-model
+    supported_endpoints: [chat_completions]
+    pricing: { input: 1.00, output: 2.00 }
+    cached_input_price: 0.50
+    cache_isolation: shared
+  - id: embed-model
+    modality: embedding
+    supported_endpoints: [embeddings]
+  - id: paused-model
+    supported_endpoints: [chat_completions]
+    availability: paused
+    paused_until: "2099-01-01T00:00:00Z"
+  - id: tiny-pool-model
+    supported_endpoints: [chat_completions]
+    pricing: { input: 0.10, output: 0.30 }
+  - id: dead-model
+    supported_endpoints: [chat_completions]
+  - id: unserved-model
+    supported_endpoints: [chat_completions]
+"#;
+
+/// Gateway settings a test may change.
+#[derive(Clone)]
+pub struct Opts {
+    pub response_seconds: f64,
+    pub first_token_seconds: f64,
+    /// Replicas of `chat-model`: the mock, unless a test lists others.
+    pub chat_replicas: Vec<String>,
+    pub tiny_pool_concurrency: u32,
+    pub max_request_bytes: u64,
+}
+
+impl Default for Opts {
+    fn default() -> Self {
+        Opts {
+            response_seconds: 30.0,
+            first_token_seconds: 30.0,
+            chat_replicas: Vec::new(),
+            tiny_pool_concurrency: 1,
+            max_request_bytes: 3_500_000,
+        }
+    }
+}
+
+pub struct Gateway {
+    pub port: u16,
+    pub dir: PathBuf,
+    _proc: Proc,
+}
+
+fn replicas_yaml(addrs: &[String], concurrency: u32) -> String {
+    addrs
+        .iter()
+        .map(|a| format!("      - {{ address: \"{a}\", max_concurrency: {concurrency} }}\n"))
+        .collect()
+}
+
+impl Gateway {
+    pub fn start(mock: &Mock) -> Gateway {
+        Self::start_with(mock, Opts::default())
+    }
+
+    pub fn start_with(mock: &Mock, opts: Opts) -> Gateway {
+        let port = free_port();
+        let dir = std::env::temp_dir().join(format!("tollgate-test-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let chat = if opts.chat_replicas.is_empty() { vec![mock.addr()] } else { opts.chat_replicas.clone() };
+        std::fs::write(
+            dir.join("tollgate.yaml"),
+            format!(
+                "listen: 127.0.0.1:{port}\nthreads: 1\nlimits:\n  max_request_bytes: {}\nbudgets:\n  first_token_seconds: {}\n  response_seconds: {}\nshutdown:\n  grace_period_seconds: 1\n  graceful_shutdown_timeout_seconds: 1\nplugins:\n  - name: chat_completions\n",
+                opts.max_request_bytes, opts.first_token_seconds, opts.response_seconds
+            ),
+        )
+        .unwrap();
+        std::fs::write(dir.join("models.yaml"), MODELS_YAML).unwrap();
+        let m = mock.addr();
+        std::fs::write(
+            dir.join("upstreams.yaml"),
+            format!(
+                "pools:\n  chat-model:\n    upstream_model: org/Chat-Model-7B\n    connect_timeout_ms: 500\n    replicas:\n{}  shared-cache-model:\n    replicas:\n{}  embed-model:\n    upstream_model: org/embed\n    replicas:\n{}  paused-model:\n    replicas:\n{}  tiny-pool-model:\n    replicas:\n{}  dead-model:\n    connect_timeout_ms: 300\n    replicas:\n{}",
+                replicas_yaml(&chat, 64),
+                replicas_yaml(&[m.clone()], 64),
+                replicas_yaml(&[m.clone()], 64),
+                replicas_yaml(&[m.clone()], 64),
+                replicas_yaml(&[m.clone()], opts.tiny_pool_concurrency),
+                replicas_yaml(&[format!("127.0.0.1:{}", closed_port()), format!("127.0.0.1:{}", closed_port())], 4),
+            ),
+        )
+        .unwrap();
+        let log = std::fs::File::create(dir.join("gateway.log")).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+            .args(["serve", "--config"])
+            .arg(dir.join("tollgate.yaml"))
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("gateway starts");
+        let gw = Gateway { port, dir, _proc: Proc { child } };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "gateway did not listen: {}", gw.log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        gw
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.port)
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("gateway.log")).unwrap_or_default()
+    }
+
+    /// POST JSON and return (status, headers, body text).
+    pub async fn post(&self, path: &str, body: &serde_json::Value, headers: &[(&str, &str)]) -> Reply {
+        let client = reqwest::Client::new();
+        let mut req = client.post(self.url(path)).json(body);
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        Reply::from(req.send().await.unwrap()).await
+    }
+
+    pub async fn get(&self, path: &str) -> Reply {
+        Reply::from(reqwest::get(self.url(path)).await.unwrap()).await
+    }
+
+    /// Send raw bytes on a fresh connection and read until the server closes or `until`
+    /// appears; returns everything read.
+    pub fn raw(&self, request: &[u8], read_timeout: Duration) -> String {
+        let mut s = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
+        s.set_read_timeout(Some(read_timeout)).unwrap();
+        s.write_all(request).unwrap();
+        let mut out = Vec::new();
+        let mut buf = [0u8; 65536];
+        loop {
+            match s.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => out.extend_from_slice(&buf[..n]),
+                Err(_) => break,
+            }
+        }
+        String::from_utf8_lossy(&out).into_owned()
+    }
+}
+
+pub struct Reply {
+    pub status: u16,
+    pub headers: reqwest::header::HeaderMap,
+    pub text: String,
+}
+
+impl Reply {
+    async fn from(r: reqwest::Response) -> Reply {
+        let status = r.status().as_u16();
+        let headers = r.headers().clone();
+        let text = r.text().await.unwrap_or_default();
+        Reply { status, headers, text }
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.text).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.text))
+    }
+
+    pub fn header(&self, name: &str) -> Option<String> {
+        self.headers.get(name).map(|v| v.to_str().unwrap_or_default().to_string())
+    }
+
+    /// The `data:` payloads of an SSE body.
+    pub fn sse_data(&self) -> Vec<String> {
+        self.text
+            .split("\n\n")
+            .filter_map(|f| f.lines().find_map(|l| l.strip_prefix("data: ")).map(str::to_string))
+            .collect()
+    }
+
+    /// Assert the chat-dialect error envelope with this status and code.
+    pub fn assert_error(&self, status: u16, code: &str) -> serde_json::Value {
+        assert_eq!(self.status, status, "body: {}", self.text);
+        let v = self.json();
+        assert_eq!(v["error"]["code"], code, "body: {}", self.text);
+        let rid = self.header("x-request-id").expect("x-request-id header");
+        assert_eq!(v["request_id"], rid.as_str(), "request_id equals X-Request-Id");
+        v
+    }
+}
+
+pub fn chat_body(model: &str, stream: bool) -> serde_json::Value {
+    serde_json::json!({
+        "model": model,
+        "messages": [{"role": "user", "content": "Say hello"}],
+        "stream": stream,
+    })
+}
