@@ -8,8 +8,8 @@
 //! body as if the client had sent it, with a correct `Content-Length`, and keepalive intact.
 //!
 //! Consequences: HTTP/1 only (an HTTP/2 session cannot be taken apart; h2c stays off on the
-//! public listener); bytes a client pipelines after its body are lost, so a rewritten
-//! request's connection is not reused when such bytes were seen.
+//! public listener). Bytes a client pipelines after its body are kept: the old session is
+//! finished as a reusable one, which hands them back, and they follow the replayed body.
 
 use std::io;
 use std::pin::Pin;
@@ -153,18 +153,23 @@ pub async fn replace_request_body(
     let placeholder = Box::new(ServerSession::new_http1(Box::new(std::io::Cursor::new(
         Vec::<u8>::new(),
     ))));
-    let old = std::mem::replace(&mut session.downstream_session, placeholder);
-    let h1 = match *old {
-        ServerSession::H1(h1) => h1,
-        other => {
-            session.downstream_session = Box::new(other);
-            return Error::e_explain(
-                ErrorType::InternalError,
-                "body rewrite needs an HTTP/1 client connection",
-            );
-        }
-    };
-    let mut raw: Stream = h1.into_inner();
+    let mut old = std::mem::replace(&mut session.downstream_session, placeholder);
+    if !matches!(*old, ServerSession::H1(_)) {
+        session.downstream_session = old;
+        return Error::e_explain(
+            ErrorType::InternalError,
+            "body rewrite needs an HTTP/1 client connection",
+        );
+    }
+    // Finish the old session as if it were kept alive, so that bytes the client pipelined
+    // after its body (read together with the body's end) come back instead of being lost.
+    old.set_keepalive(Some(60));
+    old.set_keepalive_reuses_remaining(None);
+    old.set_pipelining_enabled(true);
+    let reusable = old.finish().await?.ok_or_else(|| {
+        Error::explain(ErrorType::InternalError, "client connection not reusable")
+    })?;
+    let (mut raw, pipelined) = reusable.into_parts();
     // On a kept-alive connection the previous request's wrapper is exhausted: unwrap it so
     // wrappers do not nest request after request.
     if raw
@@ -172,11 +177,13 @@ pub async fn replace_request_body(
         .downcast_ref::<PrefixedStream>()
         .is_some_and(|p| p.prefix.is_empty())
     {
-        if let Ok(p) = raw.into_any().downcast::<PrefixedStream>() {
-            raw = p.inner;
-        } else {
-            return Error::e_explain(ErrorType::InternalError, "stream unwrap failed");
+        match raw.into_any().downcast::<PrefixedStream>() {
+            Ok(p) => raw = p.inner,
+            Err(_) => return Error::e_explain(ErrorType::InternalError, "stream unwrap failed"),
         }
+    }
+    if let Some(next) = pipelined {
+        wire.extend_from_slice(&next);
     }
     let mut fresh = ServerSession::new_http1(Box::new(PrefixedStream {
         prefix: wire.freeze(),
@@ -185,6 +192,8 @@ pub async fn replace_request_body(
     fresh.read_request().await?;
     fresh.set_keepalive(keepalive);
     fresh.set_keepalive_reuses_remaining(reuses);
-    session.downstream_session = Box::new(fresh);
+    // Pipelined bytes now sit behind the replayed body: let the session hand them on.
+    fresh.set_pipelining_enabled(true);
+    *session.downstream_session = fresh;
     Ok(())
 }

@@ -13,22 +13,24 @@ use crate::proxy::Gateway;
 /// Build and run the server; never returns.
 pub fn run(config: Config, chain: Chain, pid_dir: &std::path::Path) -> ! {
     let config = Arc::new(config);
-    let mut conf = ServerConf::default();
-    conf.threads = config.gateway.threads;
-    conf.grace_period_seconds = Some(config.gateway.grace_period_seconds);
-    conf.graceful_shutdown_timeout_seconds = Some(config.gateway.graceful_shutdown_timeout_seconds);
     // Per-instance files, so several gateways (and tests) run side by side.
     let port = config.gateway.listen.port();
-    conf.pid_file = pid_dir
-        .join(format!("tollgate-{port}.pid"))
-        .to_string_lossy()
-        .into_owned();
-    conf.upgrade_sock = pid_dir
-        .join(format!("tollgate-{port}.sock"))
-        .to_string_lossy()
-        .into_owned();
-    // Connect failures are retried on another replica by `fail_to_connect` (at most two).
-    conf.max_retries = 2;
+    let conf = ServerConf {
+        threads: config.gateway.threads,
+        grace_period_seconds: Some(config.gateway.grace_period_seconds),
+        graceful_shutdown_timeout_seconds: Some(config.gateway.graceful_shutdown_timeout_seconds),
+        pid_file: pid_dir
+            .join(format!("tollgate-{port}.pid"))
+            .to_string_lossy()
+            .into_owned(),
+        upgrade_sock: pid_dir
+            .join(format!("tollgate-{port}.sock"))
+            .to_string_lossy()
+            .into_owned(),
+        // Connect failures are retried on another replica by `fail_to_connect` (at most two).
+        max_retries: 2,
+        ..ServerConf::default()
+    };
     let mut server = Server::new_with_opt_and_conf(Opt::default(), conf);
     server.bootstrap();
     log::info!(

@@ -6,6 +6,11 @@ mod request;
 mod response;
 mod stream;
 
+// The pure phases, public for the benches.
+pub use request::rewrite as rewrite_request;
+pub use response::on_chunk as on_json_chunk;
+pub use stream::on_chunk as on_stream_chunk;
+
 use async_trait::async_trait;
 use bytes::Bytes;
 use pingora::http::ResponseHeader;

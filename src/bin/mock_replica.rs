@@ -91,6 +91,14 @@ async fn run(args: Args) -> ExitCode {
         return ExitCode::FAILURE;
     }
     drop(stdout);
-    server::serve(listener, Arc::new(State::new(args.model_name))).await;
-    ExitCode::SUCCESS
+    // Spawned so the accept loop runs on a worker like everything else
+    // (`block_on` would keep it on the main thread, outside `--threads`).
+    let state = Arc::new(State::new(args.model_name));
+    match tokio::spawn(server::serve(listener, state)).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("server task failed: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }

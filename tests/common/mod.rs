@@ -35,14 +35,19 @@ impl Mock {
             .expect("mock replica starts");
         let stdout = child.stdout.take().expect("stdout");
         let mut line = String::new();
-        BufReader::new(stdout).read_line(&mut line).expect("mock prints its port");
+        BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("mock prints its port");
         let port = line
             .trim()
             .rsplit(':')
             .next()
             .and_then(|p| p.parse().ok())
             .unwrap_or_else(|| panic!("unexpected mock line {line:?}"));
-        Mock { port, _proc: Proc { child } }
+        Mock {
+            port,
+            _proc: Proc { child },
+        }
     }
 
     pub fn addr(&self) -> String {
@@ -70,7 +75,11 @@ impl Mock {
 }
 
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// A port with nothing listening (bound once, then released).
@@ -162,7 +171,11 @@ impl Gateway {
         let port = free_port();
         let dir = std::env::temp_dir().join(format!("tollgate-test-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let chat = if opts.chat_replicas.is_empty() { vec![mock.addr()] } else { opts.chat_replicas.clone() };
+        let chat = if opts.chat_replicas.is_empty() {
+            vec![mock.addr()]
+        } else {
+            opts.chat_replicas.clone()
+        };
         std::fs::write(
             dir.join("tollgate.yaml"),
             format!(
@@ -178,10 +191,10 @@ impl Gateway {
             format!(
                 "pools:\n  chat-model:\n    upstream_model: org/Chat-Model-7B\n    connect_timeout_ms: 500\n    replicas:\n{}  shared-cache-model:\n    replicas:\n{}  embed-model:\n    upstream_model: org/embed\n    replicas:\n{}  paused-model:\n    replicas:\n{}  tiny-pool-model:\n    replicas:\n{}  dead-model:\n    connect_timeout_ms: 300\n    replicas:\n{}",
                 replicas_yaml(&chat, 64),
-                replicas_yaml(&[m.clone()], 64),
-                replicas_yaml(&[m.clone()], 64),
-                replicas_yaml(&[m.clone()], 64),
-                replicas_yaml(&[m.clone()], opts.tiny_pool_concurrency),
+                replicas_yaml(std::slice::from_ref(&m), 64),
+                replicas_yaml(std::slice::from_ref(&m), 64),
+                replicas_yaml(std::slice::from_ref(&m), 64),
+                replicas_yaml(std::slice::from_ref(&m), opts.tiny_pool_concurrency),
                 replicas_yaml(&[format!("127.0.0.1:{}", closed_port()), format!("127.0.0.1:{}", closed_port())], 4),
             ),
         )
@@ -195,10 +208,18 @@ impl Gateway {
             .stderr(log)
             .spawn()
             .expect("gateway starts");
-        let gw = Gateway { port, dir, _proc: Proc { child } };
+        let gw = Gateway {
+            port,
+            dir,
+            _proc: Proc { child },
+        };
         let deadline = Instant::now() + Duration::from_secs(20);
         while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "gateway did not listen: {}", gw.log());
+            assert!(
+                Instant::now() < deadline,
+                "gateway did not listen: {}",
+                gw.log()
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
         gw
@@ -213,7 +234,12 @@ impl Gateway {
     }
 
     /// POST JSON and return (status, headers, body text).
-    pub async fn post(&self, path: &str, body: &serde_json::Value, headers: &[(&str, &str)]) -> Reply {
+    pub async fn post(
+        &self,
+        path: &str,
+        body: &serde_json::Value,
+        headers: &[(&str, &str)],
+    ) -> Reply {
         let client = reqwest::Client::new();
         let mut req = client.post(self.url(path)).json(body);
         for (k, v) in headers {
@@ -256,7 +282,11 @@ impl Reply {
         let status = r.status().as_u16();
         let headers = r.headers().clone();
         let text = r.text().await.unwrap_or_default();
-        Reply { status, headers, text }
+        Reply {
+            status,
+            headers,
+            text,
+        }
     }
 
     pub fn json(&self) -> serde_json::Value {
@@ -264,14 +294,20 @@ impl Reply {
     }
 
     pub fn header(&self, name: &str) -> Option<String> {
-        self.headers.get(name).map(|v| v.to_str().unwrap_or_default().to_string())
+        self.headers
+            .get(name)
+            .map(|v| v.to_str().unwrap_or_default().to_string())
     }
 
     /// The `data:` payloads of an SSE body.
     pub fn sse_data(&self) -> Vec<String> {
         self.text
             .split("\n\n")
-            .filter_map(|f| f.lines().find_map(|l| l.strip_prefix("data: ")).map(str::to_string))
+            .filter_map(|f| {
+                f.lines()
+                    .find_map(|l| l.strip_prefix("data: "))
+                    .map(str::to_string)
+            })
             .collect()
     }
 
@@ -281,7 +317,11 @@ impl Reply {
         let v = self.json();
         assert_eq!(v["error"]["code"], code, "body: {}", self.text);
         let rid = self.header("x-request-id").expect("x-request-id header");
-        assert_eq!(v["request_id"], rid.as_str(), "request_id equals X-Request-Id");
+        assert_eq!(
+            v["request_id"],
+            rid.as_str(),
+            "request_id equals X-Request-Id"
+        );
         v
     }
 }

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The test command (README, CI): formatting, lints with warnings denied, every Rust test
+# (unit, integration against the real binaries and the mock replica), the config check of
+# conf/, and the official `openai` Python client against a running gateway.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+
+echo "== cargo fmt --check"
+cargo fmt --check
+echo "== cargo clippy (warnings denied)"
+cargo clippy --all-targets -- -D warnings
+echo "== tollgate check-config conf/tollgate.yaml"
+cargo build --bins
+./target/debug/tollgate check-config --config conf/tollgate.yaml
+echo "== cargo test"
+cargo test
+echo "== official client tests (pytest)"
+TOLLGATE_BIN=target/debug/tollgate MOCK_BIN=target/debug/tollgate-mock-replica \
+  .venv/bin/python -m pytest -q tests/python

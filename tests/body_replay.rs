@@ -1,0 +1,246 @@
+//! The body replay (src/body_replay.rs) on raw HTTP/1 connections: large bodies,
+//! `Expect: 100-continue`, chunked uploads, keepalive reuse and a pipelining client.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use common::*;
+
+struct Conn {
+    reader: BufReader<TcpStream>,
+}
+
+struct RawReply {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+impl RawReply {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+impl Conn {
+    fn open(port: u16) -> Conn {
+        let s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        Conn {
+            reader: BufReader::new(s),
+        }
+    }
+
+    fn send(&mut self, bytes: &[u8]) {
+        self.reader.get_mut().write_all(bytes).unwrap();
+    }
+
+    fn line(&mut self) -> String {
+        let mut l = String::new();
+        self.reader.read_line(&mut l).unwrap();
+        l.trim_end().to_string()
+    }
+
+    /// Read one response (Content-Length or chunked body).
+    fn read(&mut self) -> RawReply {
+        let status_line = self.line();
+        let status: u16 = status_line
+            .split(' ')
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("status line {status_line:?}"));
+        let mut headers = Vec::new();
+        loop {
+            let l = self.line();
+            if l.is_empty() {
+                break;
+            }
+            let (k, v) = l.split_once(':').unwrap();
+            headers.push((k.trim().to_string(), v.trim().to_string()));
+        }
+        let mut reply = RawReply {
+            status,
+            headers,
+            body: Vec::new(),
+        };
+        if status == 100 {
+            return reply;
+        }
+        if let Some(n) = reply
+            .header("content-length")
+            .map(|v| v.parse::<usize>().unwrap())
+        {
+            let mut body = vec![0; n];
+            self.reader.read_exact(&mut body).unwrap();
+            reply.body = body;
+        } else if reply.header("transfer-encoding").is_some() {
+            loop {
+                let size = usize::from_str_radix(&self.line(), 16).unwrap();
+                let mut chunk = vec![0; size + 2];
+                self.reader.read_exact(&mut chunk).unwrap();
+                if size == 0 {
+                    break;
+                }
+                reply.body.extend_from_slice(&chunk[..size]);
+            }
+        }
+        reply
+    }
+
+    fn closed(&mut self) -> bool {
+        let mut b = [0u8; 1];
+        matches!(self.reader.read(&mut b), Ok(0))
+    }
+}
+
+fn chat_json(pad: usize) -> Vec<u8> {
+    format!(
+        r#"{{"model":"chat-model","messages":[{{"role":"user","content":"{}"}}]}}"#,
+        "p".repeat(pad)
+    )
+    .into_bytes()
+}
+
+fn post_head(len: usize, extra: &str) -> Vec<u8> {
+    format!("POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: {len}\r\n{extra}\r\n").into_bytes()
+}
+
+#[tokio::test]
+async fn expect_100_continue_with_a_3mb_body_keeps_the_connection() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&mock);
+    let body = chat_json(3_000_000);
+    let mut c = Conn::open(gw.port);
+    c.send(&post_head(body.len(), "Expect: 100-continue\r\n"));
+    let cont = c.read();
+    assert_eq!(cont.status, 100, "the gateway answers 100 Continue itself");
+    c.send(&body);
+    let r = c.read();
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let seen = mock.last_request().await;
+    assert_eq!(
+        seen["body"]["messages"][0]["content"]
+            .as_str()
+            .map(str::len),
+        Some(3_000_000),
+        "whole body forwarded"
+    );
+    assert!(
+        seen["headers"].get("expect").is_none(),
+        "Expect is not forwarded"
+    );
+    // Same connection, next request.
+    let small = chat_json(10);
+    c.send(&post_head(small.len(), ""));
+    c.send(&small);
+    assert_eq!(c.read().status, 200);
+}
+
+#[tokio::test]
+async fn chunked_upload_is_forwarded_with_a_length() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&mock);
+    let body = chat_json(1_200_000);
+    let mut c = Conn::open(gw.port);
+    c.send(b"POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n");
+    for chunk in body.chunks(100_000) {
+        c.send(format!("{:x}\r\n", chunk.len()).as_bytes());
+        c.send(chunk);
+        c.send(b"\r\n");
+    }
+    c.send(b"0\r\n\r\n");
+    let r = c.read();
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let seen = mock.last_request().await;
+    assert!(seen["headers"].get("transfer-encoding").is_none());
+    let forwarded_len: usize = seen["headers"]["content-length"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(forwarded_len > 1_200_000);
+    assert_eq!(
+        seen["body"]["messages"][0]["content"]
+            .as_str()
+            .map(str::len),
+        Some(1_200_000)
+    );
+}
+
+#[tokio::test]
+async fn keepalive_connection_serves_many_rewritten_requests() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&mock);
+    let mut c = Conn::open(gw.port);
+    for i in 0..20 {
+        let body = chat_json(i * 1000);
+        c.send(&post_head(body.len(), ""));
+        c.send(&body);
+        let r = c.read();
+        assert_eq!(r.status, 200, "request {i}");
+        assert!(String::from_utf8_lossy(&r.body).contains("chat.completion"));
+    }
+    assert_eq!(mock.stats().await["requests"], 20);
+}
+
+#[tokio::test]
+async fn a_pipelining_client_gets_every_answer() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&mock);
+    let mut c = Conn::open(gw.port);
+    let a = chat_json(5);
+    let b = chat_json(6);
+    let mut wire = post_head(a.len(), "");
+    wire.extend_from_slice(&a);
+    wire.extend_from_slice(&post_head(b.len(), ""));
+    wire.extend_from_slice(&b);
+    wire.extend_from_slice(b"GET /v1/models HTTP/1.1\r\nHost: t\r\n\r\n");
+    c.send(&wire);
+    assert_eq!(c.read().status, 200);
+    assert_eq!(c.read().status, 200);
+    let models = c.read();
+    assert_eq!(models.status, 200);
+    assert!(String::from_utf8_lossy(&models.body).contains("\"object\":\"list\""));
+}
+
+#[tokio::test]
+async fn oversized_chunked_upload_is_413_and_the_connection_closes() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&mock);
+    let mut c = Conn::open(gw.port);
+    c.send(b"POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n");
+    let chunk = vec![b'x'; 500_000];
+    for _ in 0..8 {
+        c.send(format!("{:x}\r\n", chunk.len()).as_bytes());
+        if c.reader.get_mut().write_all(&chunk).is_err() {
+            break;
+        }
+        let _ = c.reader.get_mut().write_all(b"\r\n");
+    }
+    let r = c.read();
+    assert_eq!(r.status, 413);
+    let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(v["error"]["code"], "payload_too_large");
+    assert!(c.closed(), "the rest of the upload is not drained");
+    assert_eq!(mock.stats().await["requests"], 0);
+}
+
+#[tokio::test]
+async fn declared_oversize_is_refused_before_the_body_is_sent() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&mock);
+    let mut c = Conn::open(gw.port);
+    c.send(&post_head(3_500_001, "Expect: 100-continue\r\n"));
+    let r = c.read();
+    assert_eq!(
+        r.status, 413,
+        "no 100 Continue for a body that will be refused"
+    );
+}

@@ -1,0 +1,73 @@
+"""The official `openai` client, unchanged, pointed at {base}/v1."""
+import openai
+import pytest
+
+MODEL = "llama-3.1-8b-instruct"
+
+
+def client(base: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{base}/v1", api_key="rp_" + "0" * 40, max_retries=0)
+
+
+def test_non_streaming_completion(gateway):
+    r = client(gateway).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "hello"}], max_tokens=5
+    )
+    assert r.object == "chat.completion"
+    assert r.model == MODEL
+    assert r.choices[0].message.content == "tok0 tok1 tok2 tok3 tok4 "
+    assert r.usage.completion_tokens == 5
+    assert r.usage.prompt_tokens_details.cached_tokens == 0
+    extra = r.usage.model_extra
+    assert extra["service"]["cost_microcents"] > 0
+    assert abs(extra["cost"] - extra["service"]["cost_microcents"] / 1e8) < 1e-12
+
+
+def test_streaming_completion_with_usage(gateway):
+    stream = client(gateway).chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "hello"}],
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_headers={"x-mock-tokens": "6"},
+    )
+    text, usage = "", None
+    for chunk in stream:
+        if chunk.choices:
+            text += chunk.choices[0].delta.content or ""
+        if chunk.usage:
+            usage = chunk.usage
+    assert text == "tok0 tok1 tok2 tok3 tok4 tok5 "
+    assert usage is not None and usage.completion_tokens == 6
+
+
+def test_streaming_reasoning_arrives_on_reasoning(gateway):
+    stream = client(gateway).chat.completions.create(
+        model="qwen3-32b",
+        messages=[{"role": "user", "content": "think"}],
+        stream=True,
+        extra_headers={"x-mock-tokens": "4", "x-mock-reasoning": "2"},
+    )
+    reasoning = ""
+    for chunk in stream:
+        if chunk.choices:
+            d = chunk.choices[0].delta
+            reasoning += (d.model_extra or {}).get("reasoning") or ""
+            assert "reasoning_content" not in (d.model_extra or {})
+    assert reasoning == "think0 think1 "
+
+
+def test_errors_raise_typed_exceptions_with_codes(gateway):
+    c = client(gateway)
+    with pytest.raises(openai.NotFoundError) as e:
+        c.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "x"}])
+    assert e.value.code == "model_not_found"
+    with pytest.raises(openai.BadRequestError) as e:
+        c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], n=5)
+    assert e.value.code == "generation_count"
+    assert e.value.request_id  # X-Request-Id
+
+
+def test_models_list(gateway):
+    ids = [m.id for m in client(gateway).models.list()]
+    assert MODEL in ids
