@@ -31,6 +31,9 @@ use pingora::proxy::Session;
 use pingora::{Error, ErrorType, Result};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
+/// A client that stops reading cannot hold a stream (and its replica slot) forever.
+pub const DOWNSTREAM_WRITE_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// A socket that yields `prefix` before reading from `inner`.
 #[derive(Debug)]
 pub struct PrefixedStream {
@@ -194,6 +197,8 @@ pub async fn replace_request_body(
     fresh.set_keepalive_reuses_remaining(reuses);
     // Pipelined bytes now sit behind the replayed body: let the session hand them on.
     fresh.set_pipelining_enabled(true);
+    // The fresh session starts with default settings: re-apply ours.
+    fresh.set_write_timeout(Some(DOWNSTREAM_WRITE_TIMEOUT));
     *session.downstream_session = fresh;
     Ok(())
 }

@@ -34,6 +34,8 @@ impl Gateway {
     }
 
     async fn handle(&self, s: &mut Session, cx: &mut RequestCtx) -> Result<Flow, GatewayError> {
+        s.downstream_session
+            .set_write_timeout(Some(crate::body_replay::DOWNSTREAM_WRITE_TIMEOUT));
         let route = request::route(s, cx)?;
         request::client_request_id(s, cx)?;
         if self.chain.on_request_headers(s, cx).await? == Flow::Handled {
