@@ -3,27 +3,48 @@
 //! Each plugin is a small module with one job. `conf/tollgate.yaml` lists the enabled ones;
 //! the chain runs them by priority (higher first), which follows the spec's layers.
 
+pub mod auth;
 pub mod chat;
 
 use std::sync::Arc;
 
 use crate::config::{Config, ConfigErrors, ConfigProblem};
+use crate::identity::service::Identity;
 use crate::plugin::{Chain, Plugin};
 
+/// Shared services plugins are built with (opened by the server before the chain).
+#[derive(Default, Clone)]
+pub struct Services {
+    pub identity: Option<Arc<Identity>>,
+}
+
+const KNOWN: &str = "auth, chat_completions";
+
 /// Build the chain named in `tollgate.yaml`.
-pub fn build(config: &Config) -> Result<Chain, ConfigErrors> {
+pub fn build(config: &Config, services: &Services) -> Result<Chain, ConfigErrors> {
     let mut plugins: Vec<Arc<dyn Plugin>> = Vec::new();
     let mut problems = Vec::new();
     for (i, spec) in config.gateway.plugins.iter().enumerate() {
-        match spec.name.as_str() {
-            "chat_completions" => plugins.push(Arc::new(chat::ChatCompletions)),
-            other => problems.push(ConfigProblem {
+        let mut problem = |msg: String| {
+            problems.push(ConfigProblem {
                 file: config.source.clone(),
                 path: format!("plugins[{i}].name"),
-                problem: format!(
-                    "`{other}` is not a plugin of this build (known: chat_completions)"
-                ),
-            }),
+                problem: msg,
+            })
+        };
+        match spec.name.as_str() {
+            "chat_completions" => plugins.push(Arc::new(chat::ChatCompletions)),
+            "auth" => match (&services.identity, &config.gateway.identity) {
+                (Some(id), _) => plugins.push(Arc::new(auth::Auth::new(id.clone()))),
+                (None, None) => {
+                    problem("`auth` needs the `identity` section (store and key secrets)".into())
+                }
+                // `check-config` builds the chain without opening the stores.
+                (None, Some(_)) => {}
+            },
+            other => problem(format!(
+                "`{other}` is not a plugin of this build (known: {KNOWN})"
+            )),
         }
     }
     if problems.is_empty() {
@@ -42,5 +63,7 @@ mod tests {
         use crate::plugin::Plugin;
         let chat = super::chat::ChatCompletions;
         assert_eq!((chat.name(), chat.priority()), ("chat_completions", 200));
+        // auth runs before the dialects.
+        assert_eq!(super::auth::AUTH_PRIORITY, 500);
     }
 }

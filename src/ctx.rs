@@ -48,6 +48,8 @@ pub struct RequestCtx {
     /// `None` for a path that is not an endpoint.
     pub route: Option<Route>,
     pub envelope: Envelope,
+    /// The authenticated caller (set by the auth plugin).
+    pub principal: Option<crate::identity::Principal>,
     /// Validated `X-Client-Request-Id`, echoed back.
     pub client_request_id: Option<String>,
     /// The request body was read to its end (so the connection can be kept).
@@ -92,6 +94,7 @@ impl RequestCtx {
             started: Instant::now(),
             route: None,
             envelope: Envelope::Chat,
+            principal: None,
             client_request_id: None,
             body_read: false,
             body: None,

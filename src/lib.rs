@@ -5,11 +5,14 @@
 //! usage pricing and the one `ProxyHttp` implementation. `plugins/` holds the phase plugins;
 //! the core never names one (the chain is assembled in `plugins/mod.rs`).
 
+pub mod admin;
 pub mod body_replay;
+pub mod cli;
 pub mod config;
 pub mod ctx;
 pub mod envelope;
 pub mod error;
+pub mod identity;
 pub mod placement;
 pub mod plugin;
 pub mod proxy;
@@ -18,6 +21,7 @@ pub mod responder;
 pub mod routes;
 pub mod server;
 pub mod sse;
+pub mod store;
 pub mod usage;
 pub mod watchdog;
 

@@ -1,17 +1,21 @@
-//! Server bootstrap: one Pingora server with the public proxy listener. The chain of plugins
-//! is built from config by `plugins::build` (the one place that names concrete plugins).
+//! Server bootstrap: one Pingora server with the public proxy listener and the admin
+//! listener. The chain of plugins is built from config by `plugins::build` (the one place
+//! that names concrete plugins) before this runs.
 
 use std::sync::Arc;
 
 use pingora::server::Server;
 use pingora::server::configuration::{Opt, ServerConf};
+use pingora::services::listening::Service;
 
+use crate::admin::AdminApp;
 use crate::config::Config;
 use crate::plugin::Chain;
+use crate::plugins::Services;
 use crate::proxy::Gateway;
 
 /// Build and run the server; never returns.
-pub fn run(config: Config, chain: Chain, pid_dir: &std::path::Path) -> ! {
+pub fn run(config: Config, chain: Chain, services: Services, pid_dir: &std::path::Path) -> ! {
     let config = Arc::new(config);
     // Per-instance files, so several gateways (and tests) run side by side.
     let port = config.gateway.listen.port();
@@ -33,15 +37,31 @@ pub fn run(config: Config, chain: Chain, pid_dir: &std::path::Path) -> ! {
     };
     let mut server = Server::new_with_opt_and_conf(Opt::default(), conf);
     server.bootstrap();
+    let listen = config.gateway.listen.to_string();
+    let admin_listen = config.gateway.admin_listen.to_string();
     log::info!(
-        "tollgate listening on {} with plugins {:?}",
-        config.gateway.listen,
+        "tollgate listening on {listen} (admin {admin_listen}) with plugins {:?}",
         chain.names()
     );
-    let listen = config.gateway.listen.to_string();
+    if config.gateway.admin_token.is_none() {
+        log::warn!("no admin token configured: the admin listener refuses every call");
+    }
+    let admin = AdminApp {
+        token: config
+            .gateway
+            .admin_token
+            .as_ref()
+            .map(|t| t.expose().to_string()),
+        config: config.clone(),
+        identity: services.identity.clone(),
+    };
     let mut proxy =
         pingora::proxy::http_proxy_service(&server.configuration, Gateway::new(config, chain));
     proxy.add_tcp(&listen);
+    let mut admin_service = Service::new("admin".to_string(), admin);
+    admin_service.add_tcp(&admin_listen);
+    admin_service.threads = Some(1);
     server.add_service(proxy);
+    server.add_service(admin_service);
     server.run_forever()
 }

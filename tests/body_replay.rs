@@ -108,8 +108,8 @@ fn chat_json(pad: usize) -> Vec<u8> {
     .into_bytes()
 }
 
-fn post_head(len: usize, extra: &str) -> Vec<u8> {
-    format!("POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: {len}\r\n{extra}\r\n").into_bytes()
+fn post_head(key: &str, len: usize, extra: &str) -> Vec<u8> {
+    format!("POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {key}\r\nContent-Type: application/json\r\nContent-Length: {len}\r\n{extra}\r\n").into_bytes()
 }
 
 #[tokio::test]
@@ -118,7 +118,7 @@ async fn expect_100_continue_with_a_3mb_body_keeps_the_connection() {
     let gw = Gateway::start(&mock);
     let body = chat_json(3_000_000);
     let mut c = Conn::open(gw.port);
-    c.send(&post_head(body.len(), "Expect: 100-continue\r\n"));
+    c.send(&post_head(&gw.key, body.len(), "Expect: 100-continue\r\n"));
     let cont = c.read();
     assert_eq!(cont.status, 100, "the gateway answers 100 Continue itself");
     c.send(&body);
@@ -138,7 +138,7 @@ async fn expect_100_continue_with_a_3mb_body_keeps_the_connection() {
     );
     // Same connection, next request.
     let small = chat_json(10);
-    c.send(&post_head(small.len(), ""));
+    c.send(&post_head(&gw.key, small.len(), ""));
     c.send(&small);
     assert_eq!(c.read().status, 200);
 }
@@ -149,7 +149,7 @@ async fn chunked_upload_is_forwarded_with_a_length() {
     let gw = Gateway::start(&mock);
     let body = chat_json(1_200_000);
     let mut c = Conn::open(gw.port);
-    c.send(b"POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n");
+    c.send(format!("POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {}\r\nTransfer-Encoding: chunked\r\n\r\n", gw.key).as_bytes());
     for chunk in body.chunks(100_000) {
         c.send(format!("{:x}\r\n", chunk.len()).as_bytes());
         c.send(chunk);
@@ -181,7 +181,7 @@ async fn keepalive_connection_serves_many_rewritten_requests() {
     let mut c = Conn::open(gw.port);
     for i in 0..20 {
         let body = chat_json(i * 1000);
-        c.send(&post_head(body.len(), ""));
+        c.send(&post_head(&gw.key, body.len(), ""));
         c.send(&body);
         let r = c.read();
         assert_eq!(r.status, 200, "request {i}");
@@ -197,11 +197,17 @@ async fn a_pipelining_client_gets_every_answer() {
     let mut c = Conn::open(gw.port);
     let a = chat_json(5);
     let b = chat_json(6);
-    let mut wire = post_head(a.len(), "");
+    let mut wire = post_head(&gw.key, a.len(), "");
     wire.extend_from_slice(&a);
-    wire.extend_from_slice(&post_head(b.len(), ""));
+    wire.extend_from_slice(&post_head(&gw.key, b.len(), ""));
     wire.extend_from_slice(&b);
-    wire.extend_from_slice(b"GET /v1/models HTTP/1.1\r\nHost: t\r\n\r\n");
+    wire.extend_from_slice(
+        format!(
+            "GET /v1/models HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {}\r\n\r\n",
+            gw.key
+        )
+        .as_bytes(),
+    );
     c.send(&wire);
     assert_eq!(c.read().status, 200);
     assert_eq!(c.read().status, 200);
@@ -215,7 +221,7 @@ async fn oversized_chunked_upload_is_413_and_the_connection_closes() {
     let mock = Mock::start();
     let gw = Gateway::start(&mock);
     let mut c = Conn::open(gw.port);
-    c.send(b"POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n");
+    c.send(format!("POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {}\r\nTransfer-Encoding: chunked\r\n\r\n", gw.key).as_bytes());
     let chunk = vec![b'x'; 500_000];
     for _ in 0..8 {
         c.send(format!("{:x}\r\n", chunk.len()).as_bytes());
@@ -237,7 +243,7 @@ async fn declared_oversize_is_refused_before_the_body_is_sent() {
     let mock = Mock::start();
     let gw = Gateway::start(&mock);
     let mut c = Conn::open(gw.port);
-    c.send(&post_head(3_500_001, "Expect: 100-continue\r\n"));
+    c.send(&post_head(&gw.key, 3_500_001, "Expect: 100-continue\r\n"));
     let r = c.read();
     assert_eq!(
         r.status, 413,

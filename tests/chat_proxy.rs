@@ -83,8 +83,8 @@ async fn request_rewrite_for_the_replica() {
             "/v1/chat/completions",
             &body,
             &[
-                ("authorization", "Bearer client-secret"),
                 ("accept-encoding", "gzip"),
+                ("x-api-key", "rp_not_forwarded_either"),
             ],
         )
         .await;
@@ -478,9 +478,11 @@ async fn full_replicas_answer_hosted_model_at_capacity() {
     let mock = Mock::start();
     let gw = Gateway::start(&mock);
     let url = gw.url("/v1/chat/completions");
+    let bearer = gw.bearer();
     let hold = tokio::spawn(async move {
         reqwest::Client::new()
             .post(url)
+            .header("authorization", bearer)
             .header("x-mock-ttft-ms", "1500")
             .json(&chat_body("tiny-pool-model", false))
             .send()
@@ -576,6 +578,7 @@ async fn a_malformed_non_streamed_body_is_never_delivered_as_complete() {
     let gw = Gateway::start(&mock);
     let r = reqwest::Client::new()
         .post(gw.url("/v1/chat/completions"))
+        .header("authorization", gw.bearer())
         .header("x-mock-malformed", "1")
         .json(&chat_body("chat-model", false))
         .send()

@@ -156,6 +156,7 @@ async fn body_limit_is_exactly_3_500_000_bytes() {
     let client = reqwest::Client::new();
     let r = client
         .post(gw.url("/v1/chat/completions"))
+        .header("authorization", gw.bearer())
         .header("content-type", "application/json")
         .body(padded_body(3_500_000))
         .send()
@@ -168,6 +169,7 @@ async fn body_limit_is_exactly_3_500_000_bytes() {
     );
     let r = client
         .post(gw.url("/v1/chat/completions"))
+        .header("authorization", gw.bearer())
         .header("content-type", "application/json")
         .body(padded_body(3_500_001))
         .send()
@@ -183,6 +185,7 @@ async fn body_limit_is_exactly_3_500_000_bytes() {
     let stream = futures_stream(body);
     let r = client
         .post(gw.url("/v1/chat/completions"))
+        .header("authorization", gw.bearer())
         .body(reqwest::Body::wrap_stream(stream))
         .send()
         .await;

@@ -11,7 +11,7 @@ mod gateway;
 mod upstreams;
 
 pub use catalog::{Catalog, ModelEntry, Pricing};
-pub use gateway::{Budgets, GatewaySettings, PluginSpec};
+pub use gateway::{Budgets, GatewaySettings, IdentitySettings, PluginSpec, Secret};
 pub use upstreams::{Pool, Pools, Replica};
 
 use std::fmt;

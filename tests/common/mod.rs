@@ -135,6 +135,10 @@ pub struct Opts {
     pub chat_replicas: Vec<String>,
     pub tiny_pool_concurrency: u32,
     pub max_request_bytes: u64,
+    /// Identity store: SQLite in the temp dir, or this PostgreSQL URL.
+    pub postgres_url: Option<String>,
+    /// Start without an admin token (the admin listener must refuse everything).
+    pub no_admin_token: bool,
 }
 
 impl Default for Opts {
@@ -145,15 +149,24 @@ impl Default for Opts {
             chat_replicas: Vec::new(),
             tiny_pool_concurrency: 1,
             max_request_bytes: 3_500_000,
+            postgres_url: None,
+            no_admin_token: false,
         }
     }
 }
 
 pub struct Gateway {
     pub port: u16,
+    pub admin_port: u16,
     pub dir: PathBuf,
-    _proc: Proc,
+    pub admin_token: String,
+    /// A workspace key minted at start (empty when the admin API is closed).
+    pub key: String,
+    pub workspace: String,
+    proc: Proc,
 }
+
+pub const ADMIN_TOKEN: &str = "test-admin-token-0123456789abcdef";
 
 fn replicas_yaml(addrs: &[String], concurrency: u32) -> String {
     addrs
@@ -176,10 +189,25 @@ impl Gateway {
         } else {
             opts.chat_replicas.clone()
         };
+        let admin_port = free_port();
+        std::fs::write(dir.join("pepper"), "p".repeat(48)).unwrap();
+        std::fs::write(dir.join("enc"), "ab".repeat(32)).unwrap();
+        if !opts.no_admin_token {
+            std::fs::write(dir.join("admin_token"), ADMIN_TOKEN).unwrap();
+        }
+        let store = match &opts.postgres_url {
+            Some(url) => format!("{{ backend: postgres, url: \"{url}\" }}"),
+            None => "{ backend: sqlite, path: identity.db }".to_string(),
+        };
+        let admin = if opts.no_admin_token {
+            String::new()
+        } else {
+            "admin:\n  token_file: admin_token\n".into()
+        };
         std::fs::write(
             dir.join("tollgate.yaml"),
             format!(
-                "listen: 127.0.0.1:{port}\nthreads: 1\nlimits:\n  max_request_bytes: {}\nbudgets:\n  first_token_seconds: {}\n  response_seconds: {}\nshutdown:\n  grace_period_seconds: 1\n  graceful_shutdown_timeout_seconds: 1\nplugins:\n  - name: chat_completions\n",
+                "listen: 127.0.0.1:{port}\nadmin_listen: 127.0.0.1:{admin_port}\nthreads: 1\nlimits:\n  max_request_bytes: {}\nbudgets:\n  first_token_seconds: {}\n  response_seconds: {}\nshutdown:\n  grace_period_seconds: 1\n  graceful_shutdown_timeout_seconds: 1\nidentity:\n  store: {store}\n  key_pepper: {{ file: pepper }}\n  key_encryption_key: {{ file: enc }}\n{admin}plugins:\n  - name: auth\n  - name: chat_completions\n",
                 opts.max_request_bytes, opts.first_token_seconds, opts.response_seconds
             ),
         )
@@ -204,25 +232,102 @@ impl Gateway {
             .args(["serve", "--config"])
             .arg(dir.join("tollgate.yaml"))
             .env("RUST_LOG", "info")
+            .env_remove("TOLLGATE_ADMIN_TOKEN")
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
             .expect("gateway starts");
-        let gw = Gateway {
+        let mut gw = Gateway {
             port,
+            admin_port,
             dir,
-            _proc: Proc { child },
+            admin_token: ADMIN_TOKEN.to_string(),
+            key: String::new(),
+            workspace: String::new(),
+            proc: Proc { child },
         };
         let deadline = Instant::now() + Duration::from_secs(20);
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        while TcpStream::connect(("127.0.0.1", port)).is_err()
+            || TcpStream::connect(("127.0.0.1", admin_port)).is_err()
+        {
             assert!(
                 Instant::now() < deadline,
                 "gateway did not listen: {}",
                 gw.log()
             );
+            assert!(
+                gw.proc.child.try_wait().unwrap().is_none(),
+                "gateway exited: {}",
+                gw.log()
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
+        if !opts.no_admin_token {
+            let (ws, key) = gw.mint_workspace_key();
+            gw.workspace = ws;
+            gw.key = key;
+        }
         gw
+    }
+
+    /// Call the admin API (blocking; usable from sync and async tests alike).
+    pub fn admin(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<serde_json::Value>,
+    ) -> (u16, serde_json::Value) {
+        let url = format!("http://127.0.0.1:{}{path}", self.admin_port);
+        let token = self.admin_token.clone();
+        let method = method.to_string();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let client = reqwest::Client::new();
+                let mut req = client
+                    .request(reqwest::Method::from_bytes(method.as_bytes()).unwrap(), url)
+                    .header("authorization", format!("Bearer {token}"));
+                if let Some(b) = body {
+                    req = req.json(&b);
+                }
+                let r = req.send().await.unwrap();
+                let status = r.status().as_u16();
+                let text = r.text().await.unwrap();
+                (
+                    status,
+                    serde_json::from_str(&text).unwrap_or(serde_json::Value::Null),
+                )
+            })
+        })
+        .join()
+        .unwrap()
+    }
+
+    /// A new workspace and a key in it: (workspace id, plaintext key).
+    pub fn mint_workspace_key(&self) -> (String, String) {
+        let (status, ws) = self.admin(
+            "POST",
+            "/admin/v1/workspaces",
+            Some(serde_json::json!({"name": "test"})),
+        );
+        assert_eq!(status, 201, "{ws}");
+        let ws = ws["id"].as_str().unwrap().to_string();
+        let key = self.mint_key(&ws, serde_json::json!({}));
+        (ws, key["key"].as_str().unwrap().to_string())
+    }
+
+    /// Mint a key in `ws` with these options; returns the admin answer.
+    pub fn mint_key(&self, ws: &str, opts: serde_json::Value) -> serde_json::Value {
+        let (status, key) = self.admin(
+            "POST",
+            &format!("/admin/v1/workspaces/{ws}/keys"),
+            Some(opts),
+        );
+        assert_eq!(status, 201, "{key}");
+        key
     }
 
     pub fn url(&self, path: &str) -> String {
@@ -234,22 +339,60 @@ impl Gateway {
     }
 
     /// POST JSON and return (status, headers, body text).
+    /// POST JSON with the gateway's test key and return (status, headers, body text).
     pub async fn post(
         &self,
         path: &str,
         body: &serde_json::Value,
         headers: &[(&str, &str)],
     ) -> Reply {
-        let client = reqwest::Client::new();
-        let mut req = client.post(self.url(path)).json(body);
+        let bearer = self.bearer();
+        let mut all = vec![("authorization", bearer.as_str())];
+        all.extend_from_slice(headers);
+        self.post_as(path, body, &all).await
+    }
+
+    /// POST JSON with exactly these headers (no key added; a later header of the same name
+    /// replaces an earlier one).
+    pub async fn post_as(
+        &self,
+        path: &str,
+        body: &serde_json::Value,
+        headers: &[(&str, &str)],
+    ) -> Reply {
+        let mut map = reqwest::header::HeaderMap::new();
+        for (k, v) in headers {
+            map.insert(
+                reqwest::header::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                reqwest::header::HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        let r = reqwest::Client::new()
+            .post(self.url(path))
+            .headers(map)
+            .json(body)
+            .send()
+            .await
+            .unwrap();
+        Reply::from(r).await
+    }
+
+    pub async fn get(&self, path: &str) -> Reply {
+        self.get_as(path, &[("authorization", &format!("Bearer {}", self.key))])
+            .await
+    }
+
+    pub async fn get_as(&self, path: &str, headers: &[(&str, &str)]) -> Reply {
+        let mut req = reqwest::Client::new().get(self.url(path));
         for (k, v) in headers {
             req = req.header(*k, *v);
         }
         Reply::from(req.send().await.unwrap()).await
     }
 
-    pub async fn get(&self, path: &str) -> Reply {
-        Reply::from(reqwest::get(self.url(path)).await.unwrap()).await
+    /// Authorization header with the test key.
+    pub fn bearer(&self) -> String {
+        format!("Bearer {}", self.key)
     }
 
     /// Send raw bytes on a fresh connection and read until the server closes or `until`

@@ -1,6 +1,8 @@
 """Starts the mock replica and the gateway (the real binaries) for the client tests."""
+import json
 import os
 import socket
+import urllib.request
 import subprocess
 import tempfile
 import time
@@ -32,16 +34,37 @@ def wait_listening(port: int, proc: subprocess.Popen, timeout: float = 20.0) -> 
     raise RuntimeError(f"port {port} never listened")
 
 
+ADMIN_TOKEN = "pytest-admin-token-0123456789"
+
+
+def admin_post(base: str, path: str, body: dict) -> dict:
+    req = urllib.request.Request(
+        base + path,
+        data=json.dumps(body).encode(),
+        headers={"authorization": f"Bearer {ADMIN_TOKEN}", "content-type": "application/json"},
+        method="POST",
+    )
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.loads(r.read())
+
+
 @pytest.fixture(scope="session")
 def gateway():
     mock = subprocess.Popen([str(MOCK), "--listen", "127.0.0.1:0"], stdout=subprocess.PIPE, text=True)
     line = mock.stdout.readline().strip()
     mock_port = int(line.rsplit(":", 1)[1])
-    port = free_port()
+    port, admin_port = free_port(), free_port()
     conf = Path(tempfile.mkdtemp(prefix="tollgate-pytest-"))
+    (conf / "pepper").write_text("p" * 48)
+    (conf / "enc").write_text("ab" * 32)
+    (conf / "admin_token").write_text(ADMIN_TOKEN)
     (conf / "tollgate.yaml").write_text(
-        f"listen: 127.0.0.1:{port}\nthreads: 1\nshutdown:\n  grace_period_seconds: 1\n"
-        "plugins:\n  - name: chat_completions\n"
+        f"listen: 127.0.0.1:{port}\nadmin_listen: 127.0.0.1:{admin_port}\nthreads: 1\n"
+        "shutdown:\n  grace_period_seconds: 1\n"
+        "identity:\n  store: { backend: sqlite, path: identity.db }\n"
+        "  key_pepper: { file: pepper }\n  key_encryption_key: { file: enc }\n"
+        "admin:\n  token_file: admin_token\n"
+        "plugins:\n  - name: auth\n  - name: chat_completions\n"
     )
     (conf / "models.yaml").write_text((ROOT / "conf/models.yaml").read_text())
     (conf / "upstreams.yaml").write_text(
@@ -51,7 +74,11 @@ def gateway():
     gw = subprocess.Popen([str(TOLLGATE), "serve", "--config", str(conf / "tollgate.yaml")], stderr=log)
     try:
         wait_listening(port, gw)
-        yield f"http://127.0.0.1:{port}"
+        wait_listening(admin_port, gw)
+        admin = f"http://127.0.0.1:{admin_port}"
+        ws = admin_post(admin, "/admin/v1/workspaces", {"name": "pytest"})
+        key = admin_post(admin, f"/admin/v1/workspaces/{ws['id']}/keys", {})
+        yield f"http://127.0.0.1:{port}", key["key"]
     finally:
         gw.kill()
         mock.kill()

@@ -5,8 +5,9 @@ import pytest
 MODEL = "llama-3.1-8b-instruct"
 
 
-def client(base: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{base}/v1", api_key="rp_" + "0" * 40, max_retries=0)
+def client(gateway) -> openai.OpenAI:
+    base, key = gateway
+    return openai.OpenAI(base_url=f"{base}/v1", api_key=key, max_retries=0)
 
 
 def test_non_streaming_completion(gateway):
@@ -71,3 +72,11 @@ def test_errors_raise_typed_exceptions_with_codes(gateway):
 def test_models_list(gateway):
     ids = [m.id for m in client(gateway).models.list()]
     assert MODEL in ids
+
+
+def test_wrong_key_is_an_authentication_error(gateway):
+    base, _ = gateway
+    bad = openai.OpenAI(base_url=f"{base}/v1", api_key="rp_" + "0" * 40, max_retries=0)
+    with pytest.raises(openai.AuthenticationError) as e:
+        bad.models.list()
+    assert e.value.code == "invalid_api_key"

@@ -1,0 +1,381 @@
+//! Admin routes and their handlers.
+
+use std::sync::Arc;
+
+use http::Response;
+use serde_json::{Value, json};
+
+use super::fields::Fields;
+use super::{AdminApp, AdminError, json_response};
+use crate::identity::lifecycle::{KeyOpError, MAX_LIVE_PER_SCOPE};
+use crate::identity::service::{CopyRole, Identity, NewKey};
+use crate::identity::{KeyRecord, KeyScope, RateTier, Workspace, iso, now_ms};
+use crate::store::{KeyPatch, RotateOpts, StoreError};
+
+type Answer = Result<Response<Vec<u8>>, AdminError>;
+
+fn store_err(e: StoreError) -> AdminError {
+    let mut err = AdminError::new(503, "store_unavailable", e.to_string());
+    err.retry_after = Some(2);
+    err
+}
+
+fn key_err(e: KeyOpError) -> AdminError {
+    match e {
+        KeyOpError::NotFound => AdminError::not_found("key or workspace"),
+        KeyOpError::LiveKeyLimit => AdminError::new(
+            400,
+            "api_key_limit",
+            format!("at most {MAX_LIVE_PER_SCOPE} live keys per scope"),
+        )
+        .key_op(),
+        KeyOpError::RotationOverlap => {
+            AdminError::new(400, "api_key_rotation_overlap_limit", e.to_string()).key_op()
+        }
+        KeyOpError::NotActive(_) => {
+            AdminError::new(409, "api_key_not_active", e.to_string()).key_op()
+        }
+        KeyOpError::NotCopyable => {
+            AdminError::new(409, "api_key_not_copyable", e.to_string()).key_op()
+        }
+        KeyOpError::CopyForbidden => {
+            AdminError::new(403, "api_key_copy_forbidden", e.to_string()).key_op()
+        }
+        KeyOpError::Invalid { field, message } => AdminError::bad(field, &message),
+        KeyOpError::Store(m) => {
+            let mut err = AdminError::new(
+                503,
+                "api_key_mint_busy",
+                format!("nothing changed; resend the same request ({m})"),
+            )
+            .key_op();
+            err.retry_after = Some(2);
+            err
+        }
+    }
+}
+
+fn identity(app: &AdminApp) -> Result<&Arc<Identity>, AdminError> {
+    app.identity.as_ref().ok_or_else(|| {
+        AdminError::new(
+            503,
+            "identity_not_configured",
+            "no identity store is configured",
+        )
+    })
+}
+
+fn opt_iso(ms: Option<i64>) -> Value {
+    ms.map(|m| json!(iso(m))).unwrap_or(Value::Null)
+}
+
+/// Key metadata: never the plaintext, never the digest or the encrypted copy.
+pub fn key_json(k: &KeyRecord) -> Value {
+    let now = now_ms();
+    json!({
+        "id": k.id,
+        "workspace_id": k.workspace_id,
+        "name": k.name,
+        "scope": k.scope.as_str(),
+        "state": k.state(now).as_str(),
+        "created_at": iso(k.created_at),
+        "expires_at": opt_iso(k.expires_at),
+        "revoked_at": opt_iso(k.revoked_at),
+        "grace_until": opt_iso(k.grace_until),
+        "rotated_from": k.rotated_from,
+        "created_by": k.created_by,
+        "credits_only": k.credits_only,
+        "monthly_spend_limit_cents": k.monthly_spend_limit_cents,
+        "rate_limit_rpm": k.rate_limit_rpm,
+        "copyable": k.encrypted_copy.is_some() && k.is_live(now),
+        "legacy_format": k.legacy_format(),
+    })
+}
+
+fn workspace_json(w: &Workspace) -> Value {
+    json!({
+        "id": w.id,
+        "name": w.name,
+        "rate_tier": w.rate_tier.as_str(),
+        "created_at": iso(w.created_at),
+        "lifetime_purchases_cents": w.lifetime_purchases_cents,
+        "frozen": w.frozen.is_some(),
+        "frozen_reason": w.frozen,
+    })
+}
+
+pub async fn route(app: &AdminApp, method: &str, path: &str, body: &Value) -> Answer {
+    let parts: Vec<&str> = path.trim_end_matches('/').split('/').skip(1).collect();
+    match (method, parts.as_slice()) {
+        ("GET", ["admin", "v1", "health"]) => health(app).await,
+        ("GET", ["metrics"]) => Ok(metrics()),
+        ("POST", ["admin", "v1", "workspaces"]) => create_workspace(app, body).await,
+        ("GET", ["admin", "v1", "workspaces", ws]) => get_workspace(app, ws).await,
+        ("POST", ["admin", "v1", "workspaces", ws, "keys"]) => create_key(app, ws, body).await,
+        ("GET", ["admin", "v1", "keys", id]) => get_key(app, id).await,
+        ("PATCH", ["admin", "v1", "keys", id]) => patch_key(app, id, body).await,
+        ("DELETE", ["admin", "v1", "keys", id]) => delete_key(app, id).await,
+        ("POST", ["admin", "v1", "keys", id, "copy"]) => copy_key(app, id, body).await,
+        ("POST", ["admin", "v1", "keys", id, "rotate"]) => rotate_key(app, id, body).await,
+        ("POST", ["admin", "v1", "keys", id, "revoke"]) => revoke_key(app, id).await,
+        ("POST", ["admin", "v1", "models", rest @ ..]) if rest.len() >= 2 => {
+            let (action, model) = (rest[rest.len() - 1], rest[..rest.len() - 1].join("/"));
+            model_pause(app, &model, action, body)
+        }
+        (
+            "POST",
+            [
+                "admin",
+                "v1",
+                "workspaces",
+                _,
+                "credits" | "freeze" | "unfreeze",
+            ],
+        )
+        | ("PUT", ["admin", "v1", "workspaces", _, "plan"]) => Err(AdminError::new(
+            501,
+            "not_implemented",
+            "credits, freezing and plans arrive with the ledger",
+        )),
+        _ => Err(AdminError::new(
+            404,
+            "unknown_route",
+            format!("{method} {path} is not an admin route"),
+        )),
+    }
+}
+
+async fn health(app: &AdminApp) -> Answer {
+    let mut stores = serde_json::Map::new();
+    let mut ok = true;
+    if let Some(id) = &app.identity {
+        match id.store().ping().await {
+            Ok(()) => {
+                stores.insert(
+                    "identity".into(),
+                    json!({"backend": id.store().backend(), "status": "ok"}),
+                );
+            }
+            Err(e) => {
+                ok = false;
+                stores.insert("identity".into(), json!({"backend": id.store().backend(), "status": "down", "error": e.to_string()}));
+            }
+        }
+    }
+    let body = json!({ "status": if ok { "ok" } else { "degraded" }, "stores": stores });
+    Ok(json_response(if ok { 200 } else { 503 }, &body))
+}
+
+fn metrics() -> Response<Vec<u8>> {
+    let mut buf = Vec::new();
+    let encoder = prometheus::TextEncoder::new();
+    if prometheus::Encoder::encode(&encoder, &prometheus::gather(), &mut buf).is_err() {
+        buf.clear();
+    }
+    Response::builder()
+        .status(200)
+        .header("content-type", "text/plain; version=0.0.4")
+        .header("content-length", buf.len())
+        .body(buf)
+        .unwrap_or_default()
+}
+
+async fn create_workspace(app: &AdminApp, body: &Value) -> Answer {
+    let f = Fields::new(body, &["name", "rate_tier"])?;
+    let name = f
+        .str("name", 200)?
+        .ok_or_else(|| AdminError::bad("name", "is required"))?;
+    let tier = f
+        .one_of("rate_tier", &["free", "core", "enterprise"])?
+        .and_then(RateTier::parse)
+        .unwrap_or(RateTier::Free);
+    let ws = identity(app)?
+        .create_workspace(name, tier)
+        .await
+        .map_err(store_err)?;
+    Ok(json_response(
+        201,
+        &json!({"id": ws.id, "name": ws.name, "rate_tier": ws.rate_tier.as_str(), "created_at": iso(ws.created_at)}),
+    ))
+}
+
+async fn get_workspace(app: &AdminApp, ws: &str) -> Answer {
+    let w = identity(app)?
+        .workspace(ws)
+        .await
+        .map_err(store_err)?
+        .ok_or_else(|| AdminError::not_found("workspace"))?;
+    Ok(json_response(200, &workspace_json(&w)))
+}
+
+const DAY_MS: i64 = 86_400_000;
+/// A monthly key limit above $1,000,000,000 is a typo, not a limit.
+const MAX_SPEND_LIMIT_CENTS: i64 = 100_000_000_000;
+
+async fn create_key(app: &AdminApp, ws: &str, body: &Value) -> Answer {
+    let f = Fields::new(
+        body,
+        &[
+            "name",
+            "scope",
+            "monthly_spend_limit_cents",
+            "expires_at",
+            "expires_in_days",
+            "credits_only",
+            "rate_limit_rpm",
+            "created_by",
+        ],
+    )?;
+    let now = now_ms();
+    let expires_at = match (f.instant("expires_at")?, f.int("expires_in_days", 1, 365)?) {
+        (Some(_), Some(_)) => {
+            return Err(AdminError::bad(
+                "expires_in_days",
+                "give either expires_at or expires_in_days",
+            ));
+        }
+        (Some(at), None) if at <= now => {
+            return Err(AdminError::bad("expires_at", "must be in the future"));
+        }
+        (Some(at), None) => Some(at),
+        (None, Some(d)) if [30, 60, 90, 365].contains(&d) => Some(now + d * DAY_MS),
+        (None, Some(_)) => {
+            return Err(AdminError::bad(
+                "expires_in_days",
+                "must be 30, 60, 90 or 365",
+            ));
+        }
+        (None, None) => None,
+    };
+    let opts = NewKey {
+        name: f.str("name", 200)?.map(str::to_string),
+        scope: f
+            .one_of("scope", &["workspace", "deployment", "terminal"])?
+            .and_then(KeyScope::parse),
+        // Minimum monthly limit: $1.00.
+        monthly_spend_limit_cents: f.int("monthly_spend_limit_cents", 100, MAX_SPEND_LIMIT_CENTS)?,
+        expires_at,
+        credits_only: f.bool("credits_only")?.unwrap_or(false),
+        rate_limit_rpm: f.int("rate_limit_rpm", 1, 10_000_000)?,
+        created_by: f.str("created_by", 200)?.map(str::to_string),
+        without_copy: false,
+    };
+    let (k, plaintext) = identity(app)?.create_key(ws, opts).await.map_err(key_err)?;
+    Ok(json_response(
+        201,
+        &json!({"id": k.id, "key": plaintext, "scope": k.scope.as_str(), "created_at": iso(k.created_at), "expires_at": opt_iso(k.expires_at)}),
+    ))
+}
+
+async fn get_key(app: &AdminApp, id: &str) -> Answer {
+    let k = identity(app)?
+        .key(id)
+        .await
+        .map_err(store_err)?
+        .ok_or_else(|| AdminError::not_found("key"))?;
+    Ok(json_response(200, &key_json(&k)))
+}
+
+async fn patch_key(app: &AdminApp, id: &str, body: &Value) -> Answer {
+    let f = Fields::new(
+        body,
+        &[
+            "monthly_spend_limit_cents",
+            "credits_only",
+            "rate_limit_rpm",
+            "expires_at",
+        ],
+    )?;
+    let clear_or = |name: &str, v: Option<i64>| {
+        if f.is_null(name) {
+            Some(None)
+        } else {
+            v.map(Some)
+        }
+    };
+    let patch = KeyPatch {
+        monthly_spend_limit_cents: clear_or(
+            "monthly_spend_limit_cents",
+            f.int("monthly_spend_limit_cents", 100, MAX_SPEND_LIMIT_CENTS)?,
+        ),
+        credits_only: f.bool("credits_only")?,
+        rate_limit_rpm: clear_or("rate_limit_rpm", f.int("rate_limit_rpm", 1, 10_000_000)?),
+        expires_at: clear_or("expires_at", f.instant("expires_at")?),
+    };
+    let k = identity(app)?
+        .update_key(id, &patch)
+        .await
+        .map_err(key_err)?;
+    Ok(json_response(200, &key_json(&k)))
+}
+
+async fn delete_key(app: &AdminApp, id: &str) -> Answer {
+    if identity(app)?.delete_key(id).await.map_err(key_err)? {
+        Ok(Response::builder()
+            .status(204)
+            .body(Vec::new())
+            .unwrap_or_default())
+    } else {
+        Err(AdminError::not_found("key"))
+    }
+}
+
+async fn copy_key(app: &AdminApp, id: &str, body: &Value) -> Answer {
+    let f = Fields::new(body, &["actor", "role"])?;
+    let actor = f
+        .str("actor", 200)?
+        .ok_or_else(|| AdminError::bad("actor", "is required"))?;
+    let role = f
+        .one_of("role", &["owner", "creator", "member", "viewer"])?
+        .and_then(CopyRole::parse)
+        .ok_or_else(|| AdminError::bad("role", "is required"))?;
+    let key = identity(app)?
+        .copy_key(id, actor, role)
+        .await
+        .map_err(key_err)?;
+    Ok(json_response(200, &json!({ "key": key })))
+}
+
+async fn rotate_key(app: &AdminApp, id: &str, body: &Value) -> Answer {
+    let f = Fields::new(body, &["revoke_previous_immediately", "grace_seconds"])?;
+    let opts = RotateOpts {
+        revoke_previous_immediately: f.bool("revoke_previous_immediately")?.unwrap_or(false),
+        grace_ms: f.int("grace_seconds", 0, 86_400)?.map(|s| s * 1000),
+    };
+    let (new_key, plaintext, prev) = identity(app)?.rotate_key(id, opts).await.map_err(key_err)?;
+    Ok(json_response(
+        201,
+        &json!({
+            "id": new_key.id,
+            "key": plaintext,
+            "previous": {"id": prev.id, "state": prev.state(now_ms()).as_str(), "grace_until": opt_iso(prev.grace_until)},
+        }),
+    ))
+}
+
+async fn revoke_key(app: &AdminApp, id: &str) -> Answer {
+    let k = identity(app)?.revoke_key(id).await.map_err(key_err)?;
+    Ok(json_response(200, &key_json(&k)))
+}
+
+fn model_pause(app: &AdminApp, model: &str, action: &str, body: &Value) -> Answer {
+    let entry = app
+        .config
+        .catalog
+        .get(model)
+        .ok_or_else(|| AdminError::not_found("model"))?;
+    match action {
+        "pause" => {
+            let f = Fields::new(body, &["until"])?;
+            let until = f
+                .instant("until")?
+                .ok_or_else(|| AdminError::bad("until", "is required"))?;
+            let ts = jiff::Timestamp::from_millisecond(until)
+                .map_err(|_| AdminError::bad("until", "out of range"))?;
+            entry.set_paused_until(Some(ts));
+        }
+        "resume" => entry.set_paused_until(None),
+        _ => return Err(AdminError::new(404, "unknown_route", "use pause or resume")),
+    }
+    Ok(json_response(200, &entry.to_json()))
+}

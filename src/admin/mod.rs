@@ -1,0 +1,176 @@
+//! The admin API (`../shared/spec/admin-api.md`) on its own listener: workspaces, keys,
+//! model pause/resume, health and metrics. Every call needs `Authorization: Bearer <admin
+//! token>`; with no token configured every call is refused with 401, so the listener never
+//! runs open. JSON in and out; errors are `{"error": {"code", "message"}}`, and key
+//! operation errors also carry a top-level `code`.
+
+mod fields;
+mod handlers;
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use http::Response;
+use pingora::apps::http_app::ServeHttp;
+use pingora::protocols::http::ServerSession;
+use serde_json::{Value, json};
+use subtle::ConstantTimeEq;
+
+use crate::config::Config;
+use crate::identity::service::Identity;
+
+/// Largest admin request body.
+const MAX_BODY: usize = 64 * 1024;
+
+/// An admin error: status, code, message, and whether `code` is repeated at top level.
+#[derive(Debug)]
+pub struct AdminError {
+    pub status: u16,
+    pub code: &'static str,
+    pub message: String,
+    pub top_level_code: bool,
+    pub retry_after: Option<u64>,
+}
+
+impl AdminError {
+    pub fn new(status: u16, code: &'static str, message: impl Into<String>) -> Self {
+        AdminError {
+            status,
+            code,
+            message: message.into(),
+            top_level_code: false,
+            retry_after: None,
+        }
+    }
+
+    /// 400 naming the field at fault.
+    pub fn bad(field: &str, problem: &str) -> Self {
+        Self::new(400, "invalid_field", format!("`{field}`: {problem}"))
+    }
+
+    pub fn not_found(what: &str) -> Self {
+        Self::new(404, "not_found", format!("no such {what}"))
+    }
+
+    pub fn key_op(mut self) -> Self {
+        self.top_level_code = true;
+        self
+    }
+}
+
+/// What the admin app serves from.
+pub struct AdminApp {
+    pub config: Arc<Config>,
+    pub identity: Option<Arc<Identity>>,
+    /// `None`: no token configured, every call is refused.
+    pub token: Option<String>,
+}
+
+pub(crate) fn json_response(status: u16, body: &Value) -> Response<Vec<u8>> {
+    let bytes = body.to_string().into_bytes();
+    Response::builder()
+        .status(status)
+        .header("content-type", "application/json")
+        .header("content-length", bytes.len())
+        .body(bytes)
+        .unwrap_or_default()
+}
+
+fn error_response(e: &AdminError) -> Response<Vec<u8>> {
+    let mut body = json!({ "error": { "code": e.code, "message": e.message } });
+    if e.top_level_code {
+        body["code"] = json!(e.code);
+    }
+    let mut resp = json_response(e.status, &body);
+    if let Some(s) = e.retry_after {
+        if let Ok(v) = http::HeaderValue::from_str(&s.to_string()) {
+            resp.headers_mut().insert("retry-after", v);
+        }
+    }
+    resp
+}
+
+impl AdminApp {
+    fn authorized(&self, session: &ServerSession) -> bool {
+        let Some(token) = &self.token else {
+            return false;
+        };
+        let presented = session
+            .req_header()
+            .headers
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| {
+                v.strip_prefix("Bearer ")
+                    .or_else(|| v.strip_prefix("bearer "))
+            })
+            .unwrap_or("")
+            .trim();
+        // Constant-time: the answer time does not depend on how much of the token matches.
+        presented.len() == token.len() && bool::from(presented.as_bytes().ct_eq(token.as_bytes()))
+    }
+
+    async fn read_body(session: &mut ServerSession) -> Result<Value, AdminError> {
+        let mut buf = Vec::new();
+        loop {
+            match session.read_request_body().await {
+                Ok(Some(chunk)) => {
+                    if buf.len() + chunk.len() > MAX_BODY {
+                        return Err(AdminError::new(
+                            413,
+                            "payload_too_large",
+                            "admin bodies are at most 64 KiB",
+                        ));
+                    }
+                    buf.extend_from_slice(&chunk);
+                }
+                Ok(None) => break,
+                Err(_) => {
+                    return Err(AdminError::new(
+                        400,
+                        "invalid_body",
+                        "the body could not be read",
+                    ));
+                }
+            }
+        }
+        if buf.iter().all(u8::is_ascii_whitespace) {
+            return Ok(json!({}));
+        }
+        serde_json::from_slice(&buf).map_err(|e| {
+            AdminError::new(
+                400,
+                "invalid_json",
+                format!("the body is not valid JSON: {e}"),
+            )
+        })
+    }
+}
+
+#[async_trait]
+impl ServeHttp for AdminApp {
+    async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
+        if !self.authorized(session) {
+            let msg = if self.token.is_none() {
+                "no admin token is configured; set TOLLGATE_ADMIN_TOKEN"
+            } else {
+                "missing or wrong admin token"
+            };
+            return error_response(&AdminError::new(401, "unauthorized", msg));
+        }
+        let method = session.req_header().method.as_str().to_string();
+        let path = session.req_header().uri.path().to_string();
+        let body = if matches!(method.as_str(), "POST" | "PATCH" | "PUT") {
+            match Self::read_body(session).await {
+                Ok(b) => b,
+                Err(e) => return error_response(&e),
+            }
+        } else {
+            Value::Null
+        };
+        match handlers::route(self, &method, &path, &body).await {
+            Ok(resp) => resp,
+            Err(e) => error_response(&e),
+        }
+    }
+}

@@ -1,0 +1,177 @@
+//! The `tollgate` command line: `serve`, `check-config`, `migrate`, `init-secrets`, and the
+//! operator subcommands under `admin` (a client of the admin API).
+
+mod admin;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use crate::config::{self, Config};
+use crate::identity::cache::KeyCache;
+use crate::identity::keys::KeySecrets;
+use crate::identity::service::Identity;
+use crate::plugins::{self, Services};
+
+pub const USAGE: &str = "usage:
+  tollgate serve        [--config conf/tollgate.yaml]
+  tollgate check-config [--config conf/tollgate.yaml]
+  tollgate migrate      [--config conf/tollgate.yaml]
+  tollgate init-secrets [--dir data/secrets]
+  tollgate admin [--config F] [--url URL] [--json] <command>   (tollgate admin help)";
+
+/// Split `--config PATH` out of `args`; the rest is returned in order.
+pub fn take_flag(args: &[String], names: &[&str]) -> Result<(Option<String>, Vec<String>), String> {
+    let mut value = None;
+    let mut rest = Vec::new();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        if names.contains(&a.as_str()) {
+            value = Some(it.next().cloned().ok_or(format!("{a} needs a value"))?);
+        } else if let Some((k, v)) = a.split_once('=').filter(|(k, _)| names.contains(k)) {
+            let _ = k;
+            value = Some(v.to_string());
+        } else {
+            rest.push(a.clone());
+        }
+    }
+    Ok((value, rest))
+}
+
+fn config_path(args: &[String]) -> Result<(PathBuf, Vec<String>), String> {
+    let (path, rest) = take_flag(args, &["--config", "-c"])?;
+    Ok((
+        PathBuf::from(path.unwrap_or_else(|| "conf/tollgate.yaml".into())),
+        rest,
+    ))
+}
+
+fn no_more(rest: &[String]) -> Result<(), String> {
+    match rest.first() {
+        Some(a) => Err(format!("unknown argument `{a}`")),
+        None => Ok(()),
+    }
+}
+
+/// Open the stores and services the config names (migrating when configured to).
+pub fn open_services(config: &Config, force_migrate: bool) -> Result<Services, String> {
+    let Some(id) = &config.gateway.identity else {
+        return Ok(Services::default());
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    let store = rt.block_on(async {
+        let store = crate::store::open(&id.store)
+            .await
+            .map_err(|e| format!("identity store {:?}: {e}", id.store))?;
+        if id.migrate_on_start || force_migrate {
+            store
+                .migrate()
+                .await
+                .map_err(|e| format!("migrations failed: {e}"))?;
+        }
+        Ok::<_, String>(store)
+    })?;
+    let secrets =
+        KeySecrets::new(&id.key_pepper, &id.key_encryption_key).map_err(|e| e.to_string())?;
+    Ok(Services {
+        identity: Some(Arc::new(Identity::new(store, secrets, KeyCache::default()))),
+    })
+}
+
+fn load(path: &Path) -> Result<Config, String> {
+    config::load(path).map_err(|e| e.to_string())
+}
+
+fn init_secrets(args: &[String]) -> Result<(), String> {
+    let (dir, rest) = take_flag(args, &["--dir"])?;
+    no_more(&rest)?;
+    let dir = PathBuf::from(dir.unwrap_or_else(|| "data/secrets".into()));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    for name in ["key_pepper", "key_encryption_key", "admin_token"] {
+        let path = dir.join(name);
+        if path.exists() {
+            println!("kept     {}", path.display());
+            continue;
+        }
+        let mut bytes = [0u8; 32];
+        getrandom::fill(&mut bytes).map_err(|e| e.to_string())?;
+        write_private(&path, &hex::encode(bytes))?;
+        println!("created  {}", path.display());
+    }
+    Ok(())
+}
+
+/// Write a file readable by its owner only.
+fn write_private(path: &Path, contents: &str) -> Result<(), String> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    f.write_all(contents.as_bytes()).map_err(|e| e.to_string())
+}
+
+fn fail(e: String) -> ExitCode {
+    eprintln!("{e}");
+    ExitCode::from(1)
+}
+
+pub fn main(args: Vec<String>) -> ExitCode {
+    let Some((cmd, rest)) = args.split_first() else {
+        eprintln!("{USAGE}");
+        return ExitCode::from(2);
+    };
+    let run = || -> Result<ExitCode, String> {
+        match cmd.as_str() {
+            "check-config" => {
+                let (path, rest) = config_path(rest)?;
+                no_more(&rest)?;
+                let config = load(&path)?;
+                // Plugins are checked without opening stores.
+                let chain =
+                    plugins::build(&config, &Services::default()).map_err(|e| e.to_string())?;
+                let names: Vec<&str> = chain.names().into_iter().map(|(n, _)| n).collect();
+                println!(
+                    "ok: {} models, plugins {names:?}",
+                    config.catalog.models.len()
+                );
+                Ok(ExitCode::SUCCESS)
+            }
+            "serve" => {
+                let (path, rest) = config_path(rest)?;
+                no_more(&rest)?;
+                let config = load(&path).map_err(|e| {
+                    format!("refusing to start, the configuration has problems:\n{e}")
+                })?;
+                let services = open_services(&config, false)?;
+                let chain = plugins::build(&config, &services).map_err(|e| e.to_string())?;
+                crate::server::run(config, chain, services, &std::env::temp_dir())
+            }
+            "migrate" => {
+                let (path, rest) = config_path(rest)?;
+                no_more(&rest)?;
+                let config = load(&path)?;
+                if config.gateway.identity.is_none() {
+                    return Err("the configuration names no store to migrate".into());
+                }
+                open_services(&config, true)?;
+                println!("migrations applied");
+                Ok(ExitCode::SUCCESS)
+            }
+            "init-secrets" => init_secrets(rest).map(|_| ExitCode::SUCCESS),
+            "admin" => admin::main(rest),
+            "-h" | "--help" | "help" => {
+                println!("{USAGE}");
+                Ok(ExitCode::SUCCESS)
+            }
+            other => Err(format!("unknown command `{other}`\n{USAGE}")),
+        }
+    };
+    run().unwrap_or_else(fail)
+}

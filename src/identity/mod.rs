@@ -1,0 +1,185 @@
+//! Identity: workspaces and their API keys. The types here are shared by the stores, the
+//! auth plugin and the admin API; key material (format, digest, encrypted copy) lives in
+//! `keys.rs`, and the lifecycle rules (caps, rotation, grace) as pure functions in
+//! `lifecycle.rs`, so both store backends apply exactly the same decisions.
+
+pub mod cache;
+pub mod keys;
+pub mod lifecycle;
+pub mod service;
+
+use serde::Serialize;
+
+/// Milliseconds since the Unix epoch (the stores keep every instant in this unit).
+pub type Millis = i64;
+
+pub fn now_ms() -> Millis {
+    jiff::Timestamp::now().as_millisecond()
+}
+
+/// ISO 8601 of a stored instant.
+pub fn iso(ms: Millis) -> String {
+    jiff::Timestamp::from_millisecond(ms)
+        .map(|t| t.to_string())
+        .unwrap_or_default()
+}
+
+/// Rate tier of a workspace (`X-RateLimit-Tier`, `plan_tier`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RateTier {
+    Free,
+    Core,
+    Enterprise,
+}
+
+impl RateTier {
+    pub fn parse(s: &str) -> Option<RateTier> {
+        match s {
+            "free" => Some(RateTier::Free),
+            "core" => Some(RateTier::Core),
+            "enterprise" => Some(RateTier::Enterprise),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RateTier::Free => "free",
+            RateTier::Core => "core",
+            RateTier::Enterprise => "enterprise",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Workspace {
+    pub id: String,
+    pub name: String,
+    pub rate_tier: RateTier,
+    pub created_at: Millis,
+    /// Freeze reason (`unpaid`, `dispute`) while frozen.
+    pub frozen: Option<String>,
+    pub lifetime_purchases_cents: i64,
+}
+
+/// What a key may be used for (spec "Authentication" 3 and 4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KeyScope {
+    /// A normal workspace key.
+    Workspace,
+    /// Legacy key scoped to one deployment.
+    Deployment,
+    /// Created by browser or device sign-in in the command-line tool; internal.
+    Terminal,
+}
+
+impl KeyScope {
+    pub fn parse(s: &str) -> Option<KeyScope> {
+        match s {
+            "workspace" => Some(KeyScope::Workspace),
+            "deployment" => Some(KeyScope::Deployment),
+            "terminal" => Some(KeyScope::Terminal),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KeyScope::Workspace => "workspace",
+            KeyScope::Deployment => "deployment",
+            KeyScope::Terminal => "terminal",
+        }
+    }
+}
+
+/// A stored key: never the plaintext, only its digest and (while live and copyable) an
+/// encrypted copy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyRecord {
+    pub id: String,
+    pub workspace_id: String,
+    pub name: Option<String>,
+    pub scope: KeyScope,
+    /// `v{format}:` + hex HMAC-SHA256 of the key under the pepper.
+    pub digest: String,
+    pub format_version: i32,
+    /// nonce || AES-256-GCM ciphertext; erased on revocation; `None` for keys created
+    /// before copying existed.
+    pub encrypted_copy: Option<Vec<u8>>,
+    pub created_by: Option<String>,
+    pub created_at: Millis,
+    pub expires_at: Option<Millis>,
+    pub revoked_at: Option<Millis>,
+    /// Set on the previous key of a rotation: it works until then.
+    pub grace_until: Option<Millis>,
+    pub rotated_from: Option<String>,
+    /// First key of this key's rotation history.
+    pub rotation_root: String,
+    pub credits_only: bool,
+    pub monthly_spend_limit_cents: Option<i64>,
+    pub rate_limit_rpm: Option<i64>,
+}
+
+/// A key's state at an instant (admin `state`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KeyState {
+    Active,
+    Grace,
+    Revoked,
+    Expired,
+}
+
+impl KeyState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KeyState::Active => "active",
+            KeyState::Grace => "grace",
+            KeyState::Revoked => "revoked",
+            KeyState::Expired => "expired",
+        }
+    }
+}
+
+impl KeyRecord {
+    /// State at `now`. Revocation wins; then expiry (401); then a grace that has ended
+    /// answers like a revoked key (clarification 8).
+    pub fn state(&self, now: Millis) -> KeyState {
+        if self.revoked_at.is_some() {
+            return KeyState::Revoked;
+        }
+        if self.expires_at.is_some_and(|e| now >= e) {
+            return KeyState::Expired;
+        }
+        match self.grace_until {
+            Some(g) if now >= g => KeyState::Revoked,
+            Some(_) => KeyState::Grace,
+            None => KeyState::Active,
+        }
+    }
+
+    pub fn is_live(&self, now: Millis) -> bool {
+        matches!(self.state(now), KeyState::Active | KeyState::Grace)
+    }
+
+    /// Minted under an older key format: works, but must be rotated.
+    pub fn legacy_format(&self) -> bool {
+        self.format_version < keys::CURRENT_FORMAT
+    }
+}
+
+/// The authenticated caller, as later phases see it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Principal {
+    pub workspace_id: String,
+    pub key_id: String,
+    pub scope: KeyScope,
+    pub rate_tier: RateTier,
+    pub credits_only: bool,
+    pub monthly_spend_limit_cents: Option<i64>,
+    pub rate_limit_rpm: Option<i64>,
+    pub frozen: Option<String>,
+    pub legacy_format: bool,
+}

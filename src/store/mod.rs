@@ -1,0 +1,169 @@
+//! Stores behind traits, with real backends: SQLite (the embedded default, a file under
+//! `data/`) and PostgreSQL (production). One test suite runs against both. Schemas are
+//! versioned SQL files in `migrations/<backend>/`, applied by `tollgate migrate` and at
+//! `serve` start when configured to.
+
+pub mod postgres;
+pub mod sqlite;
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use crate::identity::lifecycle::KeyOpError;
+use crate::identity::{KeyRecord, Millis, Workspace};
+
+/// A store failure: nothing was changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreError {
+    /// The store could not be reached or failed mid-operation.
+    Unavailable(String),
+    /// A uniqueness or reference rule refused the write.
+    Conflict(String),
+}
+
+impl std::fmt::Display for StoreError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StoreError::Unavailable(m) => write!(f, "store unavailable: {m}"),
+            StoreError::Conflict(m) => write!(f, "conflict: {m}"),
+        }
+    }
+}
+
+impl From<StoreError> for KeyOpError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::Unavailable(m) | StoreError::Conflict(m) => KeyOpError::Store(m),
+        }
+    }
+}
+
+/// Builds the new key of a rotation from the previous one (read under the store's lock).
+pub type Successor = Box<dyn FnOnce(&KeyRecord) -> Result<KeyRecord, KeyOpError> + Send>;
+
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RotateOpts {
+    pub revoke_previous_immediately: bool,
+    pub grace_ms: Option<Millis>,
+}
+
+/// Changes to a key's settings; `Some(None)` clears an optional value.
+#[derive(Debug, Clone, Default)]
+pub struct KeyPatch {
+    pub monthly_spend_limit_cents: Option<Option<i64>>,
+    pub credits_only: Option<bool>,
+    pub rate_limit_rpm: Option<Option<i64>>,
+    pub expires_at: Option<Option<Millis>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CopyAudit {
+    pub key_id: String,
+    pub actor: String,
+    pub role: String,
+    pub at: Millis,
+}
+
+/// Workspaces and keys. Every multi-row change is one transaction, serialized per
+/// workspace, so concurrent admin calls on several gateway instances cannot break the caps.
+#[async_trait]
+pub trait IdentityStore: Send + Sync {
+    fn backend(&self) -> &'static str;
+    /// Apply the migrations not yet applied.
+    async fn migrate(&self) -> Result<(), StoreError>;
+    async fn ping(&self) -> Result<(), StoreError>;
+
+    async fn create_workspace(&self, ws: &Workspace) -> Result<(), StoreError>;
+    async fn workspace(&self, id: &str) -> Result<Option<Workspace>, StoreError>;
+
+    /// Insert `key` unless its scope already has the maximum of live keys at `now`.
+    async fn create_key(&self, key: &KeyRecord, now: Millis) -> Result<(), KeyOpError>;
+    async fn key(&self, id: &str) -> Result<Option<KeyRecord>, StoreError>;
+    /// The key whose digest is `digest`, with its workspace (the auth hot path on a miss).
+    async fn key_by_digest(
+        &self,
+        digest: &str,
+    ) -> Result<Option<(KeyRecord, Workspace)>, StoreError>;
+    /// Rotate `id`: returns (new key, previous key as updated).
+    async fn rotate_key(
+        &self,
+        id: &str,
+        successor: Successor,
+        opts: RotateOpts,
+        now: Millis,
+    ) -> Result<(KeyRecord, KeyRecord), KeyOpError>;
+    /// Revoke (ends any grace) and erase the encrypted copy.
+    async fn revoke_key(&self, id: &str, now: Millis) -> Result<KeyRecord, KeyOpError>;
+    async fn update_key(&self, id: &str, patch: &KeyPatch) -> Result<KeyRecord, KeyOpError>;
+    /// Permanent deletion: the key becomes unknown. `false` when there was no such key.
+    async fn delete_key(&self, id: &str) -> Result<bool, StoreError>;
+
+    async fn record_copy(&self, audit: &CopyAudit) -> Result<(), StoreError>;
+    async fn copy_audit(&self, key_id: &str) -> Result<Vec<CopyAudit>, StoreError>;
+}
+
+/// Embedded migrations per backend: (version, name, SQL).
+pub type Migration = (i64, &'static str, &'static str);
+
+pub const SQLITE_MIGRATIONS: &[Migration] = &[(
+    1,
+    "identity",
+    include_str!("../../migrations/sqlite/001_identity.sql"),
+)];
+pub const POSTGRES_MIGRATIONS: &[Migration] = &[(
+    1,
+    "identity",
+    include_str!("../../migrations/postgres/001_identity.sql"),
+)];
+
+/// Which backend a config names.
+#[derive(Clone, PartialEq, Eq)]
+pub enum StoreConfig {
+    Sqlite { path: std::path::PathBuf },
+    Postgres { url: String },
+}
+
+impl std::fmt::Debug for StoreConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StoreConfig::Sqlite { path } => write!(f, "sqlite {}", path.display()),
+            StoreConfig::Postgres { url } => write!(f, "postgres {}", redact_url(url)),
+        }
+    }
+}
+
+/// Open the configured store (the one place that picks a backend). Credentials in the URL
+/// are never logged.
+pub async fn open(config: &StoreConfig) -> Result<Arc<dyn IdentityStore>, StoreError> {
+    match config {
+        StoreConfig::Sqlite { path } => Ok(Arc::new(sqlite::SqliteStore::open(path)?)),
+        StoreConfig::Postgres { url } => Ok(Arc::new(postgres::PostgresStore::connect(url).await?)),
+    }
+}
+
+/// `postgres://user:secret@host/db` -> `postgres://user:***@host/db`, for logs.
+pub fn redact_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => {
+            let creds = &url[s + 3..at];
+            match creds.find(':') {
+                Some(c) => format!("{}{}:***{}", &url[..s + 3], &creds[..c], &url[at..]),
+                None => url.to_string(),
+            }
+        }
+        _ => url.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn urls_are_redacted() {
+        assert_eq!(
+            super::redact_url("postgres://u:pw@h:5432/db"),
+            "postgres://u:***@h:5432/db"
+        );
+        assert_eq!(super::redact_url("postgres://h/db"), "postgres://h/db");
+    }
+}

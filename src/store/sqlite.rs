@@ -1,0 +1,409 @@
+//! SQLite backend: the embedded default, one file under `data/`. One connection behind a
+//! mutex, used from blocking tasks; `BEGIN IMMEDIATE` takes the write lock before a
+//! multi-row change reads what it decides on, so caps hold across processes too.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
+
+use super::{
+    CopyAudit, IdentityStore, KeyPatch, RotateOpts, SQLITE_MIGRATIONS, StoreError, Successor,
+};
+use crate::identity::lifecycle::{self, KeyOpError};
+use crate::identity::{KeyRecord, KeyScope, Millis, RateTier, Workspace};
+
+pub struct SqliteStore {
+    conn: Arc<Mutex<Connection>>,
+}
+
+fn unavailable(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Unavailable(e.to_string())
+}
+
+fn db_err(e: rusqlite::Error) -> StoreError {
+    match e {
+        rusqlite::Error::SqliteFailure(f, m)
+            if f.code == rusqlite::ErrorCode::ConstraintViolation =>
+        {
+            StoreError::Conflict(m.unwrap_or_else(|| "constraint".into()))
+        }
+        other => unavailable(other),
+    }
+}
+
+const KEY_COLUMNS: &str = "id, workspace_id, name, scope, digest, format_version, encrypted_copy, created_by, \
+     created_at, expires_at, revoked_at, grace_until, rotated_from, rotation_root, credits_only, \
+     monthly_spend_limit_cents, rate_limit_rpm";
+
+fn key_from_row(r: &Row<'_>) -> rusqlite::Result<KeyRecord> {
+    let scope: String = r.get(3)?;
+    Ok(KeyRecord {
+        id: r.get(0)?,
+        workspace_id: r.get(1)?,
+        name: r.get(2)?,
+        scope: KeyScope::parse(&scope).unwrap_or(KeyScope::Workspace),
+        digest: r.get(4)?,
+        format_version: r.get(5)?,
+        encrypted_copy: r.get(6)?,
+        created_by: r.get(7)?,
+        created_at: r.get(8)?,
+        expires_at: r.get(9)?,
+        revoked_at: r.get(10)?,
+        grace_until: r.get(11)?,
+        rotated_from: r.get(12)?,
+        rotation_root: r.get(13)?,
+        credits_only: r.get(14)?,
+        monthly_spend_limit_cents: r.get(15)?,
+        rate_limit_rpm: r.get(16)?,
+    })
+}
+
+fn ws_from_row(r: &Row<'_>, at: usize) -> rusqlite::Result<Workspace> {
+    let tier: String = r.get(at + 2)?;
+    Ok(Workspace {
+        id: r.get(at)?,
+        name: r.get(at + 1)?,
+        rate_tier: RateTier::parse(&tier).unwrap_or(RateTier::Free),
+        created_at: r.get(at + 3)?,
+        frozen: r.get(at + 4)?,
+        lifetime_purchases_cents: r.get(at + 5)?,
+    })
+}
+
+fn insert_key(c: &Connection, k: &KeyRecord) -> rusqlite::Result<usize> {
+    c.execute(
+        &format!("INSERT INTO api_keys ({KEY_COLUMNS}) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17)"),
+        params![
+            k.id,
+            k.workspace_id,
+            k.name,
+            k.scope.as_str(),
+            k.digest,
+            k.format_version,
+            k.encrypted_copy,
+            k.created_by,
+            k.created_at,
+            k.expires_at,
+            k.revoked_at,
+            k.grace_until,
+            k.rotated_from,
+            k.rotation_root,
+            k.credits_only,
+            k.monthly_spend_limit_cents,
+            k.rate_limit_rpm
+        ],
+    )
+}
+
+fn get_key(c: &Connection, id: &str) -> rusqlite::Result<Option<KeyRecord>> {
+    c.query_row(
+        &format!("SELECT {KEY_COLUMNS} FROM api_keys WHERE id = ?1"),
+        [id],
+        key_from_row,
+    )
+    .optional()
+}
+
+fn scope_keys(c: &Connection, ws: &str, scope: KeyScope) -> rusqlite::Result<Vec<KeyRecord>> {
+    let mut st = c.prepare_cached(&format!(
+        "SELECT {KEY_COLUMNS} FROM api_keys WHERE workspace_id = ?1 AND scope = ?2"
+    ))?;
+    let rows = st.query_map(params![ws, scope.as_str()], key_from_row)?;
+    rows.collect()
+}
+
+impl SqliteStore {
+    /// Open (creating) the database file; its folder is created too.
+    pub fn open(path: &Path) -> Result<SqliteStore, StoreError> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(unavailable)?;
+        }
+        let conn = Connection::open(path).map_err(unavailable)?;
+        conn.execute_batch(
+            "PRAGMA journal_mode = WAL; PRAGMA foreign_keys = ON; PRAGMA busy_timeout = 5000;",
+        )
+        .map_err(unavailable)?;
+        Ok(SqliteStore {
+            conn: Arc::new(Mutex::new(conn)),
+        })
+    }
+
+    /// Run `f` on the connection in a blocking task.
+    async fn with<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Connection) -> Result<T, KeyOpError> + Send + 'static,
+    ) -> Result<T, KeyOpError> {
+        let conn = self.conn.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut c = conn.lock().unwrap_or_else(|e| e.into_inner());
+            f(&mut c)
+        })
+        .await
+        .map_err(|e| KeyOpError::Store(format!("store task failed: {e}")))?
+    }
+
+    async fn read<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Connection) -> rusqlite::Result<T> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        self.with(move |c| f(c).map_err(|e| KeyOpError::from(db_err(e))))
+            .await
+            .map_err(|e| match e {
+                KeyOpError::Store(m) => StoreError::Unavailable(m),
+                other => StoreError::Unavailable(other.to_string()),
+            })
+    }
+}
+
+fn ko(e: rusqlite::Error) -> KeyOpError {
+    KeyOpError::from(db_err(e))
+}
+
+#[async_trait]
+impl IdentityStore for SqliteStore {
+    fn backend(&self) -> &'static str {
+        "sqlite"
+    }
+
+    async fn migrate(&self) -> Result<(), StoreError> {
+        self.read(|c| {
+            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            tx.execute_batch(
+                "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at INTEGER NOT NULL)",
+            )?;
+            for (version, name, sql) in SQLITE_MIGRATIONS {
+                let done: Option<i64> = tx
+                    .query_row("SELECT version FROM schema_migrations WHERE version = ?1", [version], |r| r.get(0))
+                    .optional()?;
+                if done.is_none() {
+                    tx.execute_batch(sql)?;
+                    tx.execute(
+                        "INSERT INTO schema_migrations (version, name, applied_at) VALUES (?1, ?2, ?3)",
+                        params![version, name, crate::identity::now_ms()],
+                    )?;
+                }
+            }
+            tx.commit()
+        })
+        .await
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.read(|c| c.query_row("SELECT 1", [], |_| Ok(()))).await
+    }
+
+    async fn create_workspace(&self, ws: &Workspace) -> Result<(), StoreError> {
+        let ws = ws.clone();
+        self.read(move |c| {
+            c.execute(
+                "INSERT INTO workspaces (id, name, rate_tier, created_at, frozen, lifetime_purchases_cents) VALUES (?1,?2,?3,?4,?5,?6)",
+                params![ws.id, ws.name, ws.rate_tier.as_str(), ws.created_at, ws.frozen, ws.lifetime_purchases_cents],
+            )
+            .map(|_| ())
+        })
+        .await
+    }
+
+    async fn workspace(&self, id: &str) -> Result<Option<Workspace>, StoreError> {
+        let id = id.to_string();
+        self.read(move |c| {
+            c.query_row(
+                "SELECT id, name, rate_tier, created_at, frozen, lifetime_purchases_cents FROM workspaces WHERE id = ?1",
+                [id],
+                |r| ws_from_row(r, 0),
+            )
+            .optional()
+        })
+        .await
+    }
+
+    async fn create_key(&self, key: &KeyRecord, now: Millis) -> Result<(), KeyOpError> {
+        let key = key.clone();
+        self.with(move |c| {
+            let tx = c
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(ko)?;
+            let existing = scope_keys(&tx, &key.workspace_id, key.scope).map_err(ko)?;
+            lifecycle::check_create(&existing, now)?;
+            insert_key(&tx, &key).map_err(ko)?;
+            tx.commit().map_err(ko)
+        })
+        .await
+    }
+
+    async fn key(&self, id: &str) -> Result<Option<KeyRecord>, StoreError> {
+        let id = id.to_string();
+        self.read(move |c| get_key(c, &id)).await
+    }
+
+    async fn key_by_digest(
+        &self,
+        digest: &str,
+    ) -> Result<Option<(KeyRecord, Workspace)>, StoreError> {
+        let digest = digest.to_string();
+        self.read(move |c| {
+            let cols: String = KEY_COLUMNS.split(", ").map(|col| format!("k.{col}")).collect::<Vec<_>>().join(", ");
+            c.prepare_cached(&format!(
+                "SELECT {cols}, w.id, w.name, w.rate_tier, w.created_at, w.frozen, w.lifetime_purchases_cents \
+                 FROM api_keys k JOIN workspaces w ON w.id = k.workspace_id WHERE k.digest = ?1"
+            ))?
+            .query_row([digest], |r| Ok((key_from_row(r)?, ws_from_row(r, 17)?)))
+            .optional()
+        })
+        .await
+    }
+
+    async fn rotate_key(
+        &self,
+        id: &str,
+        successor: Successor,
+        opts: RotateOpts,
+        now: Millis,
+    ) -> Result<(KeyRecord, KeyRecord), KeyOpError> {
+        let id = id.to_string();
+        self.with(move |c| {
+            let tx = c
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(ko)?;
+            let target = get_key(&tx, &id).map_err(ko)?.ok_or(KeyOpError::NotFound)?;
+            let keys = scope_keys(&tx, &target.workspace_id, target.scope).map_err(ko)?;
+            let plan = lifecycle::plan_rotation(
+                &target,
+                &keys,
+                now,
+                opts.revoke_previous_immediately,
+                opts.grace_ms,
+            )?;
+            let new_key = successor(&target)?;
+            insert_key(&tx, &new_key).map_err(ko)?;
+            for old in &plan.revoke {
+                tx.execute(
+                    "UPDATE api_keys SET revoked_at = ?2, encrypted_copy = NULL WHERE id = ?1",
+                    params![old, now],
+                )
+                .map_err(ko)?;
+            }
+            if plan.revoke_previous {
+                tx.execute(
+                    "UPDATE api_keys SET revoked_at = ?2, encrypted_copy = NULL WHERE id = ?1",
+                    params![target.id, now],
+                )
+                .map_err(ko)?;
+            } else {
+                tx.execute(
+                    "UPDATE api_keys SET grace_until = ?2 WHERE id = ?1",
+                    params![target.id, plan.previous_grace_until],
+                )
+                .map_err(ko)?;
+            }
+            let previous = get_key(&tx, &target.id)
+                .map_err(ko)?
+                .ok_or(KeyOpError::NotFound)?;
+            tx.commit().map_err(ko)?;
+            Ok((new_key, previous))
+        })
+        .await
+    }
+
+    async fn revoke_key(&self, id: &str, now: Millis) -> Result<KeyRecord, KeyOpError> {
+        let id = id.to_string();
+        self.with(move |c| {
+            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate).map_err(ko)?;
+            get_key(&tx, &id).map_err(ko)?.ok_or(KeyOpError::NotFound)?;
+            tx.execute(
+                "UPDATE api_keys SET revoked_at = COALESCE(revoked_at, ?2), encrypted_copy = NULL WHERE id = ?1",
+                params![id, now],
+            )
+            .map_err(ko)?;
+            let k = get_key(&tx, &id).map_err(ko)?.ok_or(KeyOpError::NotFound)?;
+            tx.commit().map_err(ko)?;
+            Ok(k)
+        })
+        .await
+    }
+
+    async fn update_key(&self, id: &str, patch: &KeyPatch) -> Result<KeyRecord, KeyOpError> {
+        let id = id.to_string();
+        let p = patch.clone();
+        self.with(move |c| {
+            let tx = c
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(ko)?;
+            get_key(&tx, &id).map_err(ko)?.ok_or(KeyOpError::NotFound)?;
+            if let Some(v) = p.monthly_spend_limit_cents {
+                tx.execute(
+                    "UPDATE api_keys SET monthly_spend_limit_cents = ?2 WHERE id = ?1",
+                    params![id, v],
+                )
+                .map_err(ko)?;
+            }
+            if let Some(v) = p.credits_only {
+                tx.execute(
+                    "UPDATE api_keys SET credits_only = ?2 WHERE id = ?1",
+                    params![id, v],
+                )
+                .map_err(ko)?;
+            }
+            if let Some(v) = p.rate_limit_rpm {
+                tx.execute(
+                    "UPDATE api_keys SET rate_limit_rpm = ?2 WHERE id = ?1",
+                    params![id, v],
+                )
+                .map_err(ko)?;
+            }
+            if let Some(v) = p.expires_at {
+                tx.execute(
+                    "UPDATE api_keys SET expires_at = ?2 WHERE id = ?1",
+                    params![id, v],
+                )
+                .map_err(ko)?;
+            }
+            let k = get_key(&tx, &id).map_err(ko)?.ok_or(KeyOpError::NotFound)?;
+            tx.commit().map_err(ko)?;
+            Ok(k)
+        })
+        .await
+    }
+
+    async fn delete_key(&self, id: &str) -> Result<bool, StoreError> {
+        let id = id.to_string();
+        self.read(move |c| {
+            c.execute("DELETE FROM api_keys WHERE id = ?1", [id])
+                .map(|n| n > 0)
+        })
+        .await
+    }
+
+    async fn record_copy(&self, a: &CopyAudit) -> Result<(), StoreError> {
+        let a = a.clone();
+        self.read(move |c| {
+            c.execute(
+                "INSERT INTO key_copy_audit (key_id, actor, role, at) VALUES (?1, ?2, ?3, ?4)",
+                params![a.key_id, a.actor, a.role, a.at],
+            )
+            .map(|_| ())
+        })
+        .await
+    }
+
+    async fn copy_audit(&self, key_id: &str) -> Result<Vec<CopyAudit>, StoreError> {
+        let key_id = key_id.to_string();
+        self.read(move |c| {
+            let mut st = c.prepare(
+                "SELECT key_id, actor, role, at FROM key_copy_audit WHERE key_id = ?1 ORDER BY id",
+            )?;
+            let rows = st.query_map([key_id], |r| {
+                Ok(CopyAudit {
+                    key_id: r.get(0)?,
+                    actor: r.get(1)?,
+                    role: r.get(2)?,
+                    at: r.get(3)?,
+                })
+            })?;
+            rows.collect()
+        })
+        .await
+    }
+}
