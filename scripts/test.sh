@@ -12,6 +12,7 @@ echo "== cargo clippy (warnings denied)"
 cargo clippy --all-targets -- -D warnings
 echo "== tollgate check-config conf/tollgate.yaml"
 cargo build --bins
+./target/debug/tollgate init-secrets --dir data/secrets >/dev/null
 ./target/debug/tollgate check-config --config conf/tollgate.yaml
 echo "== cargo test"
 cargo test

@@ -253,7 +253,11 @@ async fn create_key(app: &AdminApp, ws: &str, body: &Value) -> Answer {
             .one_of("scope", &["workspace", "deployment", "terminal"])?
             .and_then(KeyScope::parse),
         // Minimum monthly limit: $1.00.
-        monthly_spend_limit_cents: f.int("monthly_spend_limit_cents", 100, MAX_SPEND_LIMIT_CENTS)?,
+        monthly_spend_limit_cents: f.int(
+            "monthly_spend_limit_cents",
+            100,
+            MAX_SPEND_LIMIT_CENTS,
+        )?,
         expires_at,
         credits_only: f.bool("credits_only")?.unwrap_or(false),
         rate_limit_rpm: f.int("rate_limit_rpm", 1, 10_000_000)?,
