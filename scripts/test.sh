@@ -1,10 +1,17 @@
 #!/usr/bin/env bash
 # The test command (README, CI): formatting, lints with warnings denied, every Rust test
-# (unit, integration against the real binaries and the mock replica), the config check of
-# conf/, and the official `openai` Python client against a running gateway.
+# (unit, integration against the real binaries and the mock replica, store suites against
+# SQLite and the real PostgreSQL), the config check of conf/, and the official `openai`
+# Python client against a running gateway.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
+# PostgreSQL and Redis: installed and started when missing (tests never skip them).
+eval "$(scripts/services.sh)"
+# Each PostgreSQL test makes its own database; drop those of earlier runs.
+for db in $(psql "$DATABASE_URL" -qtAc "select datname from pg_database where datname like 'tollgate_t_%'"); do
+  psql "$DATABASE_URL" -qc "DROP DATABASE IF EXISTS $db WITH (FORCE)" >/dev/null
+done
 
 echo "== cargo fmt --check"
 cargo fmt --check

@@ -106,6 +106,7 @@ async fn invalid_json_and_missing_fields() {
     let client = reqwest::Client::new();
     let r = client
         .post(gw.url("/v1/chat/completions"))
+        .header("authorization", gw.bearer())
         .body("{not json")
         .send()
         .await

@@ -1,0 +1,438 @@
+#!/usr/bin/env bash
+# Load bench: what the gateway adds on top of a replica, next to nginx doing a plain proxy
+# hop in front of the same replica. Loopback only (127.0.0.1), bounded in time, and it
+# stops everything it started on exit.
+#
+#   scripts/bench.sh [--quick] [--no-build]
+#
+#   --quick      3-second runs (default: BENCH_SECONDS, else 10)
+#   --no-build   use the binaries already in target/release
+#
+# Environment (all optional):
+#   BENCH_SECONDS=10        length of each measured run
+#   BENCH_WARMUP_SECONDS=1  unmeasured run before each measured one (fills keepalive pools)
+#   BENCH_CONNECTIONS=32    wrk connections for the saturating runs
+#   BENCH_RATE=500          requests/s of the paced latency run (non-streaming)
+#   BENCH_PACED_CONNECTIONS=5  connections of the paced run (each waits 1000*C/RATE ms
+#                           before every request)
+#   BENCH_PORT_BASE=19310   mock = base, nginx = base+1, gateway = base+2, its admin = base+3
+#   BENCH_PROXY_CPU=0 BENCH_BACKEND_CPU=1   cores for (gateway, nginx) and (mock, wrk)
+#
+# What it does: starts the mock replica (1 thread, pinned to the backend core), the
+# gateway (threads: 1, pinned to the proxy core) and nginx (1 worker, pinned to the proxy
+# core), then for a non-streamed answer (16 tokens) and a 64-token SSE stream runs wrk
+# (-t1 -c32) against the mock directly, through nginx and through the gateway, and a
+# paced run (~500 requests/s) for the non-streamed case. CPU time of the gateway and of
+# nginx (master + worker) comes from utime+stime in /proc/PID/stat around each run,
+# divided by the requests wrk completed. The table goes to stdout; everything raw (wrk
+# output, process logs, configs, the table) to target/bench/load-<time>/. See
+# docs/benchmarks.md for what each figure means.
+set -euo pipefail
+
+usage() { sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; }
+
+QUICK=0
+BUILD=1
+for arg in "$@"; do
+    case "$arg" in
+    --quick) QUICK=1 ;;
+    --no-build) BUILD=0 ;;
+    -h | --help)
+        usage
+        exit 0
+        ;;
+    *)
+        echo "unknown argument: $arg (try --help)" >&2
+        exit 2
+        ;;
+    esac
+done
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+HELPERS=$ROOT/scripts/bench
+cd "$ROOT"
+
+DURATION=${BENCH_SECONDS:-10}
+if [[ $QUICK == 1 ]]; then DURATION=3; fi
+WARMUP=${BENCH_WARMUP_SECONDS:-1}
+CONNS=${BENCH_CONNECTIONS:-32}
+RATE=${BENCH_RATE:-500}
+PACED_CONNS=${BENCH_PACED_CONNECTIONS:-5}
+PORT_BASE=${BENCH_PORT_BASE:-19310}
+MOCK_PORT=$PORT_BASE
+NGINX_PORT=$((PORT_BASE + 1))
+GW_PORT=$((PORT_BASE + 2))
+ADMIN_PORT=$((PORT_BASE + 3))
+PROXY_CPU=${BENCH_PROXY_CPU:-0}
+BACKEND_CPU=${BENCH_BACKEND_CPU:-1}
+TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
+
+log() { printf '[bench] %s\n' "$*" >&2; }
+die() {
+    printf '[bench] ERROR: %s\n' "$*" >&2
+    exit 1
+}
+
+[[ $DURATION =~ ^[0-9]+$ && $DURATION -ge 1 ]] || die "BENCH_SECONDS must be a whole number >= 1"
+[[ $RATE =~ ^[0-9]+$ && $RATE -ge 1 ]] || die "BENCH_RATE must be a whole number >= 1"
+[[ $(uname -s) == Linux ]] || die "needs Linux (/proc/PID/stat for CPU time)"
+
+# ---- tools ------------------------------------------------------------------------------
+apt_install() {
+    [[ $EUID == 0 ]] || die "$* missing and not root: install them (apt-get install $*)"
+    if [[ ${APT_UPDATED:-0} == 0 ]]; then
+        log "apt-get update"
+        apt-get update -qq
+        APT_UPDATED=1
+    fi
+    log "apt-get install $*"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+command -v wrk >/dev/null || apt_install wrk
+NGINX_BIN=${NGINX_BIN:-$(command -v nginx || true)}
+if [[ -z $NGINX_BIN && -x /usr/sbin/nginx ]]; then NGINX_BIN=/usr/sbin/nginx; fi
+if [[ -z $NGINX_BIN ]]; then
+    apt_install nginx-light || apt_install nginx
+    NGINX_BIN=$(command -v nginx || echo /usr/sbin/nginx)
+fi
+[[ -x $NGINX_BIN ]] || die "nginx not found after install"
+command -v curl >/dev/null || apt_install curl
+TASKSET=$(command -v taskset || true)
+if [[ -z $TASKSET ]]; then
+    log "taskset not found: processes are not pinned (install util-linux for pinning)"
+fi
+CORES=$(getconf _NPROCESSORS_ONLN)
+if [[ -n $TASKSET && ($PROXY_CPU -ge $CORES || $BACKEND_CPU -ge $CORES) ]]; then
+    log "only $CORES core(s): not pinning"
+    TASKSET=""
+fi
+CLK_TCK=$(getconf CLK_TCK)
+
+if [[ $BUILD == 1 ]]; then
+    log "cargo build --release --bins"
+    cargo build --release --bins --quiet
+fi
+GW_BIN=$TARGET_DIR/release/tollgate
+MOCK_BIN=$TARGET_DIR/release/tollgate-mock-replica
+[[ -x $GW_BIN && -x $MOCK_BIN ]] || die "release binaries missing in $TARGET_DIR/release (run without --no-build)"
+
+# ---- ports, temp dir, cleanup -----------------------------------------------------------
+port_listening() {
+    if command -v ss >/dev/null; then
+        [[ -n $(ss -Hltn "sport = :$1" 2>/dev/null) ]]
+    else
+        (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
+    fi
+}
+for p in $MOCK_PORT $NGINX_PORT $GW_PORT $ADMIN_PORT; do
+    if port_listening "$p"; then
+        die "port $p is already in use (set BENCH_PORT_BASE to move all four ports)"
+    fi
+done
+
+STAMP=$(date +%Y%m%dT%H%M%S)
+OUT=$TARGET_DIR/bench/load-$STAMP
+mkdir -p "$OUT"
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/tollgate-bench.XXXXXX")
+chmod 755 "$WORK" # nginx workers run as an unprivileged user
+PIDS=()
+
+cleanup() {
+    local rc=$?
+    trap - EXIT INT TERM
+    local pid
+    for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+    for pid in "${PIDS[@]}"; do
+        for _ in $(seq 50); do
+            kill -0 "$pid" 2>/dev/null || break
+            sleep 0.1
+        done
+        kill -KILL "$pid" 2>/dev/null || true
+    done
+    wait 2>/dev/null || true
+    cp "$WORK"/*.log "$WORK"/nginx/error.log "$OUT"/ 2>/dev/null || true
+    rm -rf "$WORK"
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# start NAME CPU CMD... : runs CMD in the background (pinned to CPU when possible), its
+# output to $WORK/NAME.log; the pid is left in LAST_PID.
+start() {
+    local name=$1 cpu=$2
+    shift 2
+    if [[ -n $TASKSET ]]; then
+        "$TASKSET" -c "$cpu" "$@" >"$WORK/$name.log" 2>&1 &
+    else
+        "$@" >"$WORK/$name.log" 2>&1 &
+    fi
+    LAST_PID=$!
+    PIDS+=("$LAST_PID")
+}
+
+# wait_listening NAME PID PORT: up to 20 s for PORT, failing early if PID died.
+wait_listening() {
+    local name=$1 pid=$2 port=$3
+    for _ in $(seq 200); do
+        if ! kill -0 "$pid" 2>/dev/null; then
+            log "$name exited; its log:"
+            tail -n 30 "$WORK/$name.log" >&2 || true
+            die "$name died while starting"
+        fi
+        if port_listening "$port"; then return 0; fi
+        sleep 0.1
+    done
+    tail -n 30 "$WORK/$name.log" >&2 || true
+    die "$name did not listen on 127.0.0.1:$port within 20 s"
+}
+
+alive() {
+    local name=$1 pid=$2
+    if ! kill -0 "$pid" 2>/dev/null; then
+        tail -n 30 "$WORK/$name.log" >&2 || true
+        die "$name (pid $pid) died during the bench"
+    fi
+}
+
+# ---- start the three processes ----------------------------------------------------------
+log "mock replica on 127.0.0.1:$MOCK_PORT (1 thread, core $BACKEND_CPU)"
+start mock "$BACKEND_CPU" "$MOCK_BIN" --listen "127.0.0.1:$MOCK_PORT" --threads 1
+MOCK_PID=$LAST_PID
+wait_listening mock "$MOCK_PID" "$MOCK_PORT"
+
+mkdir -p "$WORK/gw"
+cat >"$WORK/gw/models.yaml" <<'EOF'
+models:
+  - id: llama-3.1-8b-instruct
+    display_name: Llama 3.1 8B Instruct
+    created: 1721692800
+    supported_endpoints: [chat_completions]
+    max_output_tokens: 8192
+    context_window: 131072
+    pricing: { input: 0.10, output: 0.30 }
+EOF
+cat >"$WORK/gw/upstreams.yaml" <<EOF
+pools:
+  llama-3.1-8b-instruct:
+    upstream_model: meta-llama/Llama-3.1-8B-Instruct
+    replicas:
+      - { address: "127.0.0.1:$MOCK_PORT", max_concurrency: 4096 }
+EOF
+cat >"$WORK/gw/tollgate.yaml" <<EOF
+listen: 127.0.0.1:$GW_PORT
+admin_listen: 127.0.0.1:$ADMIN_PORT
+threads: 1
+models_file: models.yaml
+upstreams_file: upstreams.yaml
+shutdown:
+  grace_period_seconds: 1
+  graceful_shutdown_timeout_seconds: 1
+plugins:
+  - name: chat_completions
+EOF
+cp "$WORK"/gw/*.yaml "$OUT"/
+log "gateway on 127.0.0.1:$GW_PORT (threads: 1, core $PROXY_CPU)"
+start gateway "$PROXY_CPU" env RUST_LOG=warn TMPDIR="$WORK/gw" "$GW_BIN" serve --config "$WORK/gw/tollgate.yaml"
+GW_PID=$LAST_PID
+wait_listening gateway "$GW_PID" "$GW_PORT"
+
+mkdir -p "$WORK/nginx"
+sed -e "s|@PREFIX@|$WORK/nginx|g" -e "s|@LISTEN@|127.0.0.1:$NGINX_PORT|g" \
+    -e "s|@UPSTREAM@|127.0.0.1:$MOCK_PORT|g" "$HELPERS/nginx.conf.template" >"$WORK/nginx/nginx.conf"
+cp "$WORK/nginx/nginx.conf" "$OUT"/
+log "nginx on 127.0.0.1:$NGINX_PORT (1 worker, core $PROXY_CPU)"
+start nginx "$PROXY_CPU" "$NGINX_BIN" -p "$WORK/nginx" -e "$WORK/nginx/error.log" \
+    -c "$WORK/nginx/nginx.conf" -g 'daemon off;'
+NGINX_PID=$LAST_PID
+wait_listening nginx "$NGINX_PID" "$NGINX_PORT"
+
+# ---- request bodies and a correctness check ---------------------------------------------
+MESSAGES='[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"Write one short sentence about gateways."}]'
+printf '{"model":"llama-3.1-8b-instruct","messages":%s,"max_tokens":512}' "$MESSAGES" >"$WORK/body-json.json"
+printf '{"model":"llama-3.1-8b-instruct","messages":%s,"max_tokens":512,"stream":true,"stream_options":{"include_usage":true}}' \
+    "$MESSAGES" >"$WORK/body-sse.json"
+
+port_of() {
+    case $1 in
+    direct) echo "$MOCK_PORT" ;;
+    nginx) echo "$NGINX_PORT" ;;
+    gateway) echo "$GW_PORT" ;;
+    esac
+}
+
+# check TARGET CASE: one request through TARGET must be a 200 of the expected shape.
+check() {
+    local target=$1 case=$2 port body tokens code f
+    port=$(port_of "$target")
+    f=$WORK/check-$target-$case.out
+    if [[ $case == json ]]; then body=$WORK/body-json.json tokens=16; else body=$WORK/body-sse.json tokens=64; fi
+    code=$(curl -sS -o "$f" -w '%{http_code}' --max-time 10 -H 'content-type: application/json' \
+        -H "x-mock-tokens: $tokens" --data-binary "@$body" "http://127.0.0.1:$port/v1/chat/completions") ||
+        die "$target ($case): request failed"
+    [[ $code == 200 ]] || die "$target ($case): HTTP $code: $(head -c 400 "$f")"
+    if [[ $case == json ]]; then
+        grep -q '"usage"' "$f" || die "$target ($case): no usage in $(head -c 400 "$f")"
+    else
+        grep -q '^data: \[DONE\]' "$f" || die "$target ($case): stream without [DONE]"
+    fi
+    if [[ $target == gateway ]]; then
+        grep -q '"model":"llama-3.1-8b-instruct"' "$f" || die "gateway ($case): model not renamed"
+        grep -q '"cost"' "$f" || die "gateway ($case): no priced usage"
+    fi
+    cp "$f" "$OUT/"
+}
+for t in direct nginx gateway; do
+    check "$t" json
+    check "$t" sse
+done
+SSE_FRAMES=$(grep -c '^data: ' "$WORK/check-gateway-sse.out")
+log "responses check out (the 64-token stream is $SSE_FRAMES SSE frames, [DONE] included)"
+
+# ---- measurement ------------------------------------------------------------------------
+# cpu_ticks PID... : utime+stime of the processes, in clock ticks.
+cpu_ticks() {
+    local total=0 pid s
+    local -a f
+    for pid in "$@"; do
+        s=$(<"/proc/$pid/stat")
+        s=${s##*) }
+        read -r -a f <<<"$s"
+        total=$((total + f[11] + f[12]))
+    done
+    echo "$total"
+}
+nginx_pids() {
+    echo "$NGINX_PID"
+    ps -o pid= --ppid "$NGINX_PID" | tr -d ' '
+}
+proxy_pids() {
+    case $1 in
+    direct) ;;
+    nginx) nginx_pids ;;
+    gateway) echo "$GW_PID" ;;
+    esac
+}
+
+# field NAME LINE : value of NAME=... in a BENCH line.
+field() { sed -n "s/.* $1=\([^ ]*\).*/\1/p" <<<"$2"; }
+
+RESULTS=()
+# run CASE TARGET CONNS DELAY_MS : one warm-up and one measured wrk run; appends
+# "case target rps p50_us p99_us proxy_us mock_us errors" to RESULTS.
+run() {
+    local case=$1 target=$2 conns=$3 delay=$4 port body tokens name
+    port=$(port_of "$target")
+    if [[ $case == sse* ]]; then body=$WORK/body-sse.json tokens=64; else body=$WORK/body-json.json tokens=16; fi
+    name=$case-$target
+    local -a pids
+    mapfile -t pids < <(proxy_pids "$target")
+    local -a wrk=(wrk -t1 "-c$conns" --timeout 10s -s "$HELPERS/wrk_post.lua"
+        "http://127.0.0.1:$port/v1/chat/completions")
+    if [[ -n $TASKSET ]]; then wrk=("$TASKSET" -c "$BACKEND_CPU" "${wrk[@]}"); fi
+    export BENCH_BODY_FILE=$body BENCH_TOKENS=$tokens BENCH_DELAY_MS=$delay
+    if [[ $WARMUP -gt 0 ]]; then "${wrk[@]}" "-d${WARMUP}s" >/dev/null; fi
+    local p0 m0 p1 m1
+    p0=$(cpu_ticks "${pids[@]}")
+    m0=$(cpu_ticks "$MOCK_PID")
+    local pacing=""
+    if [[ $delay -gt 0 ]]; then pacing=" (each waits ${delay} ms before a request)"; fi
+    log "$name: wrk -t1 -c$conns for ${DURATION}s$pacing"
+    "${wrk[@]}" "-d${DURATION}s" >"$OUT/wrk-$name.txt" 2>&1 || die "wrk failed: $(tail -5 "$OUT/wrk-$name.txt")"
+    p1=$(cpu_ticks "${pids[@]}")
+    m1=$(cpu_ticks "$MOCK_PID")
+    alive mock "$MOCK_PID"
+    alive gateway "$GW_PID"
+    alive nginx "$NGINX_PID"
+    local line
+    line=$(grep '^BENCH ' "$OUT/wrk-$name.txt") || die "no summary from wrk for $name"
+    local req dur errs
+    req=$(field requests "$line")
+    dur=$(field duration_us "$line")
+    [[ $req -gt 0 ]] || die "$name: no request completed"
+    errs=$(($(field err_connect "$line") + $(field err_read "$line") + $(field err_write "$line") +
+        $(field err_status "$line") + $(field err_timeout "$line")))
+    local proxy_us="-"
+    if [[ $target != direct ]]; then
+        proxy_us=$(awk -v t=$((p1 - p0)) -v hz="$CLK_TCK" -v n="$req" 'BEGIN{printf "%.1f", t*1e6/hz/n}')
+    fi
+    local mock_us rps
+    mock_us=$(awk -v t=$((m1 - m0)) -v hz="$CLK_TCK" -v n="$req" 'BEGIN{printf "%.1f", t*1e6/hz/n}')
+    rps=$(awk -v n="$req" -v d="$dur" 'BEGIN{printf "%.0f", n*1e6/d}')
+    RESULTS+=("$case $target $rps $(field p50_us "$line") $(field p99_us "$line") $proxy_us $mock_us $errs $req")
+    if [[ $errs -gt 0 ]]; then log "WARNING: $name had $errs errors (see $OUT/wrk-$name.txt)"; fi
+}
+
+{
+    echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    echo "git: $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?') (working tree may differ)"
+    echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //') x $CORES"
+    echo "kernel: $(uname -r)"
+    echo "wrk: $(wrk -v 2>&1 | head -1)"
+    echo "nginx: $("$NGINX_BIN" -v 2>&1)"
+    echo "runs: ${DURATION}s each after ${WARMUP}s warm-up; wrk -t1 -c$CONNS; paced: -c$PACED_CONNS at ~$RATE req/s"
+    echo "pinning: ${TASKSET:+proxy core $PROXY_CPU, mock+wrk core $BACKEND_CPU}${TASKSET:-none}"
+    echo "loadavg before: $(cut -d' ' -f1-3 /proc/loadavg)"
+} >"$OUT/env.txt"
+
+for t in direct nginx gateway; do run json16 "$t" "$CONNS" 0; done
+for t in direct nginx gateway; do run sse64 "$t" "$CONNS" 0; done
+PACED_DELAY=$(awk -v c="$PACED_CONNS" -v r="$RATE" 'BEGIN{d=c*1000/r; printf "%d", (d<1?1:d)}')
+for t in direct nginx gateway; do run "json16@${RATE}rps" "$t" "$PACED_CONNS" "$PACED_DELAY"; done
+echo "loadavg after: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$OUT/env.txt"
+
+# ---- report -----------------------------------------------------------------------------
+printf '%s\n' "${RESULTS[@]}" >"$OUT/results.tsv"
+report() {
+    awk -v frames="$SSE_FRAMES" '
+    function ms(us) { return sprintf("%.3f", us / 1000) }
+    function plus(us) { return sprintf("%+.3f", us / 1000) }
+    {
+        c = $1; t = $2
+        rps[c, t] = $3; p50[c, t] = $4; p99[c, t] = $5; cpu[c, t] = $6; mock[c, t] = $7
+        err[c, t] = $8; req[c, t] = $9
+        if (!(c in seen)) { seen[c] = 1; order[++n] = c }
+    }
+    END {
+        printf "%-16s %-8s %9s %9s %9s %9s %9s %14s %13s %7s\n", "case", "target", "req/s", "p50 ms",
+            "p99 ms", "+p50 ms", "+p99 ms", "proxy CPU us", "mock CPU us", "errors"
+        for (i = 1; i <= n; i++) {
+            c = order[i]
+            split("direct nginx gateway", ts, " ")
+            for (j = 1; j <= 3; j++) {
+                t = ts[j]
+                if (!((c, t) in rps)) continue
+                a50 = (t == "direct") ? "-" : plus(p50[c, t] - p50[c, "direct"])
+                a99 = (t == "direct") ? "-" : plus(p99[c, t] - p99[c, "direct"])
+                printf "%-16s %-8s %9s %9s %9s %9s %9s %14s %13s %7s\n", c, t, rps[c, t], ms(p50[c, t]),
+                    ms(p99[c, t]), a50, a99, cpu[c, t], mock[c, t], err[c, t]
+            }
+        }
+        print ""
+        print "CPU columns: microseconds of CPU (user+system) per completed request; proxy = the"
+        print "gateway process, or nginx master+worker. +p50/+p99: minus the direct run of the case."
+        print ""
+        for (i = 1; i <= n; i++) {
+            c = order[i]
+            if (!((c, "gateway") in cpu) || cpu[c, "nginx"] + 0 <= 0) continue
+            r = cpu[c, "gateway"] / cpu[c, "nginx"]
+            target = (c ~ /@/) ? "" : "  (target < 2x: " (r < 2 ? "met" : "NOT met") ")"
+            label = (c ~ /^sse/) ? c " (" frames " SSE frames)" : c
+            printf "gateway/nginx CPU per request, %s: %.2fx%s\n", label, r, target
+            if (c ~ /^sse/) printf "  per frame: gateway %.2f us, nginx %.2f us\n",
+                cpu[c, "gateway"] / frames, cpu[c, "nginx"] / frames
+        }
+        for (i = 1; i <= n; i++) {
+            c = order[i]
+            if (c !~ /@/) continue
+            g = (p99[c, "gateway"] - p99[c, "direct"]) / 1000
+            x = (p99[c, "nginx"] - p99[c, "direct"]) / 1000
+            printf "added p99 at %s: gateway %+.3f ms (target < 1 ms: %s), nginx %+.3f ms\n",
+                substr(c, index(c, "@") + 1), g, (g < 1 ? "met" : "NOT met"), x
+        }
+    }' "$OUT/results.tsv"
+}
+report | tee "$OUT/summary.txt"
+echo
+echo "raw output: $OUT"
