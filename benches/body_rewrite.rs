@@ -44,10 +44,7 @@ fn chat_ctx(config: &Arc<Config>) -> RequestCtx {
     cx.route = Some(Route::ChatCompletions);
     cx.model = config.catalog.get(MODEL_ID).cloned();
     cx.pool = config.pools.get(MODEL_ID).cloned();
-    assert!(
-        cx.model.is_some() && cx.pool.is_some(),
-        "{MODEL_ID} not configured"
-    );
+    assert!(cx.model.is_some() && cx.pool.is_some(), "{MODEL_ID} not configured");
     // Dropped by the bench, not by a shutdown: keep Drop quiet.
     cx.logged = true;
     cx
@@ -69,8 +66,7 @@ fn small_body() -> Value {
 
 /// About 100 KB of conversation: 100 turns of ~1 KB each.
 fn large_body() -> Value {
-    let sentence =
-        "The quick brown fox jumps over the lazy dog while the gateway rewrites the body. ";
+    let sentence = "The quick brown fox jumps over the lazy dog while the gateway rewrites the body. ";
     let mut messages = vec![json!({"role": "system", "content": "You are a helpful assistant."})];
     for i in 0..100 {
         let role = if i % 2 == 0 { "user" } else { "assistant" };
@@ -114,10 +110,7 @@ fn bench_rewrite_request(c: &mut Criterion) {
     let config = load_config();
     let mut g = c.benchmark_group("rewrite_request");
     g.throughput(Throughput::Elements(1));
-    for (name, body) in [
-        ("small_3_messages", small_body()),
-        ("large_100kb", large_body()),
-    ] {
+    for (name, body) in [("small_3_messages", small_body()), ("large_100kb", large_body())] {
         let raw = serde_json::to_vec(&body).unwrap();
         // Sanity: it rewrites, and the upstream model name is in the output.
         let mut cx = chat_ctx(&config);
@@ -171,11 +164,7 @@ fn bench_json_response(c: &mut Criterion) {
     let v: Value = serde_json::from_slice(&out).unwrap();
     assert_eq!(v["model"], MODEL_ID);
     assert!(v["usage"]["cost"].is_number(), "no priced usage: {v}");
-    eprintln!(
-        "on_json_chunk: {} bytes in, {} bytes out",
-        resp.len(),
-        out.len()
-    );
+    eprintln!("on_json_chunk: {} bytes in, {} bytes out", resp.len(), out.len());
 
     let mut g = c.benchmark_group("on_json_chunk");
     g.throughput(Throughput::Elements(1));

@@ -64,10 +64,7 @@ fn vllm_frames() -> Vec<Bytes> {
 
 fn rechunk(frames: &[Bytes], size: usize) -> Vec<Bytes> {
     let whole: Vec<u8> = frames.iter().flat_map(|f| f.iter().copied()).collect();
-    whole
-        .chunks(size)
-        .map(Bytes::copy_from_slice)
-        .collect::<Vec<_>>()
+    whole.chunks(size).map(Bytes::copy_from_slice).collect::<Vec<_>>()
 }
 
 fn load_config() -> Arc<Config> {
@@ -82,10 +79,7 @@ fn stream_ctx(config: &Arc<Config>, include_usage: bool) -> RequestCtx {
     cx.route = Some(Route::ChatCompletions);
     cx.model = config.catalog.get(MODEL_ID).cloned();
     cx.pool = config.pools.get(MODEL_ID).cloned();
-    assert!(
-        cx.model.is_some() && cx.pool.is_some(),
-        "{MODEL_ID} not configured"
-    );
+    assert!(cx.model.is_some() && cx.pool.is_some(), "{MODEL_ID} not configured");
     cx.stream = true;
     cx.include_usage = include_usage;
     cx.response.streaming = true;
@@ -117,9 +111,7 @@ fn bench_framing(c: &mut Criterion) {
     let mut g = c.benchmark_group("sse_framing");
     g.throughput(Throughput::Elements(FRAMES));
     g.bench_function("frame_chunks", |b| b.iter(|| frame_all(black_box(&frames))));
-    g.bench_function("37_byte_chunks", |b| {
-        b.iter(|| frame_all(black_box(&small)))
-    });
+    g.bench_function("37_byte_chunks", |b| b.iter(|| frame_all(black_box(&small))));
     // Framing plus locating each frame's data payload (what the stream phase does first).
     g.bench_function("frame_chunks+data_payload", |b| {
         b.iter(|| {
@@ -164,34 +156,20 @@ fn bench_stream_phase(c: &mut Criterion) {
     tollgate::plugins::chat::on_stream_chunk(&mut one, false, &mut probe);
     let out = one.unwrap_or_default();
     assert!(
-        std::str::from_utf8(&out)
-            .unwrap_or("")
-            .contains(&format!("\"model\":\"{MODEL_ID}\"")),
+        std::str::from_utf8(&out).unwrap_or("").contains(&format!("\"model\":\"{MODEL_ID}\"")),
         "model not renamed: {out:?}"
     );
 
     let mut g = c.benchmark_group("chat_stream_phase");
     g.throughput(Throughput::Elements(FRAMES));
     g.bench_function("frame_chunks", |b| {
-        b.iter_batched(
-            || stream_ctx(&config, false),
-            |cx| run_stream(black_box(&frames), cx),
-            BatchSize::SmallInput,
-        )
+        b.iter_batched(|| stream_ctx(&config, false), |cx| run_stream(black_box(&frames), cx), BatchSize::SmallInput)
     });
     g.bench_function("frame_chunks+include_usage", |b| {
-        b.iter_batched(
-            || stream_ctx(&config, true),
-            |cx| run_stream(black_box(&frames), cx),
-            BatchSize::SmallInput,
-        )
+        b.iter_batched(|| stream_ctx(&config, true), |cx| run_stream(black_box(&frames), cx), BatchSize::SmallInput)
     });
     g.bench_function("37_byte_chunks", |b| {
-        b.iter_batched(
-            || stream_ctx(&config, false),
-            |cx| run_stream(black_box(&small), cx),
-            BatchSize::SmallInput,
-        )
+        b.iter_batched(|| stream_ctx(&config, false), |cx| run_stream(black_box(&small), cx), BatchSize::SmallInput)
     });
     g.finish();
 }

@@ -30,19 +30,11 @@ impl Auth {
 
 /// Routes that also accept `x-api-key`.
 fn accepts_x_api_key(route: Route) -> bool {
-    matches!(
-        route,
-        Route::Messages | Route::CountTokens | Route::ListModels | Route::GetModel
-    )
+    matches!(route, Route::Messages | Route::CountTokens | Route::ListModels | Route::GetModel)
 }
 
 fn header<'a>(s: &'a Session, name: &str) -> Option<&'a str> {
-    s.req_header()
-        .headers
-        .get(name)
-        .and_then(|v| v.to_str().ok())
-        .map(str::trim)
-        .filter(|v| !v.is_empty())
+    s.req_header().headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim).filter(|v| !v.is_empty())
 }
 
 /// The presented key, if any.
@@ -54,10 +46,7 @@ pub fn presented_key(s: &Session, route: Route) -> Option<&str> {
     }
     let auth = header(s, "authorization")?;
     let (scheme, rest) = auth.split_once(' ')?;
-    scheme
-        .eq_ignore_ascii_case("bearer")
-        .then(|| rest.trim())
-        .filter(|k| !k.is_empty())
+    scheme.eq_ignore_ascii_case("bearer").then(|| rest.trim()).filter(|k| !k.is_empty())
 }
 
 fn invalid(message: &str) -> GatewayError {
@@ -74,28 +63,19 @@ impl Plugin for Auth {
         AUTH_PRIORITY
     }
 
-    async fn on_request_headers(
-        &self,
-        s: &mut Session,
-        cx: &mut RequestCtx,
-    ) -> Result<Flow, GatewayError> {
+    async fn on_request_headers(&self, s: &mut Session, cx: &mut RequestCtx) -> Result<Flow, GatewayError> {
         let Some(route) = cx.route else {
             return Ok(Flow::Continue);
         };
         let Some(key) = presented_key(s, route) else {
-            return Err(invalid(
-                "Missing API key. Send `Authorization: Bearer <API_KEY>`.",
-            ));
+            return Err(invalid("Missing API key. Send `Authorization: Bearer <API_KEY>`."));
         };
         let (record, ws) = match self.identity.authenticate(key).await {
             Ok(found) => found,
             Err(AuthFailure::Invalid) => return Err(invalid("Invalid API key")),
             Err(AuthFailure::Expired) => return Err(invalid("API key has expired")),
             Err(AuthFailure::Deactivated) => {
-                return Err(GatewayError::new(
-                    ErrorKind::KeyForbidden,
-                    "API key is deactivated",
-                ));
+                return Err(GatewayError::new(ErrorKind::KeyForbidden, "API key is deactivated"));
             }
             Err(AuthFailure::StoreUnavailable(e)) => {
                 log::warn!("{}: key store unavailable: {e}", cx.request_id);
@@ -114,10 +94,7 @@ impl Plugin for Auth {
                 ));
             }
             (KeyScope::Deployment | KeyScope::Terminal, Route::Usage) => {
-                return Err(GatewayError::new(
-                    ErrorKind::UsageScopeViolation,
-                    "Reading usage needs a workspace key.",
-                ));
+                return Err(GatewayError::new(ErrorKind::UsageScopeViolation, "Reading usage needs a workspace key."));
             }
             (KeyScope::Terminal, r) if r.is_inference() => {
                 return Err(GatewayError::new(

@@ -4,6 +4,7 @@
 //! the chain runs them by priority (higher first), which follows the spec's layers.
 
 pub mod auth;
+pub mod billing;
 pub mod chat;
 
 use std::sync::Arc;
@@ -11,14 +12,16 @@ use std::sync::Arc;
 use crate::config::{Config, ConfigErrors, ConfigProblem};
 use crate::identity::service::Identity;
 use crate::plugin::{Chain, Plugin};
+use crate::store::ledger::LedgerStore;
 
 /// Shared services plugins are built with (opened by the server before the chain).
 #[derive(Default, Clone)]
 pub struct Services {
     pub identity: Option<Arc<Identity>>,
+    pub ledger: Option<Arc<dyn LedgerStore>>,
 }
 
-const KNOWN: &str = "auth, chat_completions";
+const KNOWN: &str = "auth, billing, chat_completions";
 
 /// Build the chain named in `tollgate.yaml`.
 pub fn build(config: &Config, services: &Services) -> Result<Chain, ConfigErrors> {
@@ -36,22 +39,23 @@ pub fn build(config: &Config, services: &Services) -> Result<Chain, ConfigErrors
             "chat_completions" => plugins.push(Arc::new(chat::ChatCompletions)),
             "auth" => match (&services.identity, &config.gateway.identity) {
                 (Some(id), _) => plugins.push(Arc::new(auth::Auth::new(id.clone()))),
-                (None, None) => {
-                    problem("`auth` needs the `identity` section (store and key secrets)".into())
-                }
+                (None, None) => problem("`auth` needs the `identity` section (store and key secrets)".into()),
                 // `check-config` builds the chain without opening the stores.
                 (None, Some(_)) => {}
             },
-            other => problem(format!(
-                "`{other}` is not a plugin of this build (known: {KNOWN})"
-            )),
+            "billing" => match (&services.ledger, &config.gateway.identity) {
+                (Some(ledger), _) => plugins.push(Arc::new(billing::Billing::new(
+                    ledger.clone(),
+                    config.gateway.topup_url.clone(),
+                    i64::try_from(config.gateway.budgets.response.as_millis()).unwrap_or(i64::MAX),
+                ))),
+                (None, None) => problem("`billing` needs the `identity` section (its store holds the ledger)".into()),
+                (None, Some(_)) => {}
+            },
+            other => problem(format!("`{other}` is not a plugin of this build (known: {KNOWN})")),
         }
     }
-    if problems.is_empty() {
-        Ok(Chain::new(plugins))
-    } else {
-        Err(ConfigErrors(problems))
-    }
+    if problems.is_empty() { Ok(Chain::new(plugins)) } else { Err(ConfigErrors(problems)) }
 }
 
 #[cfg(test)]
@@ -63,7 +67,8 @@ mod tests {
         use crate::plugin::Plugin;
         let chat = super::chat::ChatCompletions;
         assert_eq!((chat.name(), chat.priority()), ("chat_completions", 200));
-        // auth runs before the dialects.
+        // auth runs before the dialects, billing after them (it prices their estimate).
         assert_eq!(super::auth::AUTH_PRIORITY, 500);
+        assert_eq!(super::billing::BILLING_PRIORITY, 100);
     }
 }

@@ -130,6 +130,11 @@ for p in $MOCK_PORT $NGINX_PORT $GW_PORT $ADMIN_PORT; do
     fi
 done
 
+LOAD1=$(cut -d' ' -f1 /proc/loadavg)
+if awk -v l="$LOAD1" 'BEGIN{exit !(l > 0.5)}'; then
+    log "WARNING: load average is $LOAD1 before starting: something else is using the CPUs, expect noisy figures"
+fi
+
 STAMP=$(date +%Y%m%dT%H%M%S)
 OUT=$TARGET_DIR/bench/load-$STAMP
 mkdir -p "$OUT"
@@ -303,6 +308,21 @@ cpu_ticks() {
     done
     echo "$total"
 }
+# cpu_ns PID... : CPU time the scheduler charged to every thread of the processes, in ns
+# (sum_exec_runtime from /proc/PID/task/*/schedstat). Exact, unlike the tick-sampled
+# utime+stime, but it forgets threads that exited (the three servers keep theirs).
+cpu_ns() {
+    local total=0 pid t v
+    for pid in "$@"; do
+        for t in /proc/"$pid"/task/*/schedstat; do
+            read -r v _ <"$t" 2>/dev/null || continue
+            total=$((total + v))
+        done
+    done
+    echo "$total"
+}
+HAVE_SCHEDSTAT=0
+if [[ -r /proc/self/schedstat ]]; then HAVE_SCHEDSTAT=1; fi
 nginx_pids() {
     echo "$NGINX_PID"
     ps -o pid= --ppid "$NGINX_PID" | tr -d ' '
@@ -320,7 +340,7 @@ field() { sed -n "s/.* $1=\([^ ]*\).*/\1/p" <<<"$2"; }
 
 RESULTS=()
 # run CASE TARGET CONNS DELAY_MS : one warm-up and one measured wrk run; appends
-# "case target rps p50_us p99_us proxy_us mock_us errors" to RESULTS.
+# "case target rps p50_us p99_us proxy_us mock_us errors requests proxy_sched_us" to RESULTS.
 run() {
     local case=$1 target=$2 conns=$3 delay=$4 port body tokens name
     port=$(port_of "$target")
@@ -333,13 +353,15 @@ run() {
     if [[ -n $TASKSET ]]; then wrk=("$TASKSET" -c "$BACKEND_CPU" "${wrk[@]}"); fi
     export BENCH_BODY_FILE=$body BENCH_TOKENS=$tokens BENCH_DELAY_MS=$delay
     if [[ $WARMUP -gt 0 ]]; then "${wrk[@]}" "-d${WARMUP}s" >/dev/null; fi
-    local p0 m0 p1 m1
+    local p0 m0 p1 m1 n0=0 n1=0
     p0=$(cpu_ticks "${pids[@]}")
     m0=$(cpu_ticks "$MOCK_PID")
+    if [[ $HAVE_SCHEDSTAT == 1 ]]; then n0=$(cpu_ns "${pids[@]}"); fi
     local pacing=""
     if [[ $delay -gt 0 ]]; then pacing=" (each waits ${delay} ms before a request)"; fi
     log "$name: wrk -t1 -c$conns for ${DURATION}s$pacing"
     "${wrk[@]}" "-d${DURATION}s" >"$OUT/wrk-$name.txt" 2>&1 || die "wrk failed: $(tail -5 "$OUT/wrk-$name.txt")"
+    if [[ $HAVE_SCHEDSTAT == 1 ]]; then n1=$(cpu_ns "${pids[@]}"); fi
     p1=$(cpu_ticks "${pids[@]}")
     m1=$(cpu_ticks "$MOCK_PID")
     alive mock "$MOCK_PID"
@@ -353,14 +375,17 @@ run() {
     [[ $req -gt 0 ]] || die "$name: no request completed"
     errs=$(($(field err_connect "$line") + $(field err_read "$line") + $(field err_write "$line") +
         $(field err_status "$line") + $(field err_timeout "$line")))
-    local proxy_us="-"
+    local proxy_us="-" proxy_sched_us="-"
     if [[ $target != direct ]]; then
         proxy_us=$(awk -v t=$((p1 - p0)) -v hz="$CLK_TCK" -v n="$req" 'BEGIN{printf "%.1f", t*1e6/hz/n}')
+        if [[ $HAVE_SCHEDSTAT == 1 ]]; then
+            proxy_sched_us=$(awk -v t=$((n1 - n0)) -v n="$req" 'BEGIN{printf "%.1f", t/1000/n}')
+        fi
     fi
     local mock_us rps
     mock_us=$(awk -v t=$((m1 - m0)) -v hz="$CLK_TCK" -v n="$req" 'BEGIN{printf "%.1f", t*1e6/hz/n}')
     rps=$(awk -v n="$req" -v d="$dur" 'BEGIN{printf "%.0f", n*1e6/d}')
-    RESULTS+=("$case $target $rps $(field p50_us "$line") $(field p99_us "$line") $proxy_us $mock_us $errs $req")
+    RESULTS+=("$case $target $rps $(field p50_us "$line") $(field p99_us "$line") $proxy_us $mock_us $errs $req $proxy_sched_us")
     if [[ $errs -gt 0 ]]; then log "WARNING: $name had $errs errors (see $OUT/wrk-$name.txt)"; fi
 }
 
@@ -391,12 +416,16 @@ report() {
     {
         c = $1; t = $2
         rps[c, t] = $3; p50[c, t] = $4; p99[c, t] = $5; cpu[c, t] = $6; mock[c, t] = $7
-        err[c, t] = $8; req[c, t] = $9
+        err[c, t] = $8; req[c, t] = $9; sched[c, t] = $10
         if (!(c in seen)) { seen[c] = 1; order[++n] = c }
     }
     END {
-        printf "%-16s %-8s %9s %9s %9s %9s %9s %14s %13s %7s\n", "case", "target", "req/s", "p50 ms",
-            "p99 ms", "+p50 ms", "+p99 ms", "proxy CPU us", "mock CPU us", "errors"
+        printf "%-14s %-7s %7s %8s %8s %8s %8s %10s %11s %9s %6s\n", "case", "target", "req/s", "p50 ms",
+            "p99 ms", "+p50 ms", "+p99 ms", "proxy CPU", "proxy CPU", "mock CPU", "errors"
+        printf "%-14s %-7s %7s %8s %8s %8s %8s %10s %11s %9s %6s\n", "", "", "", "", "", "", "",
+            "us/req", "us/req", "us/req", ""
+        printf "%-14s %-7s %7s %8s %8s %8s %8s %10s %11s %9s %6s\n", "", "", "", "", "", "", "",
+            "(stat)", "(schedstat)", "(stat)", ""
         for (i = 1; i <= n; i++) {
             c = order[i]
             split("direct nginx gateway", ts, " ")
@@ -405,22 +434,25 @@ report() {
                 if (!((c, t) in rps)) continue
                 a50 = (t == "direct") ? "-" : plus(p50[c, t] - p50[c, "direct"])
                 a99 = (t == "direct") ? "-" : plus(p99[c, t] - p99[c, "direct"])
-                printf "%-16s %-8s %9s %9s %9s %9s %9s %14s %13s %7s\n", c, t, rps[c, t], ms(p50[c, t]),
-                    ms(p99[c, t]), a50, a99, cpu[c, t], mock[c, t], err[c, t]
+                printf "%-14s %-7s %7s %8s %8s %8s %8s %10s %11s %9s %6s\n", c, t, rps[c, t], ms(p50[c, t]),
+                    ms(p99[c, t]), a50, a99, cpu[c, t], sched[c, t], mock[c, t], err[c, t]
             }
         }
         print ""
-        print "CPU columns: microseconds of CPU (user+system) per completed request; proxy = the"
-        print "gateway process, or nginx master+worker. +p50/+p99: minus the direct run of the case."
+        print "CPU: microseconds of CPU per completed request; proxy = the gateway process, or nginx"
+        print "master+worker. (stat) = utime+stime from /proc/PID/stat (clock ticks, sampled);"
+        print "(schedstat) = scheduler run time of all threads (ns, exact). +p50/+p99: minus the"
+        print "direct run of the same case."
         print ""
         for (i = 1; i <= n; i++) {
             c = order[i]
             if (!((c, "gateway") in cpu) || cpu[c, "nginx"] + 0 <= 0) continue
             r = cpu[c, "gateway"] / cpu[c, "nginx"]
+            rs = (sched[c, "nginx"] + 0 > 0) ? sprintf(", schedstat %.2fx", sched[c, "gateway"] / sched[c, "nginx"]) : ""
             target = (c ~ /@/) ? "" : "  (target < 2x: " (r < 2 ? "met" : "NOT met") ")"
             label = (c ~ /^sse/) ? c " (" frames " SSE frames)" : c
-            printf "gateway/nginx CPU per request, %s: %.2fx%s\n", label, r, target
-            if (c ~ /^sse/) printf "  per frame: gateway %.2f us, nginx %.2f us\n",
+            printf "gateway/nginx CPU per request, %s: stat %.2fx%s%s\n", label, r, rs, target
+            if (c ~ /^sse/) printf "  per frame (stat): gateway %.2f us, nginx %.2f us\n",
                 cpu[c, "gateway"] / frames, cpu[c, "nginx"] / frames
         }
         for (i = 1; i <= n; i++) {

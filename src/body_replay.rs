@@ -24,8 +24,8 @@ use pingora::protocols::http::v1::client::http_req_header_to_wire;
 use pingora::protocols::raw_connect::ProxyDigest;
 use pingora::protocols::tls::{SslDigest, TlsRef};
 use pingora::protocols::{
-    ALPN, GetProxyDigest, GetSocketDigest, GetTimingDigest, Peek, Shutdown, SocketDigest, Ssl,
-    Stream, TimingDigest, UniqueID, UniqueIDType,
+    ALPN, GetProxyDigest, GetSocketDigest, GetTimingDigest, Peek, Shutdown, SocketDigest, Ssl, Stream, TimingDigest,
+    UniqueID, UniqueIDType,
 };
 use pingora::proxy::Session;
 use pingora::{Error, ErrorType, Result};
@@ -42,11 +42,7 @@ pub struct PrefixedStream {
 }
 
 impl AsyncRead for PrefixedStream {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         if self.prefix.is_empty() {
             return Pin::new(&mut self.inner).poll_read(cx, buf);
         }
@@ -58,11 +54,7 @@ impl AsyncRead for PrefixedStream {
 }
 
 impl AsyncWrite for PrefixedStream {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        b: &[u8],
-    ) -> Poll<io::Result<usize>> {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, b: &[u8]) -> Poll<io::Result<usize>> {
         Pin::new(&mut self.inner).poll_write(cx, b)
     }
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -137,49 +129,36 @@ impl Peek for PrefixedStream {
 /// Replace the downstream session with one whose request body is `body`.
 /// `keepalive` is the keepalive setting read before any `100 Continue` was written (writing
 /// it turns keepalive off on the old session).
-pub async fn replace_request_body(
-    session: &mut Session,
-    body: Bytes,
-    keepalive: Option<u64>,
-) -> Result<()> {
+pub async fn replace_request_body(session: &mut Session, body: Bytes, keepalive: Option<u64>) -> Result<()> {
     let mut hdr = session.req_header().clone();
     for h in ["content-length", "transfer-encoding", "expect"] {
         hdr.remove_header(h);
     }
     hdr.insert_header("content-length", body.len().to_string())?;
-    let mut wire = http_req_header_to_wire(&hdr).ok_or_else(|| {
-        Error::explain(ErrorType::InternalError, "cannot serialize request header")
-    })?;
+    let mut wire = http_req_header_to_wire(&hdr)
+        .ok_or_else(|| Error::explain(ErrorType::InternalError, "cannot serialize request header"))?;
     wire.extend_from_slice(&body);
     drop(body);
     let reuses = session.get_keepalive_reuses_remaining();
-    let placeholder = Box::new(ServerSession::new_http1(Box::new(std::io::Cursor::new(
-        Vec::<u8>::new(),
-    ))));
+    let placeholder = Box::new(ServerSession::new_http1(Box::new(std::io::Cursor::new(Vec::<u8>::new()))));
     let mut old = std::mem::replace(&mut session.downstream_session, placeholder);
     if !matches!(*old, ServerSession::H1(_)) {
         session.downstream_session = old;
-        return Error::e_explain(
-            ErrorType::InternalError,
-            "body rewrite needs an HTTP/1 client connection",
-        );
+        return Error::e_explain(ErrorType::InternalError, "body rewrite needs an HTTP/1 client connection");
     }
     // Finish the old session as if it were kept alive, so that bytes the client pipelined
     // after its body (read together with the body's end) come back instead of being lost.
     old.set_keepalive(Some(60));
     old.set_keepalive_reuses_remaining(None);
     old.set_pipelining_enabled(true);
-    let reusable = old.finish().await?.ok_or_else(|| {
-        Error::explain(ErrorType::InternalError, "client connection not reusable")
-    })?;
+    let reusable = old
+        .finish()
+        .await?
+        .ok_or_else(|| Error::explain(ErrorType::InternalError, "client connection not reusable"))?;
     let (mut raw, pipelined) = reusable.into_parts();
     // On a kept-alive connection the previous request's wrapper is exhausted: unwrap it so
     // wrappers do not nest request after request.
-    if raw
-        .as_any()
-        .downcast_ref::<PrefixedStream>()
-        .is_some_and(|p| p.prefix.is_empty())
-    {
+    if raw.as_any().downcast_ref::<PrefixedStream>().is_some_and(|p| p.prefix.is_empty()) {
         match raw.into_any().downcast::<PrefixedStream>() {
             Ok(p) => raw = p.inner,
             Err(_) => return Error::e_explain(ErrorType::InternalError, "stream unwrap failed"),
@@ -188,10 +167,7 @@ pub async fn replace_request_body(
     if let Some(next) = pipelined {
         wire.extend_from_slice(&next);
     }
-    let mut fresh = ServerSession::new_http1(Box::new(PrefixedStream {
-        prefix: wire.freeze(),
-        inner: raw,
-    }));
+    let mut fresh = ServerSession::new_http1(Box::new(PrefixedStream { prefix: wire.freeze(), inner: raw }));
     fresh.read_request().await?;
     fresh.set_keepalive(keepalive);
     fresh.set_keepalive_reuses_remaining(reuses);

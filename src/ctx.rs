@@ -66,6 +66,10 @@ pub struct RequestCtx {
     pub include_usage: bool,
     /// Prompt tokens as estimated before generation (used when no usage report arrives).
     pub prompt_estimate: u64,
+    /// Output tokens the request may generate (`max_tokens` after clamping), when given.
+    pub output_ceiling: Option<u64>,
+    /// Plugin state by type (a plugin's own struct; the core never looks inside).
+    pub ext: http::Extensions,
     /// The replica slot held for this request; released on drop.
     pub slot: Option<Slot>,
     /// Replica indexes already tried.
@@ -104,6 +108,8 @@ impl RequestCtx {
             stream: false,
             include_usage: false,
             prompt_estimate: 0,
+            output_ceiling: None,
+            ext: http::Extensions::new(),
             slot: None,
             tried: Vec::new(),
             response_headers: Vec::new(),

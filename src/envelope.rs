@@ -43,10 +43,7 @@ fn chat_body(err: &GatewayError, request_id: &str) -> Value {
     let mut inner = Map::with_capacity(4 + err.extra.len());
     inner.insert("message".into(), Value::String(err.message.clone()));
     inner.insert("type".into(), Value::String(etype.into()));
-    inner.insert(
-        "param".into(),
-        err.param.clone().map(Value::String).unwrap_or(Value::Null),
-    );
+    inner.insert("param".into(), err.param.clone().map(Value::String).unwrap_or(Value::Null));
     inner.insert("code".into(), Value::String(code.into()));
     for (k, v) in &err.extra {
         inner.insert(k.clone(), v.clone());
@@ -72,11 +69,7 @@ pub fn render(err: &GatewayError, envelope: Envelope, request_id: &str) -> Rende
     if let Some(secs) = err.retry_after_seconds() {
         headers.push(("retry-after", secs.to_string()));
     }
-    RenderedError {
-        status: err.status(),
-        headers,
-        body: Bytes::from(body.to_string()),
-    }
+    RenderedError { status: err.status(), headers, body: Bytes::from(body.to_string()) }
 }
 
 /// The frame that ends a stream already opened with 200: the standard envelope as one
@@ -84,10 +77,7 @@ pub fn render(err: &GatewayError, envelope: Envelope, request_id: &str) -> Rende
 pub fn sse_error_frame(err: &GatewayError, envelope: Envelope, request_id: &str) -> Bytes {
     match envelope {
         Envelope::Chat => Bytes::from(format!("data: {}\n\n", chat_body(err, request_id))),
-        Envelope::Messages => Bytes::from(format!(
-            "event: error\ndata: {}\n\n",
-            messages_body(err, request_id)
-        )),
+        Envelope::Messages => Bytes::from(format!("event: error\ndata: {}\n\n", messages_body(err, request_id))),
     }
 }
 

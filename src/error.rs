@@ -133,9 +133,7 @@ impl ErrorKind {
             RateLimitExceeded => (429, RATE, "rate_limit_exceeded"),
             HostedPerKeyConcurrencyLimit => (429, RATE, "hosted_per_key_concurrency_limit"),
             HostedWorkspaceConcurrencyLimit => (429, RATE, "hosted_workspace_concurrency_limit"),
-            HostedSharedModelConcurrencyLimit => {
-                (429, RATE, "hosted_shared_model_concurrency_limit")
-            }
+            HostedSharedModelConcurrencyLimit => (429, RATE, "hosted_shared_model_concurrency_limit"),
             HostedPlanConcurrencyLimit => (429, RATE, "hosted_plan_concurrency_limit"),
             HostedStandbyWorkspaceLimit => (429, RATE, "hosted_standby_workspace_limit"),
             HostedStandbyAggregateLimit => (429, RATE, "hosted_standby_aggregate_limit"),
@@ -181,13 +179,10 @@ impl ErrorKind {
         match self {
             IdempotencyConflict => RetryRule::Fixed(1),
             InternalError | CreditReservationFailed => RetryRule::Fixed(1),
-            LimiterUnavailable
-            | HostedAdmissionUnavailable
-            | HostedEvidenceUnavailable
-            | DatastoreUnavailable => RetryRule::Randomized,
-            IdempotencyUnavailable | BillingSettlementError | PricingUnavailable => {
-                RetryRule::Fixed(2)
+            LimiterUnavailable | HostedAdmissionUnavailable | HostedEvidenceUnavailable | DatastoreUnavailable => {
+                RetryRule::Randomized
             }
+            IdempotencyUnavailable | BillingSettlementError | PricingUnavailable => RetryRule::Fixed(2),
             UpstreamUnreachable => RetryRule::Fixed(2),
             HostedModelPaused | UpstreamHttpUnavailable | UpstreamHttpError => RetryRule::Caller,
             RateLimitExceeded
@@ -275,11 +270,7 @@ impl GatewayError {
     }
 
     pub fn missing_field(param: &str) -> Self {
-        Self::new(
-            ErrorKind::MissingRequiredField,
-            format!("Missing required field `{param}`."),
-        )
-        .with_param(param)
+        Self::new(ErrorKind::MissingRequiredField, format!("Missing required field `{param}`.")).with_param(param)
     }
 
     pub fn internal(message: impl Into<String>) -> Self {
@@ -289,13 +280,7 @@ impl GatewayError {
 
 impl std::fmt::Display for GatewayError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{} ({}): {}",
-            self.kind.code(),
-            self.status(),
-            self.message
-        )
+        write!(f, "{} ({}): {}", self.kind.code(), self.status(), self.message)
     }
 }
 
@@ -322,27 +307,16 @@ mod tests {
         ] {
             assert_eq!(kind.spec().1, "invalid_request_error", "{kind:?}");
         }
-        assert_eq!(
-            ErrorKind::LegacyKey.spec(),
-            (400, "authentication_error", "auth_error")
-        );
-        assert_eq!(
-            ErrorKind::KeyForbidden.spec(),
-            (403, "authentication_error", "auth_error")
-        );
+        assert_eq!(ErrorKind::LegacyKey.spec(), (400, "authentication_error", "auth_error"));
+        assert_eq!(ErrorKind::KeyForbidden.spec(), (403, "authentication_error", "auth_error"));
         assert_eq!(ErrorKind::UpstreamRefused.spec().2, "upstream_error");
-        assert_eq!(
-            ErrorKind::UpstreamUnreachable.spec(),
-            (503, "api_error", "upstream_error")
-        );
+        assert_eq!(ErrorKind::UpstreamUnreachable.spec(), (503, "api_error", "upstream_error"));
     }
 
     #[test]
     fn randomized_retry_after_stays_between_one_and_four() {
         for _ in 0..200 {
-            let s = GatewayError::new(ErrorKind::DatastoreUnavailable, "x")
-                .retry_after_seconds()
-                .unwrap_or(0);
+            let s = GatewayError::new(ErrorKind::DatastoreUnavailable, "x").retry_after_seconds().unwrap_or(0);
             assert!((1..=4).contains(&s), "{s}");
         }
     }
@@ -359,11 +333,7 @@ mod tests {
             ErrorKind::ResponseTimeout,
             ErrorKind::HostedInferenceUnavailable,
         ] {
-            assert_eq!(
-                GatewayError::new(kind, "m").retry_after_seconds(),
-                None,
-                "{kind:?}"
-            );
+            assert_eq!(GatewayError::new(kind, "m").retry_after_seconds(), None, "{kind:?}");
         }
     }
 }

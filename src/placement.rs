@@ -36,14 +36,9 @@ pub enum NoSlot {
 fn try_reserve(index: usize, replica: &Arc<Replica>) -> Option<Slot> {
     replica
         .in_flight
-        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-            (n < replica.max_concurrency).then_some(n + 1)
-        })
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < replica.max_concurrency).then_some(n + 1))
         .ok()
-        .map(|_| Slot {
-            index,
-            replica: replica.clone(),
-        })
+        .map(|_| Slot { index, replica: replica.clone() })
 }
 
 /// Reserve a slot on the least-loaded replica not in `tried`, offering the request to at
@@ -60,8 +55,7 @@ pub fn place(pool: &Pool, tried: &[usize]) -> Result<Slot, NoSlot> {
         .filter(|(i, _)| !tried.contains(i))
         .map(|(i, r)| {
             // Load as a fraction of the replica's own concurrency, scaled to integers.
-            let load = u64::from(r.in_flight.load(Ordering::Acquire)) * 1_000_000
-                / u64::from(r.max_concurrency.max(1));
+            let load = u64::from(r.in_flight.load(Ordering::Acquire)) * 1_000_000 / u64::from(r.max_concurrency.max(1));
             (load, i)
         })
         .collect();
@@ -69,19 +63,12 @@ pub fn place(pool: &Pool, tried: &[usize]) -> Result<Slot, NoSlot> {
         return Err(NoSlot::Exhausted);
     }
     candidates.sort_unstable();
-    candidates
-        .iter()
-        .take(budget)
-        .find_map(|&(_, i)| try_reserve(i, &pool.replicas[i]))
-        .ok_or(NoSlot::AtCapacity)
+    candidates.iter().take(budget).find_map(|&(_, i)| try_reserve(i, &pool.replicas[i])).ok_or(NoSlot::AtCapacity)
 }
 
 /// Requests in flight across the pool (this instance's view).
 pub fn pool_in_flight(pool: &Pool) -> u32 {
-    pool.replicas
-        .iter()
-        .map(|r| r.in_flight.load(Ordering::Acquire))
-        .sum()
+    pool.replicas.iter().map(|r| r.in_flight.load(Ordering::Acquire)).sum()
 }
 
 #[cfg(test)]
@@ -117,9 +104,7 @@ mod tests {
         let p = pool(&[2, 2]);
         let a = place(&p, &[]).ok();
         let b = place(&p, &[]).ok();
-        let (Some(a), Some(b)) = (a, b) else {
-            panic!("two slots expected")
-        };
+        let (Some(a), Some(b)) = (a, b) else { panic!("two slots expected") };
         assert_ne!(a.index, b.index, "second request goes to the idle replica");
         assert_eq!(pool_in_flight(&p), 2);
         drop(a);

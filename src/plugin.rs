@@ -31,30 +31,18 @@ pub trait Plugin: Send + Sync {
     fn priority(&self) -> i16;
 
     /// After the route is known, before any body is read (gate, authentication, limits).
-    async fn on_request_headers(
-        &self,
-        _session: &mut Session,
-        _cx: &mut RequestCtx,
-    ) -> Result<Flow, GatewayError> {
+    async fn on_request_headers(&self, _session: &mut Session, _cx: &mut RequestCtx) -> Result<Flow, GatewayError> {
         Ok(Flow::Continue)
     }
 
     /// After the body is read and the model resolved, before placement. A dialect plugin
     /// validates here and sets `cx.upstream_body`.
-    async fn on_request(
-        &self,
-        _session: &mut Session,
-        _cx: &mut RequestCtx,
-    ) -> Result<Flow, GatewayError> {
+    async fn on_request(&self, _session: &mut Session, _cx: &mut RequestCtx) -> Result<Flow, GatewayError> {
         Ok(Flow::Continue)
     }
 
     /// A final 2xx response header from the replica, before it goes to the client.
-    fn on_response_header(
-        &self,
-        _resp: &mut ResponseHeader,
-        _cx: &mut RequestCtx,
-    ) -> Result<(), GatewayError> {
+    fn on_response_header(&self, _resp: &mut ResponseHeader, _cx: &mut RequestCtx) -> Result<(), GatewayError> {
         Ok(())
     }
 
@@ -86,17 +74,10 @@ impl Chain {
     }
 
     pub fn names(&self) -> Vec<(&'static str, i16)> {
-        self.plugins
-            .iter()
-            .map(|p| (p.name(), p.priority()))
-            .collect()
+        self.plugins.iter().map(|p| (p.name(), p.priority())).collect()
     }
 
-    pub async fn on_request_headers(
-        &self,
-        s: &mut Session,
-        cx: &mut RequestCtx,
-    ) -> Result<Flow, GatewayError> {
+    pub async fn on_request_headers(&self, s: &mut Session, cx: &mut RequestCtx) -> Result<Flow, GatewayError> {
         for p in &self.plugins {
             if p.on_request_headers(s, cx).await? == Flow::Handled {
                 return Ok(Flow::Handled);
@@ -105,11 +86,7 @@ impl Chain {
         Ok(Flow::Continue)
     }
 
-    pub async fn on_request(
-        &self,
-        s: &mut Session,
-        cx: &mut RequestCtx,
-    ) -> Result<Flow, GatewayError> {
+    pub async fn on_request(&self, s: &mut Session, cx: &mut RequestCtx) -> Result<Flow, GatewayError> {
         for p in &self.plugins {
             if p.on_request(s, cx).await? == Flow::Handled {
                 return Ok(Flow::Handled);
@@ -118,14 +95,8 @@ impl Chain {
         Ok(Flow::Continue)
     }
 
-    pub fn on_response_header(
-        &self,
-        resp: &mut ResponseHeader,
-        cx: &mut RequestCtx,
-    ) -> Result<(), GatewayError> {
-        self.plugins
-            .iter()
-            .try_for_each(|p| p.on_response_header(resp, cx))
+    pub fn on_response_header(&self, resp: &mut ResponseHeader, cx: &mut RequestCtx) -> Result<(), GatewayError> {
+        self.plugins.iter().try_for_each(|p| p.on_response_header(resp, cx))
     }
 
     pub fn on_response_chunk(
@@ -134,9 +105,7 @@ impl Chain {
         eos: bool,
         cx: &mut RequestCtx,
     ) -> Result<(), GatewayError> {
-        self.plugins
-            .iter()
-            .try_for_each(|p| p.on_response_chunk(body, eos, cx))
+        self.plugins.iter().try_for_each(|p| p.on_response_chunk(body, eos, cx))
     }
 
     pub async fn on_log(&self, cx: &mut RequestCtx) {

@@ -34,8 +34,7 @@ impl Gateway {
     }
 
     async fn handle(&self, s: &mut Session, cx: &mut RequestCtx) -> Result<Flow, GatewayError> {
-        s.downstream_session
-            .set_write_timeout(Some(crate::body_replay::DOWNSTREAM_WRITE_TIMEOUT));
+        s.downstream_session.set_write_timeout(Some(crate::body_replay::DOWNSTREAM_WRITE_TIMEOUT));
         let route = request::route(s, cx)?;
         request::client_request_id(s, cx)?;
         if self.chain.on_request_headers(s, cx).await? == Flow::Handled {
@@ -53,7 +52,7 @@ impl Gateway {
             Route::Credits | Route::Usage => {
                 return Err(GatewayError::new(
                     ErrorKind::DatastoreUnavailable,
-                    "No ledger is configured on this gateway, so credits and usage cannot be read.",
+                    "This gateway has no store configured for this read.",
                 ));
             }
             _ => {}
@@ -71,9 +70,7 @@ impl Gateway {
         };
         crate::body_replay::replace_request_body(s, body, keepalive)
             .await
-            .map_err(|e| {
-                GatewayError::internal(format!("could not forward the request body: {e}"))
-            })?;
+            .map_err(|e| GatewayError::internal(format!("could not forward the request body: {e}")))?;
         Ok(Flow::Continue)
     }
 
@@ -88,21 +85,15 @@ impl Gateway {
             return timeout_error(what);
         }
         match (e.etype(), e.esource()) {
-            (
-                ConnectTimedout | ConnectRefused | ConnectNoRoute | ConnectError
-                | ConnectProxyFailure,
-                _,
-            ) => GatewayError::new(
-                ErrorKind::UpstreamUnreachable,
-                "The model server could not be reached.",
-            ),
+            (ConnectTimedout | ConnectRefused | ConnectNoRoute | ConnectError | ConnectProxyFailure, _) => {
+                GatewayError::new(ErrorKind::UpstreamUnreachable, "The model server could not be reached.")
+            }
             (ReadTimedout | WriteTimedout, ErrorSource::Upstream) => {
                 timeout_error("The model server did not answer within the response budget.")
             }
-            (_, ErrorSource::Upstream) => GatewayError::new(
-                ErrorKind::UpstreamFailed,
-                "The model server failed after the request was admitted.",
-            ),
+            (_, ErrorSource::Upstream) => {
+                GatewayError::new(ErrorKind::UpstreamFailed, "The model server failed after the request was admitted.")
+            }
             _ => GatewayError::internal("The gateway failed unexpectedly."),
         }
     }
@@ -116,8 +107,7 @@ fn timeout_error(what: &str) -> GatewayError {
 }
 
 fn header_sent(s: &Session) -> bool {
-    s.response_written()
-        .is_some_and(|r| !r.status.is_informational())
+    s.response_written().is_some_and(|r| !r.status.is_informational())
 }
 
 #[async_trait]
@@ -171,10 +161,8 @@ impl ProxyHttp for Gateway {
                 return e;
             }
         }
-        cx.failure = Some(GatewayError::new(
-            ErrorKind::UpstreamUnreachable,
-            "No replica of the model could be reached.",
-        ));
+        cx.failure =
+            Some(GatewayError::new(ErrorKind::UpstreamUnreachable, "No replica of the model could be reached."));
         e
     }
 
@@ -192,9 +180,7 @@ impl ProxyHttp for Gateway {
         }
         let budgets = &self.config.gateway.budgets;
         let start = tokio::time::Instant::from_std(cx.started);
-        let first = cx
-            .stream
-            .then(|| (start + budgets.first_token, cx.first_token_seen.clone()));
+        let first = cx.stream.then(|| (start + budgets.first_token, cx.first_token_seen.clone()));
         cx.watchdog = Watchdog::arm(fd, start + budgets.response, first);
         Ok(())
     }
@@ -205,13 +191,7 @@ impl ProxyHttp for Gateway {
         req: &mut pingora::http::RequestHeader,
         cx: &mut RequestCtx,
     ) -> Result<()> {
-        for h in [
-            "accept-encoding",
-            "authorization",
-            "x-api-key",
-            "expect",
-            "cookie",
-        ] {
+        for h in ["accept-encoding", "authorization", "x-api-key", "expect", "cookie"] {
             req.remove_header(h);
         }
         if let Some(slot) = &cx.slot {
@@ -240,10 +220,8 @@ impl ProxyHttp for Gateway {
                 .get("retry-after")
                 .and_then(|v| v.to_str().ok())
                 .and_then(|v| v.trim().parse::<u64>().ok());
-            let mut err = GatewayError::new(
-                ErrorKind::UpstreamHttpError,
-                format!("The model server answered HTTP {status}."),
-            );
+            let mut err =
+                GatewayError::new(ErrorKind::UpstreamHttpError, format!("The model server answered HTTP {status}."));
             if let Some(r) = retry {
                 err = err.with_retry_after(r);
             }
@@ -264,12 +242,7 @@ impl ProxyHttp for Gateway {
         })
     }
 
-    async fn response_filter(
-        &self,
-        _s: &mut Session,
-        resp: &mut ResponseHeader,
-        cx: &mut RequestCtx,
-    ) -> Result<()> {
+    async fn response_filter(&self, _s: &mut Session, resp: &mut ResponseHeader, cx: &mut RequestCtx) -> Result<()> {
         if resp.status.is_informational() {
             return Ok(());
         }
@@ -305,23 +278,15 @@ impl ProxyHttp for Gateway {
 
     fn suppress_error_log(&self, _s: &Session, cx: &RequestCtx, e: &Error) -> bool {
         // Expected outcomes are logged once, as an access line, in `logging`.
-        cx.failure.is_some()
-            || (*e.etype() == ErrorType::ConnectionClosed
-                && e.esource() == &ErrorSource::Downstream)
+        cx.failure.is_some() || (*e.etype() == ErrorType::ConnectionClosed && e.esource() == &ErrorSource::Downstream)
     }
 
     async fn fail_to_proxy(&self, s: &mut Session, e: &Error, cx: &mut RequestCtx) -> FailToProxy {
         if e.esource() == &ErrorSource::Downstream
-            && matches!(
-                e.etype(),
-                ErrorType::ConnectionClosed | ErrorType::ReadError | ErrorType::WriteError
-            )
+            && matches!(e.etype(), ErrorType::ConnectionClosed | ErrorType::ReadError | ErrorType::WriteError)
         {
             cx.client_gone = true;
-            return FailToProxy {
-                error_code: 0,
-                can_reuse_downstream: false,
-            };
+            return FailToProxy { error_code: 0, can_reuse_downstream: false };
         }
         let err = match cx.failure.take() {
             Some(err) => err,
@@ -330,9 +295,9 @@ impl ProxyHttp for Gateway {
         let code = if header_sent(s) {
             if cx.response.streaming {
                 let frame_err = match err.kind {
-                    ErrorKind::UpstreamFailed
-                    | ErrorKind::ResponseTimeout
-                    | ErrorKind::UpstreamHttpError => err.clone(),
+                    ErrorKind::UpstreamFailed | ErrorKind::ResponseTimeout | ErrorKind::UpstreamHttpError => {
+                        err.clone()
+                    }
                     _ => GatewayError::new(ErrorKind::UpstreamStreamError, err.message.clone()),
                 };
                 let frame = envelope::sse_error_frame(&frame_err, cx.envelope, &cx.request_id);
@@ -351,10 +316,7 @@ impl ProxyHttp for Gateway {
             status
         };
         cx.failure = Some(err);
-        FailToProxy {
-            error_code: code,
-            can_reuse_downstream: false,
-        }
+        FailToProxy { error_code: code, can_reuse_downstream: false }
     }
 
     async fn logging(&self, s: &mut Session, e: Option<&Error>, cx: &mut RequestCtx) {

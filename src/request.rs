@@ -24,10 +24,7 @@ pub fn route(s: &Session, cx: &mut RequestCtx) -> Result<Route, GatewayError> {
             cx.envelope = r.envelope();
             Err(GatewayError::new(
                 ErrorKind::MethodNotAllowed,
-                format!(
-                    "Method {} is not allowed on this endpoint; use {allow}.",
-                    req.method
-                ),
+                format!("Method {} is not allowed on this endpoint; use {allow}.", req.method),
             )
             .with_header("allow", allow))
         }
@@ -87,10 +84,7 @@ pub fn client_request_id(s: &Session, cx: &mut RequestCtx) -> Result<(), Gateway
 }
 
 fn too_large(limit: u64) -> GatewayError {
-    GatewayError::new(
-        ErrorKind::PayloadTooLarge,
-        format!("The request body is larger than {limit} bytes."),
-    )
+    GatewayError::new(ErrorKind::PayloadTooLarge, format!("The request body is larger than {limit} bytes."))
 }
 
 /// Read the whole body under the size limit and parse it as a JSON object.
@@ -106,11 +100,8 @@ pub async fn read_json_body(s: &mut Session, cx: &mut RequestCtx) -> Result<Byte
     if declared.is_some_and(|n| n > limit) {
         return Err(too_large(limit));
     }
-    let expects_continue = s
-        .req_header()
-        .headers
-        .get("expect")
-        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+    let expects_continue =
+        s.req_header().headers.get("expect").is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
     if expects_continue {
         s.write_continue_response()
             .await
@@ -137,17 +128,10 @@ pub async fn read_json_body(s: &mut Session, cx: &mut RequestCtx) -> Result<Byte
     }
     cx.body_read = true;
     let raw = buf.freeze();
-    let value: Value = serde_json::from_slice(&raw).map_err(|e| {
-        GatewayError::new(
-            ErrorKind::InvalidJson,
-            format!("The request body is not valid JSON: {e}."),
-        )
-    })?;
+    let value: Value = serde_json::from_slice(&raw)
+        .map_err(|e| GatewayError::new(ErrorKind::InvalidJson, format!("The request body is not valid JSON: {e}.")))?;
     if !value.is_object() {
-        return Err(GatewayError::new(
-            ErrorKind::InvalidJson,
-            "The request body must be a JSON object.",
-        ));
+        return Err(GatewayError::new(ErrorKind::InvalidJson, "The request body must be a JSON object."));
     }
     cx.body = Some(value);
     Ok(raw)
@@ -155,28 +139,19 @@ pub async fn read_json_body(s: &mut Session, cx: &mut RequestCtx) -> Result<Byte
 
 /// Resolve `model` in the catalog: known, not paused, supporting this route, with a pool.
 pub fn resolve_model(cx: &mut RequestCtx, route: Route) -> Result<(), GatewayError> {
-    let body = cx
-        .body
-        .as_ref()
-        .ok_or_else(|| GatewayError::internal("body not read"))?;
+    let body = cx.body.as_ref().ok_or_else(|| GatewayError::internal("body not read"))?;
     let name = match body.get("model") {
         None | Some(Value::Null) => return Err(GatewayError::missing_field("model")),
         Some(Value::String(s)) => s.as_str(),
         Some(_) => {
-            return Err(GatewayError::invalid_request(
-                "model",
-                "`model` must be a string.",
-            ));
+            return Err(GatewayError::invalid_request("model", "`model` must be a string."));
         }
     };
     let config = cx.config.clone();
     let model = config.catalog.get(name).ok_or_else(|| {
         GatewayError::new(
             ErrorKind::ModelNotFound,
-            format!(
-                "The model `{}` does not exist. Use an id from GET /v1/models.",
-                truncate(name, 200)
-            ),
+            format!("The model `{}` does not exist. Use an id from GET /v1/models.", truncate(name, 200)),
         )
         .with_param("model")
     })?;
@@ -193,10 +168,7 @@ pub fn resolve_model(cx: &mut RequestCtx, route: Route) -> Result<(), GatewayErr
     let pool = config.pools.get(&model.id).ok_or_else(|| {
         GatewayError::new(
             ErrorKind::HostedInferenceUnavailable,
-            format!(
-                "The model `{}` has no replicas serving it on this gateway.",
-                model.id
-            ),
+            format!("The model `{}` has no replicas serving it on this gateway.", model.id),
         )
     })?;
     cx.model = Some(model.clone());
@@ -219,10 +191,7 @@ pub fn paused(id: &str, until: Timestamp) -> GatewayError {
 
 /// Reserve a replica slot (`429 hosted_model_at_capacity` when the replicas tried are full).
 pub fn place(cx: &mut RequestCtx) -> Result<(), GatewayError> {
-    let pool = cx
-        .pool
-        .clone()
-        .ok_or_else(|| GatewayError::internal("no pool resolved"))?;
+    let pool = cx.pool.clone().ok_or_else(|| GatewayError::internal("no pool resolved"))?;
     match placement::place(&pool, &cx.tried) {
         Ok(slot) => {
             cx.slot = Some(slot);
@@ -260,10 +229,8 @@ pub fn refusal_from_upstream(body: &[u8]) -> GatewayError {
         .and_then(Value::as_str)
         .map(|m| truncate(m, 500).to_string())
         .unwrap_or_else(|| "no detail given".to_string());
-    let mut err = GatewayError::new(
-        ErrorKind::UpstreamRefused,
-        format!("The model server refused the request: {message}"),
-    );
+    let mut err =
+        GatewayError::new(ErrorKind::UpstreamRefused, format!("The model server refused the request: {message}"));
     if let Some(p) = inner.get("param").and_then(Value::as_str) {
         err = err.with_param(truncate(p, 200));
     }
@@ -312,7 +279,9 @@ mod tests {
 
     #[test]
     fn upstream_refusal_keeps_message_and_param() {
-        let e = refusal_from_upstream(br#"{"object":"error","message":"bad temp","type":"BadRequestError","param":"temperature","code":400}"#);
+        let e = refusal_from_upstream(
+            br#"{"object":"error","message":"bad temp","type":"BadRequestError","param":"temperature","code":400}"#,
+        );
         assert_eq!(e.kind, ErrorKind::UpstreamRefused);
         assert_eq!(e.param.as_deref(), Some("temperature"));
         assert!(e.message.contains("bad temp"));

@@ -53,11 +53,7 @@ pub async fn json(
 }
 
 /// Write `err` in the route's envelope.
-pub async fn error(
-    s: &mut Session,
-    cx: &mut RequestCtx,
-    err: &GatewayError,
-) -> pingora::Result<()> {
+pub async fn error(s: &mut Session, cx: &mut RequestCtx, err: &GatewayError) -> pingora::Result<()> {
     let r = envelope::render(err, cx.envelope, &cx.request_id);
     if cx.failure.is_none() {
         cx.failure = Some(err.clone());
@@ -71,17 +67,9 @@ fn to_bytes(v: &Value) -> Bytes {
 
 /// `GET /v1/models`: every public model, available or paused.
 pub async fn models_list(s: &mut Session, cx: &mut RequestCtx) -> Result<(), GatewayError> {
-    let data: Vec<Value> = cx
-        .config
-        .catalog
-        .models
-        .iter()
-        .map(|m| m.to_json())
-        .collect();
+    let data: Vec<Value> = cx.config.catalog.models.iter().map(|m| m.to_json()).collect();
     let body = to_bytes(&json!({ "object": "list", "data": data }));
-    json(s, cx, 200, body, &[])
-        .await
-        .map_err(|e| GatewayError::internal(format!("write failed: {e}")))
+    json(s, cx, 200, body, &[]).await.map_err(|e| GatewayError::internal(format!("write failed: {e}")))
 }
 
 /// `GET /v1/models/{model}`.
@@ -91,15 +79,10 @@ pub async fn model_get(s: &mut Session, cx: &mut RequestCtx) -> Result<(), Gatew
     let model = cx.config.catalog.get(id).cloned().ok_or_else(|| {
         GatewayError::new(
             ErrorKind::ModelNotFound,
-            format!(
-                "The model `{}` does not exist. Use an id from GET /v1/models.",
-                crate::request::truncate(id, 200)
-            ),
+            format!("The model `{}` does not exist. Use an id from GET /v1/models.", crate::request::truncate(id, 200)),
         )
         .with_param("model")
     })?;
     let body = to_bytes(&model.to_json());
-    json(s, cx, 200, body, &[])
-        .await
-        .map_err(|e| GatewayError::internal(format!("write failed: {e}")))
+    json(s, cx, 200, body, &[]).await.map_err(|e| GatewayError::internal(format!("write failed: {e}")))
 }

@@ -44,11 +44,8 @@ const POST_PATHS: &[(&str, Route)] = &[
     ("/v1/images/generations", Route::ImageGenerations),
 ];
 
-const GET_PATHS: &[(&str, Route)] = &[
-    ("/v1/models", Route::ListModels),
-    ("/v1/credits", Route::Credits),
-    ("/v1/usage", Route::Usage),
-];
+const GET_PATHS: &[(&str, Route)] =
+    &[("/v1/models", Route::ListModels), ("/v1/credits", Route::Credits), ("/v1/usage", Route::Usage)];
 
 impl Route {
     pub fn method(self) -> &'static str {
@@ -88,10 +85,7 @@ impl Route {
     /// Routes whose bodies the gateway reads and rewrites (the rest are forwarded unchanged
     /// apart from the upstream model name).
     pub fn is_generation(self) -> bool {
-        matches!(
-            self,
-            Route::ChatCompletions | Route::Responses | Route::Messages | Route::CountTokens
-        )
+        matches!(self, Route::ChatCompletions | Route::Responses | Route::Messages | Route::CountTokens)
     }
 }
 
@@ -137,14 +131,8 @@ mod tests {
         for (p, r) in POST_PATHS.iter().chain(GET_PATHS) {
             assert_eq!(classify(r.method(), p), RouteMatch::Found(*r), "{p}");
         }
-        assert_eq!(
-            classify("GET", "/v1/models/org/model-7b"),
-            RouteMatch::Found(Route::GetModel)
-        );
-        assert_eq!(
-            model_id_from_path("/v1/models/org/model-7b"),
-            Some("org/model-7b")
-        );
+        assert_eq!(classify("GET", "/v1/models/org/model-7b"), RouteMatch::Found(Route::GetModel));
+        assert_eq!(model_id_from_path("/v1/models/org/model-7b"), Some("org/model-7b"));
     }
 
     #[test]
@@ -160,29 +148,17 @@ mod tests {
         ] {
             assert!(matches!(classify("POST", p), RouteMatch::Unknown(_)), "{p}");
         }
-        assert_eq!(
-            classify("POST", "/v1/v1/messages"),
-            RouteMatch::Unknown(Envelope::Messages)
-        );
+        assert_eq!(classify("POST", "/v1/v1/messages"), RouteMatch::Unknown(Envelope::Messages));
     }
 
     #[test]
     fn wrong_method_names_the_allowed_one() {
-        assert_eq!(
-            classify("GET", "/v1/chat/completions"),
-            RouteMatch::WrongMethod(Route::ChatCompletions, "POST")
-        );
-        assert_eq!(
-            classify("POST", "/v1/credits"),
-            RouteMatch::WrongMethod(Route::Credits, "GET")
-        );
+        assert_eq!(classify("GET", "/v1/chat/completions"), RouteMatch::WrongMethod(Route::ChatCompletions, "POST"));
+        assert_eq!(classify("POST", "/v1/credits"), RouteMatch::WrongMethod(Route::Credits, "GET"));
     }
 
     #[test]
     fn query_strings_do_not_change_the_route() {
-        assert_eq!(
-            classify("GET", "/v1/models?x=1"),
-            RouteMatch::Found(Route::ListModels)
-        );
+        assert_eq!(classify("GET", "/v1/models?x=1"), RouteMatch::Found(Route::ListModels));
     }
 }

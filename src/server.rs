@@ -23,14 +23,8 @@ pub fn run(config: Config, chain: Chain, services: Services, pid_dir: &std::path
         threads: config.gateway.threads,
         grace_period_seconds: Some(config.gateway.grace_period_seconds),
         graceful_shutdown_timeout_seconds: Some(config.gateway.graceful_shutdown_timeout_seconds),
-        pid_file: pid_dir
-            .join(format!("tollgate-{port}.pid"))
-            .to_string_lossy()
-            .into_owned(),
-        upgrade_sock: pid_dir
-            .join(format!("tollgate-{port}.sock"))
-            .to_string_lossy()
-            .into_owned(),
+        pid_file: pid_dir.join(format!("tollgate-{port}.pid")).to_string_lossy().into_owned(),
+        upgrade_sock: pid_dir.join(format!("tollgate-{port}.sock")).to_string_lossy().into_owned(),
         // Connect failures are retried on another replica by `fail_to_connect` (at most two).
         max_retries: 2,
         ..ServerConf::default()
@@ -39,29 +33,49 @@ pub fn run(config: Config, chain: Chain, services: Services, pid_dir: &std::path
     server.bootstrap();
     let listen = config.gateway.listen.to_string();
     let admin_listen = config.gateway.admin_listen.to_string();
-    log::info!(
-        "tollgate listening on {listen} (admin {admin_listen}) with plugins {:?}",
-        chain.names()
-    );
+    log::info!("tollgate listening on {listen} (admin {admin_listen}) with plugins {:?}", chain.names());
     if config.gateway.admin_token.is_none() {
         log::warn!("no admin token configured: the admin listener refuses every call");
     }
     let admin = AdminApp {
-        token: config
-            .gateway
-            .admin_token
-            .as_ref()
-            .map(|t| t.expose().to_string()),
+        token: config.gateway.admin_token.as_ref().map(|t| t.expose().to_string()),
         config: config.clone(),
         identity: services.identity.clone(),
+        ledger: services.ledger.clone(),
     };
-    let mut proxy =
-        pingora::proxy::http_proxy_service(&server.configuration, Gateway::new(config, chain));
+    let mut proxy = pingora::proxy::http_proxy_service(&server.configuration, Gateway::new(config, chain));
     proxy.add_tcp(&listen);
     let mut admin_service = Service::new("admin".to_string(), admin);
     admin_service.add_tcp(&admin_listen);
     admin_service.threads = Some(1);
     server.add_service(proxy);
     server.add_service(admin_service);
+    if let Some(ledger) = services.ledger.clone() {
+        spawn_hold_sweeper(ledger);
+    }
     server.run_forever()
+}
+
+/// Every 30 s, release holds whose request outlived its hold (a gateway died mid-request).
+/// They are released, never charged; each release is logged.
+fn spawn_hold_sweeper(ledger: Arc<dyn crate::store::ledger::LedgerStore>) {
+    let run = move || {
+        let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
+            log::error!("hold sweeper could not start");
+            return;
+        };
+        rt.block_on(async move {
+            loop {
+                tokio::time::sleep(std::time::Duration::from_secs(30)).await;
+                match ledger.sweep_expired_holds(crate::identity::now_ms()).await {
+                    Ok(ids) if !ids.is_empty() => log::warn!("released {} expired holds: {ids:?}", ids.len()),
+                    Ok(_) => {}
+                    Err(e) => log::warn!("hold sweep failed: {e}"),
+                }
+            }
+        });
+    };
+    if let Err(e) = std::thread::Builder::new().name("hold-sweeper".into()).spawn(run) {
+        log::error!("hold sweeper thread: {e}");
+    }
 }

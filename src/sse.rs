@@ -85,13 +85,7 @@ mod tests {
     #[test]
     fn frames_split_across_chunks_come_out_whole() {
         let out = frames_of(&[b"data: {\"a\"", b":1}\n", b"\ndata: [DONE]\n\n"]);
-        assert_eq!(
-            out,
-            vec![
-                Bytes::from("data: {\"a\":1}\n\n"),
-                Bytes::from("data: [DONE]\n\n")
-            ]
-        );
+        assert_eq!(out, vec![Bytes::from("data: {\"a\":1}\n\n"), Bytes::from("data: [DONE]\n\n")]);
     }
 
     #[test]
@@ -103,15 +97,9 @@ mod tests {
 
     #[test]
     fn multi_line_data_is_joined_and_comments_have_none() {
-        assert_eq!(
-            data_payload(b"data: a\ndata: b\n\n").as_deref(),
-            Some(&b"a\nb"[..])
-        );
+        assert_eq!(data_payload(b"data: a\ndata: b\n\n").as_deref(), Some(&b"a\nb"[..]));
         assert_eq!(data_payload(b": keepalive\n\n"), None);
-        assert_eq!(
-            data_payload(b"event: ping\ndata:{}\n\n").as_deref(),
-            Some(&b"{}"[..])
-        );
+        assert_eq!(data_payload(b"event: ping\ndata:{}\n\n").as_deref(), Some(&b"{}"[..]));
     }
 
     proptest! {

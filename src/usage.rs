@@ -31,12 +31,7 @@ pub struct UsageFigures {
 }
 
 /// Cost in microcents, rounded half up to a whole microcent.
-pub fn cost_microcents(
-    pricing: Option<&Pricing>,
-    prompt: u64,
-    cached: u64,
-    completion: u64,
-) -> u64 {
+pub fn cost_microcents(pricing: Option<&Pricing>, prompt: u64, cached: u64, completion: u64) -> u64 {
     let Some(p) = pricing else { return 0 };
     let cached = cached.min(prompt);
     let uncached = u128::from(prompt - cached);
@@ -51,26 +46,10 @@ pub fn cost_microcents(
 /// Figures from a replica's `usage` object; `None` when it is not one.
 pub fn from_provider(usage: &Value, model: &ModelEntry) -> Option<UsageFigures> {
     let prompt = usage.get("prompt_tokens")?.as_u64()?;
-    let completion = usage
-        .get("completion_tokens")
-        .and_then(Value::as_u64)
-        .unwrap_or(0);
-    let total = usage
-        .get("total_tokens")
-        .and_then(Value::as_u64)
-        .unwrap_or(prompt + completion);
-    let reported_cached = usage
-        .pointer("/prompt_tokens_details/cached_tokens")
-        .and_then(Value::as_u64)
-        .unwrap_or(0);
-    Some(figures(
-        model,
-        prompt,
-        reported_cached,
-        completion,
-        total,
-        UsageBasis::ProviderReported,
-    ))
+    let completion = usage.get("completion_tokens").and_then(Value::as_u64).unwrap_or(0);
+    let total = usage.get("total_tokens").and_then(Value::as_u64).unwrap_or(prompt + completion);
+    let reported_cached = usage.pointer("/prompt_tokens_details/cached_tokens").and_then(Value::as_u64).unwrap_or(0);
+    Some(figures(model, prompt, reported_cached, completion, total, UsageBasis::ProviderReported))
 }
 
 /// Price counts for `model`. Cached tokens count only where the model has an active cached
@@ -83,15 +62,8 @@ pub fn figures(
     total: u64,
     basis: UsageBasis,
 ) -> UsageFigures {
-    let cached_tier = model
-        .pricing
-        .as_ref()
-        .is_some_and(|p| p.cached_input.is_some());
-    let cached = if cached_tier {
-        reported_cached.min(prompt)
-    } else {
-        0
-    };
+    let cached_tier = model.pricing.as_ref().is_some_and(|p| p.cached_input.is_some());
+    let cached = if cached_tier { reported_cached.min(prompt) } else { 0 };
     UsageFigures {
         prompt_tokens: prompt,
         completion_tokens: completion,
@@ -104,11 +76,7 @@ pub fn figures(
 
 /// `microcents` as dollars with exactly eight decimals, e.g. `0.00001234`.
 pub fn dollars(microcents: u64) -> String {
-    format!(
-        "{}.{:08}",
-        microcents / 100_000_000,
-        microcents % 100_000_000
-    )
+    format!("{}.{:08}", microcents / 100_000_000, microcents % 100_000_000)
 }
 
 /// The chat-dialect Usage object as JSON text. `no_answer` adds
@@ -149,11 +117,7 @@ mod tests {
     use super::*;
 
     fn pricing(input: u64, output: u64, cached: Option<u64>) -> Pricing {
-        Pricing {
-            input,
-            output,
-            cached_input: cached,
-        }
+        Pricing { input, output, cached_input: cached }
     }
 
     #[test]
@@ -199,10 +163,7 @@ mod tests {
         assert_eq!(v["service"]["cached_input_tokens"], 4);
         assert_eq!(v["service"]["cost_microcents"], 1234);
         assert_eq!(v["cost"].as_f64(), Some(0.00001234));
-        assert_eq!(
-            v["service"]["output_token_accounting"]["non_answer_completion_tokens"],
-            5
-        );
+        assert_eq!(v["service"]["output_token_accounting"]["non_answer_completion_tokens"], 5);
         let plain: Value = serde_json::from_str(&render_chat_usage(&u, false)).unwrap_or_default();
         assert!(plain["service"].get("output_token_accounting").is_none());
     }

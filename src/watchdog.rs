@@ -34,10 +34,7 @@ pub struct Watchdog {
 }
 
 fn fire(state: &AtomicU8, fd: RawFd, why: u8) {
-    if state
-        .compare_exchange(ARMED, why, Ordering::AcqRel, Ordering::Acquire)
-        .is_ok()
-    {
+    if state.compare_exchange(ARMED, why, Ordering::AcqRel, Ordering::Acquire).is_ok() {
         // SAFETY: `fd` is our own dup, still open: only the winner of the exchange above
         // closes it, and that is this branch.
         unsafe {
@@ -76,20 +73,12 @@ impl Watchdog {
             tokio::time::sleep_until(response_deadline).await;
             fire(&st, dup, FIRED_RESPONSE);
         });
-        Some(Watchdog {
-            state,
-            fd: dup,
-            task,
-        })
+        Some(Watchdog { state, fd: dup, task })
     }
 
     /// Stop the timer (the response ended in time). Safe to call more than once.
     pub fn disarm(&self) {
-        if self
-            .state
-            .compare_exchange(ARMED, DISARMED, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
-        {
+        if self.state.compare_exchange(ARMED, DISARMED, Ordering::AcqRel, Ordering::Acquire).is_ok() {
             self.task.abort();
             // SAFETY: we won the exchange, so the timer will never touch `fd`.
             unsafe {

@@ -19,8 +19,7 @@ async fn call(gw: &Gateway, method: &str, path: &str, headers: &[(&str, &str)]) 
     if method == "GET" {
         gw.get_as(path, headers).await
     } else {
-        gw.post_as(path, &chat_body("chat-model", false), headers)
-            .await
+        gw.post_as(path, &chat_body("chat-model", false), headers).await
     }
 }
 
@@ -38,11 +37,7 @@ async fn missing_malformed_unknown_keys_are_401_on_every_route() {
     let gw = Gateway::start(&mock);
     let unknown = format!("Bearer rp_{}", "z".repeat(40));
     for (method, path) in ROUTES {
-        for headers in [
-            vec![],
-            vec![("authorization", "Bearer nope")],
-            vec![("authorization", unknown.as_str())],
-        ] {
+        for headers in [vec![], vec![("authorization", "Bearer nope")], vec![("authorization", unknown.as_str())]] {
             let r = call(&gw, method, path, &headers).await;
             assert_eq!(r.status, 401, "{method} {path} {headers:?}: {}", r.text);
             let v = r.json();
@@ -65,35 +60,14 @@ async fn x_api_key_counts_on_messages_and_model_reads_only() {
     let r = gw.get_as("/v1/models", &[("x-api-key", &gw.key)]).await;
     assert_eq!(r.status, 200);
     // A non-blank x-api-key wins over Bearer there.
-    let r = gw
-        .get_as(
-            "/v1/models",
-            &[("x-api-key", &gw.key), ("authorization", "Bearer wrong")],
-        )
-        .await;
+    let r = gw.get_as("/v1/models", &[("x-api-key", &gw.key), ("authorization", "Bearer wrong")]).await;
     assert_eq!(r.status, 200);
-    let r = gw
-        .get_as(
-            "/v1/models",
-            &[("x-api-key", "wrong"), ("authorization", &gw.bearer())],
-        )
-        .await;
+    let r = gw.get_as("/v1/models", &[("x-api-key", "wrong"), ("authorization", &gw.bearer())]).await;
     assert_eq!(r.status, 401);
-    let r = gw
-        .get_as(
-            "/v1/models",
-            &[("x-api-key", "  "), ("authorization", &gw.bearer())],
-        )
-        .await;
+    let r = gw.get_as("/v1/models", &[("x-api-key", "  "), ("authorization", &gw.bearer())]).await;
     assert_eq!(r.status, 200, "a blank x-api-key does not win");
     // Chat completions read Bearer only.
-    let r = gw
-        .post_as(
-            "/v1/chat/completions",
-            &chat_body("chat-model", false),
-            &[("x-api-key", &gw.key)],
-        )
-        .await;
+    let r = gw.post_as("/v1/chat/completions", &chat_body("chat-model", false), &[("x-api-key", &gw.key)]).await;
     assert_eq!(r.status, 401);
 }
 
@@ -106,53 +80,31 @@ async fn lifecycle_outcomes_through_the_gateway() {
         let gw = &gw;
         async move {
             let bearer = format!("Bearer {key}");
-            gw.post_as(
-                "/v1/chat/completions",
-                &chat_body("chat-model", false),
-                &[("authorization", &bearer)],
-            )
-            .await
+            gw.post_as("/v1/chat/completions", &chat_body("chat-model", false), &[("authorization", &bearer)]).await
         }
     };
     // Revoked: 403 auth_error "API key is deactivated", and it stays so.
     let k = gw.mint_key(&ws, json!({}));
-    let (s, _) = gw.admin(
-        "POST",
-        &format!("/admin/v1/keys/{}/revoke", k["id"].as_str().unwrap()),
-        None,
-    );
+    let (s, _) = gw.admin("POST", &format!("/admin/v1/keys/{}/revoke", k["id"].as_str().unwrap()), None);
     assert_eq!(s, 200);
     for _ in 0..2 {
         let r = chat(k["key"].as_str().unwrap().into()).await;
-        assert_eq!(
-            outcome(&r),
-            (403, "auth_error".into(), "API key is deactivated".into())
-        );
+        assert_eq!(outcome(&r), (403, "auth_error".into(), "API key is deactivated".into()));
         assert_eq!(r.json()["error"]["type"], "authentication_error");
     }
     // Deleted: 401 "Invalid API key".
     let k = gw.mint_key(&ws, json!({}));
-    let (s, _) = gw.admin(
-        "DELETE",
-        &format!("/admin/v1/keys/{}", k["id"].as_str().unwrap()),
-        None,
-    );
+    let (s, _) = gw.admin("DELETE", &format!("/admin/v1/keys/{}", k["id"].as_str().unwrap()), None);
     assert_eq!(s, 204);
     let r = chat(k["key"].as_str().unwrap().into()).await;
-    assert_eq!(
-        outcome(&r),
-        (401, "invalid_api_key".into(), "Invalid API key".into())
-    );
+    assert_eq!(outcome(&r), (401, "invalid_api_key".into(), "Invalid API key".into()));
     // Expired at the instant it passes: 401 "API key has expired".
     let soon = jiff::Timestamp::now() + jiff::SignedDuration::from_millis(1200);
     let k = gw.mint_key(&ws, json!({ "expires_at": soon.to_string() }));
     assert_eq!(chat(k["key"].as_str().unwrap().into()).await.status, 200);
     tokio::time::sleep(std::time::Duration::from_millis(1400)).await;
     let r = chat(k["key"].as_str().unwrap().into()).await;
-    assert_eq!(
-        outcome(&r),
-        (401, "invalid_api_key".into(), "API key has expired".into())
-    );
+    assert_eq!(outcome(&r), (401, "invalid_api_key".into(), "API key has expired".into()));
     // Rotation grace ends on time, then the previous key answers like a revoked one.
     let k = gw.mint_key(&ws, json!({}));
     let (s, rotated) = gw.admin(
@@ -162,25 +114,12 @@ async fn lifecycle_outcomes_through_the_gateway() {
     );
     assert_eq!(s, 201, "{rotated}");
     assert_eq!(rotated["previous"]["state"], "grace");
-    assert_eq!(
-        chat(k["key"].as_str().unwrap().into()).await.status,
-        200,
-        "previous key works in grace"
-    );
-    assert_eq!(
-        chat(rotated["key"].as_str().unwrap().into()).await.status,
-        200
-    );
+    assert_eq!(chat(k["key"].as_str().unwrap().into()).await.status, 200, "previous key works in grace");
+    assert_eq!(chat(rotated["key"].as_str().unwrap().into()).await.status, 200);
     tokio::time::sleep(std::time::Duration::from_millis(1300)).await;
     let r = chat(k["key"].as_str().unwrap().into()).await;
-    assert_eq!(
-        outcome(&r),
-        (403, "auth_error".into(), "API key is deactivated".into())
-    );
-    assert_eq!(
-        chat(rotated["key"].as_str().unwrap().into()).await.status,
-        200
-    );
+    assert_eq!(outcome(&r), (403, "auth_error".into(), "API key is deactivated".into()));
+    assert_eq!(chat(rotated["key"].as_str().unwrap().into()).await.status, 200);
 }
 
 #[tokio::test]
@@ -191,23 +130,11 @@ async fn scoped_keys_follow_the_route_rules() {
     let term = gw.mint_key(&gw.workspace, json!({"scope": "terminal"}));
     let bearer = |k: &Value| format!("Bearer {}", k["key"].as_str().unwrap());
     let (d, t) = (bearer(&dep), bearer(&term));
-    let r = call(
-        &gw,
-        "POST",
-        "/v1/chat/completions",
-        &[("authorization", &d)],
-    )
-    .await;
+    let r = call(&gw, "POST", "/v1/chat/completions", &[("authorization", &d)]).await;
     let o = outcome(&r);
     assert_eq!((o.0, o.1.as_str()), (400, "auth_error"));
     assert_eq!(r.json()["error"]["type"], "authentication_error");
-    let r = call(
-        &gw,
-        "POST",
-        "/v1/chat/completions",
-        &[("authorization", &t)],
-    )
-    .await;
+    let r = call(&gw, "POST", "/v1/chat/completions", &[("authorization", &t)]).await;
     let o = outcome(&r);
     assert_eq!((o.0, o.1.as_str()), (403, "auth_error"));
     assert!(o.2.contains("internal"), "{}", o.2);
@@ -216,16 +143,9 @@ async fn scoped_keys_follow_the_route_rules() {
         let v = r.assert_error(403, "credits_scope_violation");
         assert_eq!(v["error"]["type"], "permission_error");
         r.assert_error(403, "credits_scope_violation");
-        call(&gw, "GET", "/v1/usage", &[("authorization", k)])
-            .await
-            .assert_error(403, "usage_scope_violation");
+        call(&gw, "GET", "/v1/usage", &[("authorization", k)]).await.assert_error(403, "usage_scope_violation");
         // Model reads are fine with any live key.
-        assert_eq!(
-            call(&gw, "GET", "/v1/models", &[("authorization", k)])
-                .await
-                .status,
-            200
-        );
+        assert_eq!(call(&gw, "GET", "/v1/models", &[("authorization", k)]).await.status, 200);
     }
 }
 
@@ -236,64 +156,31 @@ async fn no_plaintext_key_in_logs_or_admin_reads() {
     let k = gw.mint_key(&gw.workspace, json!({"name": "secret-check"}));
     let plain = k["key"].as_str().unwrap().to_string();
     let bearer = format!("Bearer {plain}");
-    gw.post_as(
-        "/v1/chat/completions",
-        &chat_body("chat-model", false),
-        &[("authorization", &bearer)],
-    )
-    .await;
+    gw.post_as("/v1/chat/completions", &chat_body("chat-model", false), &[("authorization", &bearer)]).await;
     // A refused key of the right shape must not be logged either.
     let near = format!("Bearer {}x", &plain[..plain.len() - 1]);
-    gw.post_as(
-        "/v1/chat/completions",
-        &chat_body("chat-model", false),
-        &[("authorization", &near)],
-    )
-    .await;
-    let (_, meta) = gw.admin(
-        "GET",
-        &format!("/admin/v1/keys/{}", k["id"].as_str().unwrap()),
-        None,
-    );
+    gw.post_as("/v1/chat/completions", &chat_body("chat-model", false), &[("authorization", &near)]).await;
+    let (_, meta) = gw.admin("GET", &format!("/admin/v1/keys/{}", k["id"].as_str().unwrap()), None);
     assert_eq!(meta["state"], "active");
     assert_eq!(meta["copyable"], true);
     let meta_text = meta.to_string();
-    assert!(
-        !meta_text.contains(&plain[3..]),
-        "admin read shows no key: {meta_text}"
-    );
+    assert!(!meta_text.contains(&plain[3..]), "admin read shows no key: {meta_text}");
     assert!(meta.get("digest").is_none() && meta.get("encrypted_copy").is_none());
     let log = gw.log();
     assert!(!log.contains(&plain[3..]), "gateway log shows no key");
-    assert!(
-        !log.contains(&near[10..]),
-        "gateway log shows no presented key"
-    );
+    assert!(!log.contains(&near[10..]), "gateway log shows no presented key");
     let db = std::fs::read(gw.dir.join("identity.db")).unwrap_or_default();
     let wal = std::fs::read(gw.dir.join("identity.db-wal")).unwrap_or_default();
     for bytes in [db, wal] {
-        assert!(
-            !bytes.windows(40).any(|w| w == &plain.as_bytes()[3..]),
-            "no plaintext in the database files"
-        );
+        assert!(!bytes.windows(40).any(|w| w == &plain.as_bytes()[3..]), "no plaintext in the database files");
     }
 }
 
 #[test]
 fn admin_listener_without_token_refuses_everything() {
     let mock = Mock::start();
-    let gw = Gateway::start_with(
-        &mock,
-        Opts {
-            no_admin_token: true,
-            ..Opts::default()
-        },
-    );
-    for (m, p) in [
-        ("GET", "/admin/v1/health"),
-        ("POST", "/admin/v1/workspaces"),
-        ("GET", "/metrics"),
-    ] {
+    let gw = Gateway::start_with(&mock, Opts { no_admin_token: true, ..Opts::default() });
+    for (m, p) in [("GET", "/admin/v1/health"), ("POST", "/admin/v1/workspaces"), ("GET", "/metrics")] {
         let (s, v) = gw.admin(m, p, Some(json!({"name": "x"})));
         assert_eq!(s, 401, "{m} {p}: {v}");
         assert_eq!(v["error"]["code"], "unauthorized");
@@ -312,110 +199,45 @@ fn admin_token_and_field_validation() {
     gw.admin_token = good;
     let ws = gw.workspace.clone();
     let cases = [
-        (
-            "POST",
-            "/admin/v1/workspaces".to_string(),
-            json!({}),
-            "name",
-        ),
-        (
-            "POST",
-            "/admin/v1/workspaces".to_string(),
-            json!({"name": "a", "rate_tier": "gold"}),
-            "rate_tier",
-        ),
-        (
-            "POST",
-            "/admin/v1/workspaces".to_string(),
-            json!({"name": "a", "colour": 1}),
-            "colour",
-        ),
-        (
-            "POST",
-            format!("/admin/v1/workspaces/{ws}/keys"),
-            json!({"scope": "root"}),
-            "scope",
-        ),
+        ("POST", "/admin/v1/workspaces".to_string(), json!({}), "name"),
+        ("POST", "/admin/v1/workspaces".to_string(), json!({"name": "a", "rate_tier": "gold"}), "rate_tier"),
+        ("POST", "/admin/v1/workspaces".to_string(), json!({"name": "a", "colour": 1}), "colour"),
+        ("POST", format!("/admin/v1/workspaces/{ws}/keys"), json!({"scope": "root"}), "scope"),
         (
             "POST",
             format!("/admin/v1/workspaces/{ws}/keys"),
             json!({"monthly_spend_limit_cents": 99}),
             "monthly_spend_limit_cents",
         ),
-        (
-            "POST",
-            format!("/admin/v1/workspaces/{ws}/keys"),
-            json!({"expires_in_days": 7}),
-            "expires_in_days",
-        ),
-        (
-            "POST",
-            format!("/admin/v1/workspaces/{ws}/keys"),
-            json!({"expires_at": "yesterday"}),
-            "expires_at",
-        ),
-        (
-            "POST",
-            format!("/admin/v1/workspaces/{ws}/keys"),
-            json!({"rate_limit_rpm": -5}),
-            "rate_limit_rpm",
-        ),
-        (
-            "POST",
-            format!("/admin/v1/workspaces/{ws}/keys"),
-            json!({"credits_only": "yes"}),
-            "credits_only",
-        ),
+        ("POST", format!("/admin/v1/workspaces/{ws}/keys"), json!({"expires_in_days": 7}), "expires_in_days"),
+        ("POST", format!("/admin/v1/workspaces/{ws}/keys"), json!({"expires_at": "yesterday"}), "expires_at"),
+        ("POST", format!("/admin/v1/workspaces/{ws}/keys"), json!({"rate_limit_rpm": -5}), "rate_limit_rpm"),
+        ("POST", format!("/admin/v1/workspaces/{ws}/keys"), json!({"credits_only": "yes"}), "credits_only"),
     ];
     for (m, p, body, field) in cases {
         let (s, v) = gw.admin(m, &p, Some(body.clone()));
         assert_eq!(s, 400, "{body}: {v}");
-        assert!(
-            v["error"]["message"]
-                .as_str()
-                .unwrap()
-                .contains(&format!("`{field}`")),
-            "{body}: {v}"
-        );
+        assert!(v["error"]["message"].as_str().unwrap().contains(&format!("`{field}`")), "{body}: {v}");
     }
     assert_eq!(gw.admin("GET", "/admin/v1/keys/key_nope", None).0, 404);
     assert_eq!(gw.admin("GET", "/admin/v1/workspaces/nope", None).0, 404);
-    assert_eq!(
-        gw.admin("POST", "/admin/v1/workspaces/nope/keys", Some(json!({})))
-            .0,
-        404
-    );
+    assert_eq!(gw.admin("POST", "/admin/v1/workspaces/nope/keys", Some(json!({}))).0, 404);
     // At most ten live keys per scope on create: `api_key_limit` as a top-level code too.
     for _ in 0..9 {
         gw.mint_key(&ws, json!({}));
     }
-    let (s, v) = gw.admin(
-        "POST",
-        &format!("/admin/v1/workspaces/{ws}/keys"),
-        Some(json!({})),
-    );
+    let (s, v) = gw.admin("POST", &format!("/admin/v1/workspaces/{ws}/keys"), Some(json!({})));
     assert_eq!((s, v["code"].as_str()), (400, Some("api_key_limit")), "{v}");
     // Copy: members may not; owners may, and the copy is the key.
     let k = gw.mint_key(&gw.mint_workspace_key().0, json!({"created_by": "ana"}));
     let id = k["id"].as_str().unwrap();
-    let (s, _) = gw.admin(
-        "POST",
-        &format!("/admin/v1/keys/{id}/copy"),
-        Some(json!({"actor": "m", "role": "member"})),
-    );
+    let (s, _) = gw.admin("POST", &format!("/admin/v1/keys/{id}/copy"), Some(json!({"actor": "m", "role": "member"})));
     assert_eq!(s, 403);
-    let (s, v) = gw.admin(
-        "POST",
-        &format!("/admin/v1/keys/{id}/copy"),
-        Some(json!({"actor": "ana", "role": "creator"})),
-    );
+    let (s, v) =
+        gw.admin("POST", &format!("/admin/v1/keys/{id}/copy"), Some(json!({"actor": "ana", "role": "creator"})));
     assert_eq!((s, v["key"].as_str()), (200, k["key"].as_str()));
     gw.admin("POST", &format!("/admin/v1/keys/{id}/revoke"), None);
-    let (s, _) = gw.admin(
-        "POST",
-        &format!("/admin/v1/keys/{id}/copy"),
-        Some(json!({"actor": "o", "role": "owner"})),
-    );
+    let (s, _) = gw.admin("POST", &format!("/admin/v1/keys/{id}/copy"), Some(json!({"actor": "o", "role": "owner"})));
     assert_eq!(s, 409, "a revoked key cannot be copied");
 }
 
@@ -423,36 +245,17 @@ fn admin_token_and_field_validation() {
 async fn revocation_reaches_a_second_instance_within_a_second() {
     let url = pg::fresh_database().await;
     let mock = Mock::start();
-    let a = Gateway::start_with(
-        &mock,
-        Opts {
-            postgres_url: Some(url.clone()),
-            ..Opts::default()
-        },
-    );
-    let b = Gateway::start_with(
-        &mock,
-        Opts {
-            postgres_url: Some(url),
-            ..Opts::default()
-        },
-    );
+    let a = Gateway::start_with(&mock, Opts { postgres_url: Some(url.clone()), ..Opts::default() });
+    let b = Gateway::start_with(&mock, Opts { postgres_url: Some(url), ..Opts::default() });
     let k = a.mint_key(&a.workspace, json!({}));
     let bearer = format!("Bearer {}", k["key"].as_str().unwrap());
     let body = chat_body("chat-model", false);
     let headers = [("authorization", bearer.as_str())];
     let on_b = || b.post_as("/v1/chat/completions", &body, &headers);
     assert_eq!(on_b().await.status, 200, "B knows the key (and caches it)");
-    let (s, _) = a.admin(
-        "POST",
-        &format!("/admin/v1/keys/{}/revoke", k["id"].as_str().unwrap()),
-        None,
-    );
+    let (s, _) = a.admin("POST", &format!("/admin/v1/keys/{}/revoke", k["id"].as_str().unwrap()), None);
     assert_eq!(s, 200);
     tokio::time::sleep(std::time::Duration::from_millis(1000)).await;
     let r = on_b().await;
-    assert_eq!(
-        outcome(&r),
-        (403, "auth_error".into(), "API key is deactivated".into())
-    );
+    assert_eq!(outcome(&r), (403, "auth_error".into(), "API key is deactivated".into()));
 }

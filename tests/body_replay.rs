@@ -22,10 +22,7 @@ struct RawReply {
 
 impl RawReply {
     fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
+        self.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
     }
 }
 
@@ -33,9 +30,7 @@ impl Conn {
     fn open(port: u16) -> Conn {
         let s = TcpStream::connect(("127.0.0.1", port)).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        Conn {
-            reader: BufReader::new(s),
-        }
+        Conn { reader: BufReader::new(s) }
     }
 
     fn send(&mut self, bytes: &[u8]) {
@@ -65,18 +60,11 @@ impl Conn {
             let (k, v) = l.split_once(':').unwrap();
             headers.push((k.trim().to_string(), v.trim().to_string()));
         }
-        let mut reply = RawReply {
-            status,
-            headers,
-            body: Vec::new(),
-        };
+        let mut reply = RawReply { status, headers, body: Vec::new() };
         if status == 100 {
             return reply;
         }
-        if let Some(n) = reply
-            .header("content-length")
-            .map(|v| v.parse::<usize>().unwrap())
-        {
+        if let Some(n) = reply.header("content-length").map(|v| v.parse::<usize>().unwrap()) {
             let mut body = vec![0; n];
             self.reader.read_exact(&mut body).unwrap();
             reply.body = body;
@@ -101,11 +89,7 @@ impl Conn {
 }
 
 fn chat_json(pad: usize) -> Vec<u8> {
-    format!(
-        r#"{{"model":"chat-model","messages":[{{"role":"user","content":"{}"}}]}}"#,
-        "p".repeat(pad)
-    )
-    .into_bytes()
+    format!(r#"{{"model":"chat-model","messages":[{{"role":"user","content":"{}"}}]}}"#, "p".repeat(pad)).into_bytes()
 }
 
 fn post_head(key: &str, len: usize, extra: &str) -> Vec<u8> {
@@ -125,17 +109,8 @@ async fn expect_100_continue_with_a_3mb_body_keeps_the_connection() {
     let r = c.read();
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
     let seen = mock.last_request().await;
-    assert_eq!(
-        seen["body"]["messages"][0]["content"]
-            .as_str()
-            .map(str::len),
-        Some(3_000_000),
-        "whole body forwarded"
-    );
-    assert!(
-        seen["headers"].get("expect").is_none(),
-        "Expect is not forwarded"
-    );
+    assert_eq!(seen["body"]["messages"][0]["content"].as_str().map(str::len), Some(3_000_000), "whole body forwarded");
+    assert!(seen["headers"].get("expect").is_none(), "Expect is not forwarded");
     // Same connection, next request.
     let small = chat_json(10);
     c.send(&post_head(&gw.key, small.len(), ""));
@@ -160,18 +135,9 @@ async fn chunked_upload_is_forwarded_with_a_length() {
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
     let seen = mock.last_request().await;
     assert!(seen["headers"].get("transfer-encoding").is_none());
-    let forwarded_len: usize = seen["headers"]["content-length"]
-        .as_str()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let forwarded_len: usize = seen["headers"]["content-length"].as_str().unwrap().parse().unwrap();
     assert!(forwarded_len > 1_200_000);
-    assert_eq!(
-        seen["body"]["messages"][0]["content"]
-            .as_str()
-            .map(str::len),
-        Some(1_200_000)
-    );
+    assert_eq!(seen["body"]["messages"][0]["content"].as_str().map(str::len), Some(1_200_000));
 }
 
 #[tokio::test]
@@ -202,11 +168,7 @@ async fn a_pipelining_client_gets_every_answer() {
     wire.extend_from_slice(&post_head(&gw.key, b.len(), ""));
     wire.extend_from_slice(&b);
     wire.extend_from_slice(
-        format!(
-            "GET /v1/models HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {}\r\n\r\n",
-            gw.key
-        )
-        .as_bytes(),
+        format!("GET /v1/models HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {}\r\n\r\n", gw.key).as_bytes(),
     );
     c.send(&wire);
     assert_eq!(c.read().status, 200);
@@ -245,8 +207,5 @@ async fn declared_oversize_is_refused_before_the_body_is_sent() {
     let mut c = Conn::open(gw.port);
     c.send(&post_head(&gw.key, 3_500_001, "Expect: 100-continue\r\n"));
     let r = c.read();
-    assert_eq!(
-        r.status, 413,
-        "no 100 Continue for a body that will be refused"
-    );
+    assert_eq!(r.status, 413, "no 100 Continue for a body that will be refused");
 }

@@ -15,20 +15,13 @@ async fn non_streaming_usage_object_and_cost_with_cached_tier() {
         .post(
             "/v1/chat/completions",
             &chat_body("chat-model", false),
-            &[
-                ("x-mock-prompt-tokens", "1000"),
-                ("x-mock-cached-tokens", "400"),
-                ("x-mock-tokens", "100"),
-            ],
+            &[("x-mock-prompt-tokens", "1000"), ("x-mock-cached-tokens", "400"), ("x-mock-tokens", "100")],
         )
         .await;
     assert_eq!(r.status, 200, "{}", r.text);
     let v = r.json();
     assert_eq!(v["object"], "chat.completion");
-    assert_eq!(
-        v["model"], "chat-model",
-        "the catalog id, not the upstream name"
-    );
+    assert_eq!(v["model"], "chat-model", "the catalog id, not the upstream name");
     let u = &v["usage"];
     assert_eq!(u["prompt_tokens"], 1000);
     assert_eq!(u["completion_tokens"], 100);
@@ -37,11 +30,7 @@ async fn non_streaming_usage_object_and_cost_with_cached_tier() {
     assert_eq!(u["service"]["cached_input_tokens"], 400);
     // 600 x $0.10 + 400 x $0.05 + 100 x $0.30 per Mtok = 11,000 microcents.
     assert_eq!(u["service"]["cost_microcents"], 11_000);
-    assert!(
-        r.text.contains("\"cost\":0.00011000"),
-        "eight decimals: {}",
-        r.text
-    );
+    assert!(r.text.contains("\"cost\":0.00011000"), "eight decimals: {}", r.text);
     assert!(u["service"].get("output_token_accounting").is_none());
     assert!(r.header("content-length").is_none() || r.header("transfer-encoding").is_none());
 }
@@ -54,11 +43,7 @@ async fn shared_cache_hits_are_reported_zero_and_priced_uncached() {
         .post(
             "/v1/chat/completions",
             &chat_body("shared-cache-model", false),
-            &[
-                ("x-mock-prompt-tokens", "1000"),
-                ("x-mock-cached-tokens", "400"),
-                ("x-mock-tokens", "10"),
-            ],
+            &[("x-mock-prompt-tokens", "1000"), ("x-mock-cached-tokens", "400"), ("x-mock-tokens", "10")],
         )
         .await;
     let u = &r.json()["usage"];
@@ -79,14 +64,7 @@ async fn request_rewrite_for_the_replica() {
         "service": {"sessionId": "s"}, "num_beams": 2,
     });
     let r = gw
-        .post(
-            "/v1/chat/completions",
-            &body,
-            &[
-                ("accept-encoding", "gzip"),
-                ("x-api-key", "rp_not_forwarded_either"),
-            ],
-        )
+        .post("/v1/chat/completions", &body, &[("accept-encoding", "gzip"), ("x-api-key", "rp_not_forwarded_either")])
         .await;
     assert_eq!(r.status, 200, "{}", r.text);
     let seen = mock.last_request().await;
@@ -96,25 +74,13 @@ async fn request_rewrite_for_the_replica() {
     assert_eq!(b["top_p"], 0.9);
     assert_eq!(b["seed"], 7);
     assert_eq!(b["user"], "u1");
-    for dropped in [
-        "top_k",
-        "prompt_cache_key",
-        "guided_json",
-        "max_output_tokens",
-        "service",
-        "num_beams",
-        "stream_options",
-    ] {
-        assert!(
-            b.get(dropped).is_none(),
-            "{dropped} must not reach the replica"
-        );
+    for dropped in
+        ["top_k", "prompt_cache_key", "guided_json", "max_output_tokens", "service", "num_beams", "stream_options"]
+    {
+        assert!(b.get(dropped).is_none(), "{dropped} must not reach the replica");
     }
     let h = &seen["headers"];
-    assert!(
-        h.get("authorization").is_none(),
-        "the client's key never reaches the replica"
-    );
+    assert!(h.get("authorization").is_none(), "the client's key never reaches the replica");
     assert!(h.get("accept-encoding").is_none());
 
     // Streams always ask the replica for usage.
@@ -131,24 +97,15 @@ async fn candidate_count_and_unsupported_cache_parameters() {
     let gw = Gateway::start(&mock);
     let mut b = chat_body("chat-model", false);
     b["n"] = json!(5);
-    let v = gw
-        .post("/v1/chat/completions", &b, &[])
-        .await
-        .assert_error(400, "generation_count");
+    let v = gw.post("/v1/chat/completions", &b, &[]).await.assert_error(400, "generation_count");
     assert_eq!(v["error"]["param"], "n");
     let mut b = chat_body("chat-model", false);
     b["prompt_cache_retention"] = json!("24h");
-    let v = gw
-        .post("/v1/chat/completions", &b, &[])
-        .await
-        .assert_error(400, "hosted_parameter_not_supported");
+    let v = gw.post("/v1/chat/completions", &b, &[]).await.assert_error(400, "hosted_parameter_not_supported");
     assert_eq!(v["error"]["param"], "prompt_cache_retention");
     let mut b = chat_body("chat-model", false);
     b["messages"] = json!([{"role": "wizard", "content": "x"}]);
-    let v = gw
-        .post("/v1/chat/completions", &b, &[])
-        .await
-        .assert_error(400, "invalid_request");
+    let v = gw.post("/v1/chat/completions", &b, &[]).await.assert_error(400, "invalid_request");
     assert_eq!(v["error"]["param"], "messages[0].role");
     assert_eq!(mock.stats().await["requests"], 0);
 }
@@ -160,36 +117,19 @@ async fn reasoning_is_never_on_content_and_no_answer_is_annotated() {
     let mut b = chat_body("chat-model", false);
     b["max_tokens"] = json!(4);
     // All four tokens are reasoning: the budget ran out before any answer.
-    let r = gw
-        .post(
-            "/v1/chat/completions",
-            &b,
-            &[("x-mock-reasoning", "10"), ("x-mock-tokens", "10")],
-        )
-        .await;
+    let r = gw.post("/v1/chat/completions", &b, &[("x-mock-reasoning", "10"), ("x-mock-tokens", "10")]).await;
     let v = r.json();
     let choice = &v["choices"][0];
-    assert!(
-        choice["message"]["reasoning"]
-            .as_str()
-            .unwrap()
-            .starts_with("think0")
-    );
+    assert!(choice["message"]["reasoning"].as_str().unwrap().starts_with("think0"));
     assert!(choice["message"].get("reasoning_content").is_none());
     assert!(choice["message"]["content"].is_null());
     assert_eq!(choice["finish_reason"], "length");
-    assert_eq!(
-        choice["service"]["output_status"]["code"],
-        "generation_limit_reached_before_answer"
-    );
+    assert_eq!(choice["service"]["output_status"]["code"], "generation_limit_reached_before_answer");
     let acc = &v["usage"]["service"]["output_token_accounting"];
     assert_eq!(acc["visible_answer_tokens"], 0);
     assert_eq!(acc["non_answer_completion_tokens"], 4);
     assert_eq!(acc["sources"]["visible_answer_tokens"], "proxy_classified");
-    assert_eq!(
-        acc["sources"]["non_answer_completion_tokens"],
-        "provider_reported"
-    );
+    assert_eq!(acc["sources"]["non_answer_completion_tokens"], "provider_reported");
 
     // With an answer: no output_status, reasoning separate from content.
     let r = gw
@@ -205,13 +145,8 @@ async fn reasoning_is_never_on_content_and_no_answer_is_annotated() {
     assert!(v["choices"][0].get("service").is_none());
 
     // A tool call is an answer.
-    let r = gw
-        .post(
-            "/v1/chat/completions",
-            &chat_body("chat-model", false),
-            &[("x-mock-tool-call", "get_weather")],
-        )
-        .await;
+    let r =
+        gw.post("/v1/chat/completions", &chat_body("chat-model", false), &[("x-mock-tool-call", "get_weather")]).await;
     let v = r.json();
     assert_eq!(v["choices"][0]["finish_reason"], "tool_calls");
     assert!(v["choices"][0].get("service").is_none());
@@ -220,11 +155,7 @@ async fn reasoning_is_never_on_content_and_no_answer_is_annotated() {
 fn parse_frames(r: &Reply) -> (Vec<Value>, bool) {
     let data = r.sse_data();
     let done = data.last().is_some_and(|d| d == "[DONE]");
-    let frames = data
-        .iter()
-        .filter(|d| *d != "[DONE]")
-        .map(|d| serde_json::from_str(d).unwrap())
-        .collect();
+    let frames = data.iter().filter(|d| *d != "[DONE]").map(|d| serde_json::from_str(d).unwrap()).collect();
     (frames, done)
 }
 
@@ -240,46 +171,24 @@ async fn streaming_forwards_usage_only_when_asked() {
         )
         .await;
     assert_eq!(r.status, 200);
-    assert!(
-        r.header("content-type")
-            .unwrap()
-            .starts_with("text/event-stream")
-    );
+    assert!(r.header("content-type").unwrap().starts_with("text/event-stream"));
     assert_eq!(r.header("cache-control").as_deref(), Some("no-cache"));
     let (frames, done) = parse_frames(&r);
     assert!(done, "ends with [DONE]");
-    assert!(
-        frames.iter().all(|f| f.get("usage").is_none()),
-        "no usage frame unless asked"
-    );
+    assert!(frames.iter().all(|f| f.get("usage").is_none()), "no usage frame unless asked");
     assert!(frames.iter().all(|f| f["model"] == "chat-model"));
     assert!(!r.text.contains("reasoning_content"));
-    let reasoning: String = frames
-        .iter()
-        .filter_map(|f| f["choices"][0]["delta"]["reasoning"].as_str())
-        .collect();
-    let content: String = frames
-        .iter()
-        .filter_map(|f| f["choices"][0]["delta"]["content"].as_str())
-        .collect();
+    let reasoning: String = frames.iter().filter_map(|f| f["choices"][0]["delta"]["reasoning"].as_str()).collect();
+    let content: String = frames.iter().filter_map(|f| f["choices"][0]["delta"]["content"].as_str()).collect();
     assert_eq!(reasoning, "think0 think1 ");
     assert_eq!(content, "tok2 tok3 tok4 ");
 
     let mut b = chat_body("chat-model", true);
     b["stream_options"] = json!({"include_usage": true});
-    let r = gw
-        .post(
-            "/v1/chat/completions",
-            &b,
-            &[("x-mock-tokens", "5"), ("x-mock-prompt-tokens", "20")],
-        )
-        .await;
+    let r = gw.post("/v1/chat/completions", &b, &[("x-mock-tokens", "5"), ("x-mock-prompt-tokens", "20")]).await;
     let (frames, done) = parse_frames(&r);
     assert!(done);
-    let usage = frames
-        .iter()
-        .find(|f| f.get("usage").is_some())
-        .expect("usage frame");
+    let usage = frames.iter().find(|f| f.get("usage").is_some()).expect("usage frame");
     assert_eq!(usage["choices"], json!([]));
     assert_eq!(usage["usage"]["completion_tokens"], 5);
     assert_eq!(usage["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
@@ -293,16 +202,8 @@ async fn frames_split_anywhere_come_out_the_same() {
     let gw = Gateway::start(&mock);
     let mut b = chat_body("chat-model", true);
     b["stream_options"] = json!({"include_usage": true});
-    let whole = gw
-        .post("/v1/chat/completions", &b, &[("x-mock-tokens", "8")])
-        .await;
-    let split = gw
-        .post(
-            "/v1/chat/completions",
-            &b,
-            &[("x-mock-tokens", "8"), ("x-mock-split", "7")],
-        )
-        .await;
+    let whole = gw.post("/v1/chat/completions", &b, &[("x-mock-tokens", "8")]).await;
+    let split = gw.post("/v1/chat/completions", &b, &[("x-mock-tokens", "8"), ("x-mock-split", "7")]).await;
     let strip = |r: &Reply| -> Vec<Value> {
         parse_frames(r)
             .0
@@ -324,31 +225,13 @@ async fn no_answer_stream_gets_annotated_usage_frame_regardless() {
     let gw = Gateway::start(&mock);
     let mut b = chat_body("chat-model", true);
     b["max_tokens"] = json!(3);
-    let r = gw
-        .post(
-            "/v1/chat/completions",
-            &b,
-            &[("x-mock-reasoning", "10"), ("x-mock-tokens", "10")],
-        )
-        .await;
+    let r = gw.post("/v1/chat/completions", &b, &[("x-mock-reasoning", "10"), ("x-mock-tokens", "10")]).await;
     let (frames, done) = parse_frames(&r);
     assert!(done);
-    let terminal = frames
-        .iter()
-        .find(|f| f["choices"][0]["finish_reason"] == "length")
-        .expect("terminal frame");
-    assert_eq!(
-        terminal["choices"][0]["service"]["output_status"]["code"],
-        "generation_limit_reached_before_answer"
-    );
-    let usage = frames
-        .iter()
-        .find(|f| f.get("usage").is_some())
-        .expect("annotated usage frame");
-    assert_eq!(
-        usage["usage"]["service"]["output_token_accounting"]["non_answer_completion_tokens"],
-        3
-    );
+    let terminal = frames.iter().find(|f| f["choices"][0]["finish_reason"] == "length").expect("terminal frame");
+    assert_eq!(terminal["choices"][0]["service"]["output_status"]["code"], "generation_limit_reached_before_answer");
+    let usage = frames.iter().find(|f| f.get("usage").is_some()).expect("annotated usage frame");
+    assert_eq!(usage["usage"]["service"]["output_token_accounting"]["non_answer_completion_tokens"], 3);
 }
 
 #[tokio::test]
@@ -356,42 +239,20 @@ async fn mid_stream_failures_end_with_one_error_frame_and_no_done() {
     let mock = Mock::start();
     let gw = Gateway::start(&mock);
     // The replica resets the connection after two tokens.
-    let r = gw
-        .post(
-            "/v1/chat/completions",
-            &chat_body("chat-model", true),
-            &[("x-mock-abort-after", "2")],
-        )
-        .await;
+    let r = gw.post("/v1/chat/completions", &chat_body("chat-model", true), &[("x-mock-abort-after", "2")]).await;
     assert_eq!(r.status, 200);
     let (frames, done) = parse_frames(&r);
     assert!(!done, "{}", r.text);
     let last = frames.last().unwrap();
     assert_eq!(last["error"]["code"], "upstream_error", "{}", r.text);
-    assert_eq!(
-        frames.iter().filter(|f| f.get("error").is_some()).count(),
-        1
-    );
-    assert!(
-        frames
-            .iter()
-            .any(|f| f["choices"][0]["delta"]["content"] == "tok0 ")
-    );
+    assert_eq!(frames.iter().filter(|f| f.get("error").is_some()).count(), 1);
+    assert!(frames.iter().any(|f| f["choices"][0]["delta"]["content"] == "tok0 "));
 
     // The replica ends cleanly without [DONE].
-    let r = gw
-        .post(
-            "/v1/chat/completions",
-            &chat_body("chat-model", true),
-            &[("x-mock-no-done", "1")],
-        )
-        .await;
+    let r = gw.post("/v1/chat/completions", &chat_body("chat-model", true), &[("x-mock-no-done", "1")]).await;
     let (frames, done) = parse_frames(&r);
     assert!(!done);
-    assert_eq!(
-        frames.last().unwrap()["error"]["code"],
-        "upstream_stream_error"
-    );
+    assert_eq!(frames.last().unwrap()["error"]["code"], "upstream_stream_error");
     assert_eq!(frames.last().unwrap()["error"]["type"], "api_error");
 }
 
@@ -407,49 +268,20 @@ async fn upstream_http_failures_map_to_the_catalogue() {
         )
         .await;
     r.assert_error(502, "upstream_http_error");
-    assert_eq!(
-        r.header("retry-after").as_deref(),
-        Some("7"),
-        "the replica's Retry-After is forwarded"
-    );
-    let r = gw
-        .post(
-            "/v1/chat/completions",
-            &chat_body("chat-model", false),
-            &[("x-mock-status", "503")],
-        )
-        .await;
+    assert_eq!(r.header("retry-after").as_deref(), Some("7"), "the replica's Retry-After is forwarded");
+    let r = gw.post("/v1/chat/completions", &chat_body("chat-model", false), &[("x-mock-status", "503")]).await;
     r.assert_error(502, "upstream_http_error");
     assert!(r.header("retry-after").is_none());
-    let r = gw
-        .post(
-            "/v1/chat/completions",
-            &chat_body("chat-model", true),
-            &[("x-mock-status", "500")],
-        )
-        .await;
+    let r = gw.post("/v1/chat/completions", &chat_body("chat-model", true), &[("x-mock-status", "500")]).await;
     r.assert_error(502, "upstream_http_error");
 
-    let r = gw
-        .post(
-            "/v1/chat/completions",
-            &chat_body("chat-model", false),
-            &[("x-mock-status", "400")],
-        )
-        .await;
+    let r = gw.post("/v1/chat/completions", &chat_body("chat-model", false), &[("x-mock-status", "400")]).await;
     let v = r.assert_error(400, "upstream_error");
     assert_eq!(v["error"]["type"], "invalid_request_error");
-    assert!(
-        v["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("mock failure")
-    );
+    assert!(v["error"]["message"].as_str().unwrap().contains("mock failure"));
 
     // Nothing listens on either replica of dead-model.
-    let r = gw
-        .post("/v1/chat/completions", &chat_body("dead-model", false), &[])
-        .await;
+    let r = gw.post("/v1/chat/completions", &chat_body("dead-model", false), &[]).await;
     r.assert_error(503, "upstream_error");
     assert!(r.header("retry-after").is_some());
 }
@@ -458,17 +290,9 @@ async fn upstream_http_failures_map_to_the_catalogue() {
 async fn a_replica_that_refuses_connections_is_skipped() {
     let mock = Mock::start();
     let dead = format!("127.0.0.1:{}", closed_port());
-    let gw = Gateway::start_with(
-        &mock,
-        Opts {
-            chat_replicas: vec![dead, mock.addr()],
-            ..Opts::default()
-        },
-    );
+    let gw = Gateway::start_with(&mock, Opts { chat_replicas: vec![dead, mock.addr()], ..Opts::default() });
     for _ in 0..4 {
-        let r = gw
-            .post("/v1/chat/completions", &chat_body("chat-model", false), &[])
-            .await;
+        let r = gw.post("/v1/chat/completions", &chat_body("chat-model", false), &[]).await;
         assert_eq!(r.status, 200, "{}", r.text);
     }
 }
@@ -490,71 +314,32 @@ async fn full_replicas_answer_hosted_model_at_capacity() {
             .map(|r| r.status().as_u16())
     });
     tokio::time::sleep(std::time::Duration::from_millis(400)).await;
-    let r = gw
-        .post(
-            "/v1/chat/completions",
-            &chat_body("tiny-pool-model", false),
-            &[],
-        )
-        .await;
+    let r = gw.post("/v1/chat/completions", &chat_body("tiny-pool-model", false), &[]).await;
     let v = r.assert_error(429, "hosted_model_at_capacity");
     assert_eq!(v["error"]["type"], "rate_limit_error");
     assert!(v["error"].get("limit").is_none());
     assert!(r.header("x-hosted-limit-scope").is_none());
     assert_eq!(hold.await.unwrap().unwrap(), 200);
     // The slot is released when the first request ends.
-    let r = gw
-        .post(
-            "/v1/chat/completions",
-            &chat_body("tiny-pool-model", false),
-            &[],
-        )
-        .await;
+    let r = gw.post("/v1/chat/completions", &chat_body("tiny-pool-model", false), &[]).await;
     assert_eq!(r.status, 200);
 }
 
 #[tokio::test]
 async fn response_budget_gives_504_and_first_token_budget_an_error_frame() {
     let mock = Mock::start();
-    let gw = Gateway::start_with(
-        &mock,
-        Opts {
-            response_seconds: 1.0,
-            first_token_seconds: 0.5,
-            ..Opts::default()
-        },
-    );
+    let gw = Gateway::start_with(&mock, Opts { response_seconds: 1.0, first_token_seconds: 0.5, ..Opts::default() });
     let t = std::time::Instant::now();
-    let r = gw
-        .post(
-            "/v1/chat/completions",
-            &chat_body("chat-model", false),
-            &[("x-mock-hang", "1")],
-        )
-        .await;
+    let r = gw.post("/v1/chat/completions", &chat_body("chat-model", false), &[("x-mock-hang", "1")]).await;
     r.assert_error(504, "hosted_inference_response_timeout");
     assert!(r.header("retry-after").is_none());
-    assert!(
-        t.elapsed().as_secs_f64() < 5.0,
-        "cut at the budget, not a read timeout"
-    );
+    assert!(t.elapsed().as_secs_f64() < 5.0, "cut at the budget, not a read timeout");
 
-    let r = gw
-        .post(
-            "/v1/chat/completions",
-            &chat_body("chat-model", true),
-            &[("x-mock-ttft-ms", "3000")],
-        )
-        .await;
+    let r = gw.post("/v1/chat/completions", &chat_body("chat-model", true), &[("x-mock-ttft-ms", "3000")]).await;
     assert_eq!(r.status, 200);
     let (frames, done) = parse_frames(&r);
     assert!(!done);
-    assert_eq!(
-        frames.last().unwrap()["error"]["code"],
-        "hosted_inference_response_timeout",
-        "{}",
-        r.text
-    );
+    assert_eq!(frames.last().unwrap()["error"]["code"], "hosted_inference_response_timeout", "{}", r.text);
 
     // A stream that keeps producing past the whole-response budget is cut too.
     let r = gw
@@ -566,10 +351,7 @@ async fn response_budget_gives_504_and_first_token_budget_an_error_frame() {
         .await;
     let (frames, done) = parse_frames(&r);
     assert!(!done);
-    assert_eq!(
-        frames.last().unwrap()["error"]["code"],
-        "hosted_inference_response_timeout"
-    );
+    assert_eq!(frames.last().unwrap()["error"]["code"], "hosted_inference_response_timeout");
 }
 
 #[tokio::test]
@@ -599,8 +381,6 @@ async fn a_malformed_non_streamed_body_is_never_delivered_as_complete() {
         Err(_) => assert_eq!(status, 200),
     }
     // The gateway still serves the next request.
-    let ok = gw
-        .post("/v1/chat/completions", &chat_body("chat-model", false), &[])
-        .await;
+    let ok = gw.post("/v1/chat/completions", &chat_body("chat-model", false), &[]).await;
     assert_eq!(ok.status, 200);
 }

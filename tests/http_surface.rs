@@ -11,20 +11,11 @@ use serde_json::json;
 async fn unknown_paths_doubled_v1_and_endpoint_base_urls_are_404_with_base_url() {
     let mock = Mock::start();
     let gw = Gateway::start(&mock);
-    for path in [
-        "/v1/v1/chat/completions",
-        "/v1/chat/completions/chat/completions",
-        "/chat/completions",
-        "/nope",
-    ] {
+    for path in ["/v1/v1/chat/completions", "/v1/chat/completions/chat/completions", "/chat/completions", "/nope"] {
         let r = gw.post(path, &chat_body("chat-model", false), &[]).await;
         let v = r.assert_error(404, "unknown_endpoint");
         assert_eq!(v["error"]["type"], "not_found_error");
-        assert_eq!(
-            v["error"]["base_url"],
-            format!("http://127.0.0.1:{}/v1", gw.port),
-            "{path}"
-        );
+        assert_eq!(v["error"]["base_url"], format!("http://127.0.0.1:{}/v1", gw.port), "{path}");
     }
     // A messages-dialect path that is wrong still answers in the messages envelope.
     let r = gw.post("/v1/v1/messages", &json!({}), &[]).await;
@@ -52,51 +43,30 @@ async fn wrong_method_is_405_with_allow() {
 async fn request_ids_and_trace_header() {
     let mock = Mock::start();
     let gw = Gateway::start(&mock);
-    let r = gw
-        .post(
-            "/v1/chat/completions",
-            &chat_body("chat-model", false),
-            &[("x-client-request-id", "trace-42")],
-        )
-        .await;
+    let r =
+        gw.post("/v1/chat/completions", &chat_body("chat-model", false), &[("x-client-request-id", "trace-42")]).await;
     assert_eq!(r.status, 200, "{}", r.text);
-    assert!(
-        r.header("x-request-id")
-            .is_some_and(|v| v.starts_with("req_"))
-    );
+    assert!(r.header("x-request-id").is_some_and(|v| v.starts_with("req_")));
     assert_eq!(r.header("x-client-request-id").as_deref(), Some("trace-42"));
     let models = gw.get("/v1/models").await;
     assert!(models.header("x-request-id").is_some());
 
     let long = "a".repeat(513);
     for bad in ["   ", long.as_str()] {
-        let r = gw
-            .post(
-                "/v1/chat/completions",
-                &chat_body("chat-model", false),
-                &[("x-client-request-id", bad)],
-            )
-            .await;
+        let r = gw.post("/v1/chat/completions", &chat_body("chat-model", false), &[("x-client-request-id", bad)]).await;
         let v = r.assert_error(400, "invalid_trace_header");
         assert_eq!(v["error"]["type"], "invalid_request_error");
     }
     let ok512 = "b".repeat(512);
     let r = gw
-        .post(
-            "/v1/chat/completions",
-            &chat_body("chat-model", false),
-            &[("x-client-request-id", ok512.as_str())],
-        )
+        .post("/v1/chat/completions", &chat_body("chat-model", false), &[("x-client-request-id", ok512.as_str())])
         .await;
     assert_eq!(r.status, 200);
 
     // Messages routes carry `request-id` beside `x-request-id`.
     let r = gw.post("/v1/messages", &json!("not an object"), &[]).await;
     assert_eq!(r.header("request-id"), r.header("x-request-id"));
-    assert_eq!(
-        r.json()["request_id"].as_str(),
-        r.header("x-request-id").as_deref()
-    );
+    assert_eq!(r.json()["request_id"].as_str(), r.header("x-request-id").as_deref());
 }
 
 #[tokio::test]
@@ -113,30 +83,17 @@ async fn invalid_json_and_missing_fields() {
         .unwrap();
     let status = r.status().as_u16();
     let v: serde_json::Value = r.json().await.unwrap();
-    assert_eq!(
-        (status, v["error"]["code"].as_str()),
-        (400, Some("invalid_json"))
-    );
+    assert_eq!((status, v["error"]["code"].as_str()), (400, Some("invalid_json")));
 
-    let r = gw
-        .post("/v1/chat/completions", &json!({"messages": []}), &[])
-        .await;
+    let r = gw.post("/v1/chat/completions", &json!({"messages": []}), &[]).await;
     let v = r.assert_error(400, "missing_required_field");
     assert_eq!(v["error"]["param"], "model");
 
-    let r = gw
-        .post("/v1/chat/completions", &json!({"model": "chat-model"}), &[])
-        .await;
+    let r = gw.post("/v1/chat/completions", &json!({"model": "chat-model"}), &[]).await;
     let v = r.assert_error(400, "missing_required_field");
     assert_eq!(v["error"]["param"], "messages");
 
-    let r = gw
-        .post(
-            "/v1/chat/completions",
-            &json!({"model": "no-such-model", "messages": []}),
-            &[],
-        )
-        .await;
+    let r = gw.post("/v1/chat/completions", &json!({"model": "no-such-model", "messages": []}), &[]).await;
     let v = r.assert_error(404, "model_not_found");
     assert_eq!(v["error"]["param"], "model");
 }
@@ -163,11 +120,7 @@ async fn body_limit_is_exactly_3_500_000_bytes() {
         .send()
         .await
         .unwrap();
-    assert_eq!(
-        r.status().as_u16(),
-        200,
-        "exactly 3,500,000 bytes are accepted"
-    );
+    assert_eq!(r.status().as_u16(), 200, "exactly 3,500,000 bytes are accepted");
     let r = client
         .post(gw.url("/v1/chat/completions"))
         .header("authorization", gw.bearer())
@@ -198,11 +151,8 @@ async fn body_limit_is_exactly_3_500_000_bytes() {
     }
 }
 
-fn futures_stream(
-    body: Vec<u8>,
-) -> impl futures_core::Stream<Item = Result<Vec<u8>, std::io::Error>> {
-    let chunks: Vec<Result<Vec<u8>, std::io::Error>> =
-        body.chunks(64 * 1024).map(|c| Ok(c.to_vec())).collect();
+fn futures_stream(body: Vec<u8>) -> impl futures_core::Stream<Item = Result<Vec<u8>, std::io::Error>> {
+    let chunks: Vec<Result<Vec<u8>, std::io::Error>> = body.chunks(64 * 1024).map(|c| Ok(c.to_vec())).collect();
     tokio_stream::iter(chunks)
 }
 
@@ -251,10 +201,7 @@ async fn model_list_and_presence_rules() {
         assert!(embed.get(absent).is_none(), "{absent} must be absent");
     }
     // A shared cache neither discloses nor prices hits: no cached price published.
-    let shared = data
-        .iter()
-        .find(|m| m["id"] == "shared-cache-model")
-        .unwrap();
+    let shared = data.iter().find(|m| m["id"] == "shared-cache-model").unwrap();
     assert!(shared.get("cached_input_price").is_none());
 
     let paused = data.iter().find(|m| m["id"] == "paused-model").unwrap();
@@ -264,80 +211,47 @@ async fn model_list_and_presence_rules() {
     let one = gw.get("/v1/models/chat-model").await;
     assert_eq!(one.status, 200);
     assert_eq!(one.json()["id"], "chat-model");
-    gw.get("/v1/models/nope")
-        .await
-        .assert_error(404, "model_not_found");
+    gw.get("/v1/models/nope").await.assert_error(404, "model_not_found");
 }
 
 #[tokio::test]
 async fn paused_model_is_503_with_paused_until_and_capped_retry_after() {
     let mock = Mock::start();
     let gw = Gateway::start(&mock);
-    let r = gw
-        .post(
-            "/v1/chat/completions",
-            &chat_body("paused-model", false),
-            &[],
-        )
-        .await;
+    let r = gw.post("/v1/chat/completions", &chat_body("paused-model", false), &[]).await;
     let v = r.assert_error(503, "hosted_model_paused");
     assert_eq!(v["error"]["type"], "api_error");
     assert_eq!(v["error"]["paused_until"], "2099-01-01T00:00:00Z");
     assert_eq!(r.header("retry-after").as_deref(), Some("3600"));
-    assert_eq!(
-        mock.stats().await["requests"],
-        0,
-        "nothing reached a replica"
-    );
+    assert_eq!(mock.stats().await["requests"], 0, "nothing reached a replica");
 }
 
 #[tokio::test]
 async fn capability_routes_forward_or_refuse() {
     let mock = Mock::start();
     let gw = Gateway::start(&mock);
-    let r = gw
-        .post(
-            "/v1/embeddings",
-            &json!({"model": "chat-model", "input": "x"}),
-            &[],
-        )
-        .await;
+    let r = gw.post("/v1/embeddings", &json!({"model": "chat-model", "input": "x"}), &[]).await;
     let v = r.assert_error(400, "unsupported_model_operation");
     assert_eq!(v["error"]["type"], "invalid_request_error");
 
-    let r = gw
-        .post(
-            "/v1/embeddings",
-            &json!({"model": "embed-model", "input": "x", "dimensions": 3}),
-            &[],
-        )
-        .await;
+    let r = gw.post("/v1/embeddings", &json!({"model": "embed-model", "input": "x", "dimensions": 3}), &[]).await;
     assert_eq!(r.status, 200, "{}", r.text);
     assert_eq!(r.json()["object"], "list");
     let seen = mock.last_request().await;
     assert_eq!(seen["path"], "/v1/embeddings");
     assert_eq!(seen["body"]["model"], "org/embed", "upstream model name");
-    assert_eq!(
-        seen["body"]["dimensions"], 3,
-        "other fields forwarded unchanged"
-    );
+    assert_eq!(seen["body"]["dimensions"], 3, "other fields forwarded unchanged");
 
-    let r = gw
-        .post(
-            "/v1/chat/completions",
-            &chat_body("unserved-model", false),
-            &[],
-        )
-        .await;
+    let r = gw.post("/v1/chat/completions", &chat_body("unserved-model", false), &[]).await;
     r.assert_error(503, "hosted_inference_unavailable");
     assert!(r.header("retry-after").is_none());
 }
 
 #[tokio::test]
-async fn credits_and_usage_without_a_ledger_are_a_clear_503() {
+async fn usage_reads_without_a_plan_store_are_a_clear_503() {
     let mock = Mock::start();
     let gw = Gateway::start(&mock);
-    let r = gw.get("/v1/credits").await;
+    let r = gw.get("/v1/usage").await;
     r.assert_error(503, "datastore_unavailable");
     let ra: u64 = r.header("retry-after").unwrap().parse().unwrap();
     assert!((1..=4).contains(&ra));
@@ -347,11 +261,7 @@ async fn credits_and_usage_without_a_ledger_are_a_clear_503() {
 fn check_config_lists_every_problem_with_file_and_path() {
     let dir = std::env::temp_dir().join(format!("tollgate-badconf-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(
-        dir.join("tollgate.yaml"),
-        "listen: nowhere\nbudgets:\n  response_seconds: -1\n",
-    )
-    .unwrap();
+    std::fs::write(dir.join("tollgate.yaml"), "listen: nowhere\nbudgets:\n  response_seconds: -1\n").unwrap();
     std::fs::write(
         dir.join("models.yaml"),
         "models:\n  - id: a\n    supported_endpoints: [chat_completions, teleport]\n    pricing: { input: 0.123456789, output: 1 }\n",
@@ -366,10 +276,7 @@ fn check_config_lists_every_problem_with_file_and_path() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("tollgate.yaml: listen:"), "{err}");
-    assert!(
-        err.contains("tollgate.yaml: budgets.response_seconds:"),
-        "{err}"
-    );
+    assert!(err.contains("tollgate.yaml: budgets.response_seconds:"), "{err}");
 
     // With the gateway file fixed, the catalog's problems are all listed together.
     std::fs::write(dir.join("tollgate.yaml"), "listen: 127.0.0.1:1\n").unwrap();
@@ -379,16 +286,8 @@ fn check_config_lists_every_problem_with_file_and_path() {
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("models.yaml: models[0].supported_endpoints[1]: `teleport`"),
-        "{err}"
-    );
-    assert!(
-        err.contains(
-            "models.yaml: models[0].pricing.input: 0.123456789 has more than 8 decimal places"
-        ),
-        "{err}"
-    );
+    assert!(err.contains("models.yaml: models[0].supported_endpoints[1]: `teleport`"), "{err}");
+    assert!(err.contains("models.yaml: models[0].pricing.input: 0.123456789 has more than 8 decimal places"), "{err}");
 
     // Unknown fields are errors with their path, not silent defaults.
     std::fs::write(

@@ -37,31 +37,20 @@ impl Plugin for ChatCompletions {
         200
     }
 
-    async fn on_request(
-        &self,
-        _s: &mut Session,
-        cx: &mut RequestCtx,
-    ) -> Result<Flow, GatewayError> {
+    async fn on_request(&self, _s: &mut Session, cx: &mut RequestCtx) -> Result<Flow, GatewayError> {
         if is_chat(cx) {
             request::rewrite(cx)?;
         }
         Ok(Flow::Continue)
     }
 
-    fn on_response_header(
-        &self,
-        resp: &mut ResponseHeader,
-        cx: &mut RequestCtx,
-    ) -> Result<(), GatewayError> {
+    fn on_response_header(&self, resp: &mut ResponseHeader, cx: &mut RequestCtx) -> Result<(), GatewayError> {
         if !is_chat(cx) {
             return Ok(());
         }
         // The body is rewritten, so its length changes: pingora then sends it chunked.
         resp.remove_header("content-length");
-        let is_sse = resp
-            .headers
-            .get("content-type")
-            .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+        let is_sse = resp.headers.get("content-type").is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
         cx.response.streaming = is_sse;
         if is_sse {
             let _ = resp.insert_header("cache-control", "no-cache");
@@ -69,12 +58,7 @@ impl Plugin for ChatCompletions {
         Ok(())
     }
 
-    fn on_response_chunk(
-        &self,
-        body: &mut Option<Bytes>,
-        eos: bool,
-        cx: &mut RequestCtx,
-    ) -> Result<(), GatewayError> {
+    fn on_response_chunk(&self, body: &mut Option<Bytes>, eos: bool, cx: &mut RequestCtx) -> Result<(), GatewayError> {
         if !is_chat(cx) {
             return Ok(());
         }

@@ -44,13 +44,7 @@ const FORWARDED: &[&str] = &[
 ];
 
 /// Candidate-count fields: at most four (rule 2 reads them, then most are removed).
-const CANDIDATE_FIELDS: &[&str] = &[
-    "n",
-    "best_of",
-    "num_return_sequences",
-    "num_beams",
-    "beam_width",
-];
+const CANDIDATE_FIELDS: &[&str] = &["n", "best_of", "num_return_sequences", "num_beams", "beam_width"];
 
 const ROLES: &[&str] = &["system", "developer", "user", "assistant", "tool"];
 
@@ -72,11 +66,7 @@ fn check_messages(messages: Option<&Value>) -> Result<&Vec<Value>, GatewayError>
             Some(r) => {
                 return Err(GatewayError::invalid_request(
                     &format!("messages[{i}].role"),
-                    format!(
-                        "Role `{}` is not one of {}.",
-                        crate::request::truncate(r, 64),
-                        ROLES.join(", ")
-                    ),
+                    format!("Role `{}` is not one of {}.", crate::request::truncate(r, 64), ROLES.join(", ")),
                 ));
             }
             None => return Err(GatewayError::missing_field(&format!("messages[{i}].role"))),
@@ -90,10 +80,7 @@ fn positive_int(body: &Map<String, Value>, field: &str) -> Result<Option<u64>, G
         None | Some(Value::Null) => Ok(None),
         Some(v) => match v.as_u64() {
             Some(n) if n >= 1 => Ok(Some(n)),
-            _ => Err(GatewayError::invalid_request(
-                field,
-                format!("`{field}` must be an integer of at least 1."),
-            )),
+            _ => Err(GatewayError::invalid_request(field, format!("`{field}` must be an integer of at least 1."))),
         },
     }
 }
@@ -125,36 +112,24 @@ pub fn rewrite(cx: &mut RequestCtx) -> Result<(), GatewayError> {
                     .with_param(*field));
                 }
                 None => {
-                    return Err(GatewayError::invalid_request(
-                        field,
-                        format!("`{field}` must be a whole number."),
-                    ));
+                    return Err(GatewayError::invalid_request(field, format!("`{field}` must be a whole number.")));
                 }
             }
         }
     }
-    positive_int(&body, "max_tokens")?;
-    positive_int(&body, "max_completion_tokens")?;
+    let max_tokens = positive_int(&body, "max_tokens")?;
+    let max_completion_tokens = positive_int(&body, "max_completion_tokens")?;
     let stream = match body.get("stream") {
         None | Some(Value::Null) => false,
         Some(Value::Bool(b)) => *b,
         Some(_) => {
-            return Err(GatewayError::invalid_request(
-                "stream",
-                "`stream` must be a boolean.",
-            ));
+            return Err(GatewayError::invalid_request("stream", "`stream` must be a boolean."));
         }
     };
-    let include_usage = body
-        .get("stream_options")
-        .and_then(|o| o.get("include_usage"))
-        .and_then(Value::as_bool)
-        .unwrap_or(false);
+    let include_usage =
+        body.get("stream_options").and_then(|o| o.get("include_usage")).and_then(Value::as_bool).unwrap_or(false);
 
-    let pool = cx
-        .pool
-        .clone()
-        .ok_or_else(|| GatewayError::internal("no pool resolved"))?;
+    let pool = cx.pool.clone().ok_or_else(|| GatewayError::internal("no pool resolved"))?;
     let mut out = Map::with_capacity(body.len() + 2);
     out.insert("model".into(), Value::String(pool.upstream_model.clone()));
     let mut body = body;
@@ -175,6 +150,7 @@ pub fn rewrite(cx: &mut RequestCtx) -> Result<(), GatewayError> {
     cx.prompt_estimate = (bytes.len() as u64).div_ceil(4);
     cx.stream = stream;
     cx.include_usage = include_usage;
+    cx.output_ceiling = max_completion_tokens.or(max_tokens);
     cx.upstream_body = Some(Bytes::from(bytes));
     Ok(())
 }
@@ -187,14 +163,8 @@ mod tests {
     fn roles_are_checked_with_param() {
         let msgs = json!([{"role": "user", "content": "hi"}, {"role": "robot", "content": "x"}]);
         let e = check_messages(Some(&msgs)).err();
-        assert_eq!(
-            e.and_then(|e| e.param),
-            Some("messages[1].role".to_string())
-        );
-        assert_eq!(
-            check_messages(None).err().map(|e| e.kind),
-            Some(ErrorKind::MissingRequiredField)
-        );
+        assert_eq!(e.and_then(|e| e.param), Some("messages[1].role".to_string()));
+        assert_eq!(check_messages(None).err().map(|e| e.kind), Some(ErrorKind::MissingRequiredField));
         assert!(check_messages(Some(&json!([]))).is_err());
     }
 }

@@ -36,10 +36,7 @@ pub fn normalize(part: &mut Map<String, Value>) -> ChoiceOutput {
     }
     let content = non_empty_str(part.get("content"));
     let reasoning = non_empty_str(part.get("reasoning"));
-    let tools = part
-        .get("tool_calls")
-        .and_then(Value::as_array)
-        .is_some_and(|a| !a.is_empty());
+    let tools = part.get("tool_calls").and_then(Value::as_array).is_some_and(|a| !a.is_empty());
     out.answer = content > 0 || tools;
     out.output = out.answer || reasoning > 0;
     out.text_bytes = content + reasoning;
@@ -81,8 +78,7 @@ pub fn rename_model(obj: &mut Map<String, Value>, cx: &RequestCtx) -> bool {
 /// Serialize `obj` with `"usage": <usage_json>` appended (the usage object is rendered as
 /// text so `cost` keeps its fixed eight decimals).
 pub fn with_usage(obj: &Map<String, Value>, usage_json: &str) -> Result<Vec<u8>, GatewayError> {
-    let mut out =
-        serde_json::to_vec(obj).map_err(|e| GatewayError::internal(format!("serialize: {e}")))?;
+    let mut out = serde_json::to_vec(obj).map_err(|e| GatewayError::internal(format!("serialize: {e}")))?;
     out.pop(); // the closing brace
     if !obj.is_empty() {
         out.push(b',');
@@ -94,18 +90,11 @@ pub fn with_usage(obj: &Map<String, Value>, usage_json: &str) -> Result<Vec<u8>,
 }
 
 fn malformed() -> GatewayError {
-    GatewayError::new(
-        ErrorKind::UpstreamFailed,
-        "The model server sent a malformed response.",
-    )
+    GatewayError::new(ErrorKind::UpstreamFailed, "The model server sent a malformed response.")
 }
 
 /// Collect the body; at the end, rewrite it whole.
-pub fn on_chunk(
-    body: &mut Option<Bytes>,
-    eos: bool,
-    cx: &mut RequestCtx,
-) -> Result<(), GatewayError> {
+pub fn on_chunk(body: &mut Option<Bytes>, eos: bool, cx: &mut RequestCtx) -> Result<(), GatewayError> {
     if let Some(b) = body.take() {
         cx.response.body_buf.extend_from_slice(&b);
     }
@@ -151,9 +140,7 @@ pub fn on_chunk(
             with_usage(obj, &usage::render_chat_usage(&f, no_answer))?
         }
         // Never synthesized: no usage reported, none sent.
-        None => {
-            serde_json::to_vec(&v).map_err(|e| GatewayError::internal(format!("serialize: {e}")))?
-        }
+        None => serde_json::to_vec(&v).map_err(|e| GatewayError::internal(format!("serialize: {e}")))?,
     };
     *body = Some(Bytes::from(out));
     Ok(())
@@ -199,24 +186,14 @@ mod tests {
 
     #[test]
     fn output_status_codes_follow_finish_reason() {
-        assert_eq!(
-            output_status("length")["output_status"]["code"],
-            "generation_limit_reached_before_answer"
-        );
-        assert_eq!(
-            output_status("stop")["output_status"]["code"],
-            "no_answer_content"
-        );
+        assert_eq!(output_status("length")["output_status"]["code"], "generation_limit_reached_before_answer");
+        assert_eq!(output_status("stop")["output_status"]["code"], "no_answer_content");
     }
 
     #[test]
     fn usage_splice_is_valid_json() {
         let obj = json!({"id":"x"});
-        let out = with_usage(
-            obj.as_object().unwrap_or(&Map::new()),
-            "{\"cost\":0.00000001}",
-        )
-        .unwrap_or_default();
+        let out = with_usage(obj.as_object().unwrap_or(&Map::new()), "{\"cost\":0.00000001}").unwrap_or_default();
         let v: Value = serde_json::from_slice(&out).unwrap_or_default();
         assert_eq!(v["usage"]["cost"].as_f64(), Some(0.00000001));
         assert_eq!(v["id"], "x");

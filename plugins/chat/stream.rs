@@ -36,11 +36,7 @@ pub fn on_chunk(body: &mut Option<Bytes>, eos: bool, cx: &mut RequestCtx) {
                 ErrorKind::UpstreamStreamError,
                 "The model server ended the stream early; the response is incomplete.",
             );
-            out.extend_from_slice(&envelope::sse_error_frame(
-                &err,
-                cx.envelope,
-                &cx.request_id,
-            ));
+            out.extend_from_slice(&envelope::sse_error_frame(&err, cx.envelope, &cx.request_id));
             cx.failure = Some(err);
         }
     }
@@ -76,15 +72,8 @@ fn on_frame(frame: Bytes, cx: &mut RequestCtx, out: &mut BytesMut) {
     };
     if obj.contains_key("error") && !obj.contains_key("choices") {
         // The replica reported a failure inside the stream: end with our error frame.
-        let err = GatewayError::new(
-            ErrorKind::UpstreamFailed,
-            "The model server failed during generation.",
-        );
-        out.extend_from_slice(&envelope::sse_error_frame(
-            &err,
-            cx.envelope,
-            &cx.request_id,
-        ));
+        let err = GatewayError::new(ErrorKind::UpstreamFailed, "The model server failed during generation.");
+        out.extend_from_slice(&envelope::sse_error_frame(&err, cx.envelope, &cx.request_id));
         cx.failure = Some(err);
         cx.response.saw_done = true; // nothing more is forwarded as a normal end
         return;
@@ -97,11 +86,7 @@ fn on_frame(frame: Bytes, cx: &mut RequestCtx, out: &mut BytesMut) {
             let Some(choice) = choice.as_object_mut() else {
                 continue;
             };
-            let idx = choice
-                .get("index")
-                .and_then(Value::as_u64)
-                .map_or(pos, |i| i as usize)
-                .min(64);
+            let idx = choice.get("index").and_then(Value::as_u64).map_or(pos, |i| i as usize).min(64);
             if cx.response.answered.len() <= idx {
                 cx.response.answered.resize(idx + 1, false);
             }
@@ -115,10 +100,7 @@ fn on_frame(frame: Bytes, cx: &mut RequestCtx, out: &mut BytesMut) {
                 }
                 cx.response.answered[idx] |= o.answer;
             }
-            let finished = choice
-                .get("finish_reason")
-                .and_then(Value::as_str)
-                .map(str::to_owned);
+            let finished = choice.get("finish_reason").and_then(Value::as_str).map(str::to_owned);
             if let Some(fr) = finished {
                 if !cx.response.answered[idx] {
                     choice.insert("service".into(), output_status(&fr));

@@ -11,14 +11,9 @@ pub struct Fields<'a> {
 
 impl<'a> Fields<'a> {
     pub fn new(body: &'a Value, allowed: &[&str]) -> Result<Fields<'a>, AdminError> {
-        let obj = body
-            .as_object()
-            .ok_or_else(|| AdminError::bad("body", "the body must be a JSON object"))?;
+        let obj = body.as_object().ok_or_else(|| AdminError::bad("body", "the body must be a JSON object"))?;
         if let Some(unknown) = obj.keys().find(|k| !allowed.contains(&k.as_str())) {
-            return Err(AdminError::bad(
-                unknown,
-                &format!("unknown field; allowed: {}", allowed.join(", ")),
-            ));
+            return Err(AdminError::bad(unknown, &format!("unknown field; allowed: {}", allowed.join(", "))));
         }
         Ok(Fields { obj })
     }
@@ -30,15 +25,10 @@ impl<'a> Fields<'a> {
     pub fn str(&self, name: &str, max: usize) -> Result<Option<&'a str>, AdminError> {
         match self.get(name) {
             None => Ok(None),
-            Some(Value::String(s))
-                if !s.trim().is_empty() && s.len() <= max && !s.chars().any(char::is_control) =>
-            {
+            Some(Value::String(s)) if !s.trim().is_empty() && s.len() <= max && !s.chars().any(char::is_control) => {
                 Ok(Some(s))
             }
-            Some(_) => Err(AdminError::bad(
-                name,
-                &format!("must be a non-blank string of at most {max} characters"),
-            )),
+            Some(_) => Err(AdminError::bad(name, &format!("must be a non-blank string of at most {max} characters"))),
         }
     }
 
@@ -46,10 +36,7 @@ impl<'a> Fields<'a> {
         match self.get(name) {
             None => Ok(None),
             Some(Value::String(s)) if allowed.contains(&s.as_str()) => Ok(Some(s)),
-            Some(_) => Err(AdminError::bad(
-                name,
-                &format!("must be one of {}", allowed.join(", ")),
-            )),
+            Some(_) => Err(AdminError::bad(name, &format!("must be one of {}", allowed.join(", ")))),
         }
     }
 
@@ -58,10 +45,7 @@ impl<'a> Fields<'a> {
             None => Ok(None),
             Some(v) => match v.as_i64() {
                 Some(n) if (min..=max).contains(&n) => Ok(Some(n)),
-                _ => Err(AdminError::bad(
-                    name,
-                    &format!("must be a whole number from {min} to {max}"),
-                )),
+                _ => Err(AdminError::bad(name, &format!("must be a whole number from {min} to {max}"))),
             },
         }
     }
@@ -81,12 +65,7 @@ impl<'a> Fields<'a> {
             Some(Value::String(s)) => s
                 .parse::<jiff::Timestamp>()
                 .map(|t| Some(t.as_millisecond()))
-                .map_err(|_| {
-                    AdminError::bad(
-                        name,
-                        "must be an ISO 8601 time such as 2030-01-01T00:00:00Z",
-                    )
-                }),
+                .map_err(|_| AdminError::bad(name, "must be an ISO 8601 time such as 2030-01-01T00:00:00Z")),
             Some(_) => Err(AdminError::bad(name, "must be an ISO 8601 time string")),
         }
     }

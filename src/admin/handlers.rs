@@ -14,7 +14,7 @@ use crate::store::{KeyPatch, RotateOpts, StoreError};
 
 type Answer = Result<Response<Vec<u8>>, AdminError>;
 
-fn store_err(e: StoreError) -> AdminError {
+pub(super) fn store_err(e: StoreError) -> AdminError {
     let mut err = AdminError::new(503, "store_unavailable", e.to_string());
     err.retry_after = Some(2);
     err
@@ -23,32 +23,18 @@ fn store_err(e: StoreError) -> AdminError {
 fn key_err(e: KeyOpError) -> AdminError {
     match e {
         KeyOpError::NotFound => AdminError::not_found("key or workspace"),
-        KeyOpError::LiveKeyLimit => AdminError::new(
-            400,
-            "api_key_limit",
-            format!("at most {MAX_LIVE_PER_SCOPE} live keys per scope"),
-        )
-        .key_op(),
-        KeyOpError::RotationOverlap => {
-            AdminError::new(400, "api_key_rotation_overlap_limit", e.to_string()).key_op()
+        KeyOpError::LiveKeyLimit => {
+            AdminError::new(400, "api_key_limit", format!("at most {MAX_LIVE_PER_SCOPE} live keys per scope")).key_op()
         }
-        KeyOpError::NotActive(_) => {
-            AdminError::new(409, "api_key_not_active", e.to_string()).key_op()
-        }
-        KeyOpError::NotCopyable => {
-            AdminError::new(409, "api_key_not_copyable", e.to_string()).key_op()
-        }
-        KeyOpError::CopyForbidden => {
-            AdminError::new(403, "api_key_copy_forbidden", e.to_string()).key_op()
-        }
+        KeyOpError::RotationOverlap => AdminError::new(400, "api_key_rotation_overlap_limit", e.to_string()).key_op(),
+        KeyOpError::NotActive(_) => AdminError::new(409, "api_key_not_active", e.to_string()).key_op(),
+        KeyOpError::NotCopyable => AdminError::new(409, "api_key_not_copyable", e.to_string()).key_op(),
+        KeyOpError::CopyForbidden => AdminError::new(403, "api_key_copy_forbidden", e.to_string()).key_op(),
         KeyOpError::Invalid { field, message } => AdminError::bad(field, &message),
         KeyOpError::Store(m) => {
-            let mut err = AdminError::new(
-                503,
-                "api_key_mint_busy",
-                format!("nothing changed; resend the same request ({m})"),
-            )
-            .key_op();
+            let mut err =
+                AdminError::new(503, "api_key_mint_busy", format!("nothing changed; resend the same request ({m})"))
+                    .key_op();
             err.retry_after = Some(2);
             err
         }
@@ -56,13 +42,9 @@ fn key_err(e: KeyOpError) -> AdminError {
 }
 
 fn identity(app: &AdminApp) -> Result<&Arc<Identity>, AdminError> {
-    app.identity.as_ref().ok_or_else(|| {
-        AdminError::new(
-            503,
-            "identity_not_configured",
-            "no identity store is configured",
-        )
-    })
+    app.identity
+        .as_ref()
+        .ok_or_else(|| AdminError::new(503, "identity_not_configured", "no identity store is configured"))
 }
 
 fn opt_iso(ms: Option<i64>) -> Value {
@@ -122,26 +104,14 @@ pub async fn route(app: &AdminApp, method: &str, path: &str, body: &Value) -> An
             let (action, model) = (rest[rest.len() - 1], rest[..rest.len() - 1].join("/"));
             model_pause(app, &model, action, body)
         }
-        (
-            "POST",
-            [
-                "admin",
-                "v1",
-                "workspaces",
-                _,
-                "credits" | "freeze" | "unfreeze",
-            ],
-        )
-        | ("PUT", ["admin", "v1", "workspaces", _, "plan"]) => Err(AdminError::new(
-            501,
-            "not_implemented",
-            "credits, freezing and plans arrive with the ledger",
-        )),
-        _ => Err(AdminError::new(
-            404,
-            "unknown_route",
-            format!("{method} {path} is not an admin route"),
-        )),
+        ("POST", ["admin", "v1", "workspaces", ws, "credits"]) => super::credits::top_up(app, ws, body).await,
+        ("POST", ["admin", "v1", "workspaces", ws, "freeze"]) => super::credits::freeze(app, ws, body, true).await,
+        ("POST", ["admin", "v1", "workspaces", ws, "unfreeze"]) => super::credits::freeze(app, ws, body, false).await,
+        ("GET", ["admin", "v1", "workspaces", ws, "ledger"]) => super::credits::ledger_listing(app, ws).await,
+        ("PUT", ["admin", "v1", "workspaces", _, "plan"]) => {
+            Err(AdminError::new(501, "not_implemented", "coding plans are not built yet"))
+        }
+        _ => Err(AdminError::new(404, "unknown_route", format!("{method} {path} is not an admin route"))),
     }
 }
 
@@ -151,14 +121,14 @@ async fn health(app: &AdminApp) -> Answer {
     if let Some(id) = &app.identity {
         match id.store().ping().await {
             Ok(()) => {
-                stores.insert(
-                    "identity".into(),
-                    json!({"backend": id.store().backend(), "status": "ok"}),
-                );
+                stores.insert("identity".into(), json!({"backend": id.store().backend(), "status": "ok"}));
             }
             Err(e) => {
                 ok = false;
-                stores.insert("identity".into(), json!({"backend": id.store().backend(), "status": "down", "error": e.to_string()}));
+                stores.insert(
+                    "identity".into(),
+                    json!({"backend": id.store().backend(), "status": "down", "error": e.to_string()}),
+                );
             }
         }
     }
@@ -182,17 +152,11 @@ fn metrics() -> Response<Vec<u8>> {
 
 async fn create_workspace(app: &AdminApp, body: &Value) -> Answer {
     let f = Fields::new(body, &["name", "rate_tier"])?;
-    let name = f
-        .str("name", 200)?
-        .ok_or_else(|| AdminError::bad("name", "is required"))?;
-    let tier = f
-        .one_of("rate_tier", &["free", "core", "enterprise"])?
-        .and_then(RateTier::parse)
-        .unwrap_or(RateTier::Free);
-    let ws = identity(app)?
-        .create_workspace(name, tier)
-        .await
-        .map_err(store_err)?;
+    let name = f.str("name", 200)?.ok_or_else(|| AdminError::bad("name", "is required"))?;
+    let tier =
+        f.one_of("rate_tier", &["free", "core", "enterprise"])?.and_then(RateTier::parse).unwrap_or(RateTier::Free);
+    let ws = identity(app)?.create_workspace(name, tier).await.map_err(store_err)?;
+    super::credits::signup_grant(app, &ws.id).await?;
     Ok(json_response(
         201,
         &json!({"id": ws.id, "name": ws.name, "rate_tier": ws.rate_tier.as_str(), "created_at": iso(ws.created_at)}),
@@ -200,12 +164,14 @@ async fn create_workspace(app: &AdminApp, body: &Value) -> Answer {
 }
 
 async fn get_workspace(app: &AdminApp, ws: &str) -> Answer {
-    let w = identity(app)?
-        .workspace(ws)
-        .await
-        .map_err(store_err)?
-        .ok_or_else(|| AdminError::not_found("workspace"))?;
-    Ok(json_response(200, &workspace_json(&w)))
+    let w = identity(app)?.workspace(ws).await.map_err(store_err)?.ok_or_else(|| AdminError::not_found("workspace"))?;
+    let mut body = workspace_json(&w);
+    if let Some(b) = super::credits::balance(app, ws).await? {
+        body["balance_cents"] = json!(b.balance_cents);
+        body["held_cents"] = json!(b.held_cents);
+        body["lifetime_purchases_cents"] = json!(b.lifetime_purchases_cents);
+    }
+    Ok(json_response(200, &body))
 }
 
 const DAY_MS: i64 = 86_400_000;
@@ -229,10 +195,7 @@ async fn create_key(app: &AdminApp, ws: &str, body: &Value) -> Answer {
     let now = now_ms();
     let expires_at = match (f.instant("expires_at")?, f.int("expires_in_days", 1, 365)?) {
         (Some(_), Some(_)) => {
-            return Err(AdminError::bad(
-                "expires_in_days",
-                "give either expires_at or expires_in_days",
-            ));
+            return Err(AdminError::bad("expires_in_days", "give either expires_at or expires_in_days"));
         }
         (Some(at), None) if at <= now => {
             return Err(AdminError::bad("expires_at", "must be in the future"));
@@ -240,24 +203,15 @@ async fn create_key(app: &AdminApp, ws: &str, body: &Value) -> Answer {
         (Some(at), None) => Some(at),
         (None, Some(d)) if [30, 60, 90, 365].contains(&d) => Some(now + d * DAY_MS),
         (None, Some(_)) => {
-            return Err(AdminError::bad(
-                "expires_in_days",
-                "must be 30, 60, 90 or 365",
-            ));
+            return Err(AdminError::bad("expires_in_days", "must be 30, 60, 90 or 365"));
         }
         (None, None) => None,
     };
     let opts = NewKey {
         name: f.str("name", 200)?.map(str::to_string),
-        scope: f
-            .one_of("scope", &["workspace", "deployment", "terminal"])?
-            .and_then(KeyScope::parse),
+        scope: f.one_of("scope", &["workspace", "deployment", "terminal"])?.and_then(KeyScope::parse),
         // Minimum monthly limit: $1.00.
-        monthly_spend_limit_cents: f.int(
-            "monthly_spend_limit_cents",
-            100,
-            MAX_SPEND_LIMIT_CENTS,
-        )?,
+        monthly_spend_limit_cents: f.int("monthly_spend_limit_cents", 100, MAX_SPEND_LIMIT_CENTS)?,
         expires_at,
         credits_only: f.bool("credits_only")?.unwrap_or(false),
         rate_limit_rpm: f.int("rate_limit_rpm", 1, 10_000_000)?,
@@ -272,30 +226,14 @@ async fn create_key(app: &AdminApp, ws: &str, body: &Value) -> Answer {
 }
 
 async fn get_key(app: &AdminApp, id: &str) -> Answer {
-    let k = identity(app)?
-        .key(id)
-        .await
-        .map_err(store_err)?
-        .ok_or_else(|| AdminError::not_found("key"))?;
+    let k = identity(app)?.key(id).await.map_err(store_err)?.ok_or_else(|| AdminError::not_found("key"))?;
     Ok(json_response(200, &key_json(&k)))
 }
 
 async fn patch_key(app: &AdminApp, id: &str, body: &Value) -> Answer {
-    let f = Fields::new(
-        body,
-        &[
-            "monthly_spend_limit_cents",
-            "credits_only",
-            "rate_limit_rpm",
-            "expires_at",
-        ],
-    )?;
+    let f = Fields::new(body, &["monthly_spend_limit_cents", "credits_only", "rate_limit_rpm", "expires_at"])?;
     let clear_or = |name: &str, v: Option<i64>| {
-        if f.is_null(name) {
-            Some(None)
-        } else {
-            v.map(Some)
-        }
+        if f.is_null(name) { Some(None) } else { v.map(Some) }
     };
     let patch = KeyPatch {
         monthly_spend_limit_cents: clear_or(
@@ -306,19 +244,13 @@ async fn patch_key(app: &AdminApp, id: &str, body: &Value) -> Answer {
         rate_limit_rpm: clear_or("rate_limit_rpm", f.int("rate_limit_rpm", 1, 10_000_000)?),
         expires_at: clear_or("expires_at", f.instant("expires_at")?),
     };
-    let k = identity(app)?
-        .update_key(id, &patch)
-        .await
-        .map_err(key_err)?;
+    let k = identity(app)?.update_key(id, &patch).await.map_err(key_err)?;
     Ok(json_response(200, &key_json(&k)))
 }
 
 async fn delete_key(app: &AdminApp, id: &str) -> Answer {
     if identity(app)?.delete_key(id).await.map_err(key_err)? {
-        Ok(Response::builder()
-            .status(204)
-            .body(Vec::new())
-            .unwrap_or_default())
+        Ok(Response::builder().status(204).body(Vec::new()).unwrap_or_default())
     } else {
         Err(AdminError::not_found("key"))
     }
@@ -326,17 +258,12 @@ async fn delete_key(app: &AdminApp, id: &str) -> Answer {
 
 async fn copy_key(app: &AdminApp, id: &str, body: &Value) -> Answer {
     let f = Fields::new(body, &["actor", "role"])?;
-    let actor = f
-        .str("actor", 200)?
-        .ok_or_else(|| AdminError::bad("actor", "is required"))?;
+    let actor = f.str("actor", 200)?.ok_or_else(|| AdminError::bad("actor", "is required"))?;
     let role = f
         .one_of("role", &["owner", "creator", "member", "viewer"])?
         .and_then(CopyRole::parse)
         .ok_or_else(|| AdminError::bad("role", "is required"))?;
-    let key = identity(app)?
-        .copy_key(id, actor, role)
-        .await
-        .map_err(key_err)?;
+    let key = identity(app)?.copy_key(id, actor, role).await.map_err(key_err)?;
     Ok(json_response(200, &json!({ "key": key })))
 }
 
@@ -363,19 +290,12 @@ async fn revoke_key(app: &AdminApp, id: &str) -> Answer {
 }
 
 fn model_pause(app: &AdminApp, model: &str, action: &str, body: &Value) -> Answer {
-    let entry = app
-        .config
-        .catalog
-        .get(model)
-        .ok_or_else(|| AdminError::not_found("model"))?;
+    let entry = app.config.catalog.get(model).ok_or_else(|| AdminError::not_found("model"))?;
     match action {
         "pause" => {
             let f = Fields::new(body, &["until"])?;
-            let until = f
-                .instant("until")?
-                .ok_or_else(|| AdminError::bad("until", "is required"))?;
-            let ts = jiff::Timestamp::from_millisecond(until)
-                .map_err(|_| AdminError::bad("until", "out of range"))?;
+            let until = f.instant("until")?.ok_or_else(|| AdminError::bad("until", "is required"))?;
+            let ts = jiff::Timestamp::from_millisecond(until).map_err(|_| AdminError::bad("until", "out of range"))?;
             entry.set_paused_until(Some(ts));
         }
         "resume" => entry.set_paused_until(None),

@@ -4,6 +4,7 @@
 //! runs open. JSON in and out; errors are `{"error": {"code", "message"}}`, and key
 //! operation errors also carry a top-level `code`.
 
+mod credits;
 mod fields;
 mod handlers;
 
@@ -34,13 +35,7 @@ pub struct AdminError {
 
 impl AdminError {
     pub fn new(status: u16, code: &'static str, message: impl Into<String>) -> Self {
-        AdminError {
-            status,
-            code,
-            message: message.into(),
-            top_level_code: false,
-            retry_after: None,
-        }
+        AdminError { status, code, message: message.into(), top_level_code: false, retry_after: None }
     }
 
     /// 400 naming the field at fault.
@@ -62,6 +57,7 @@ impl AdminError {
 pub struct AdminApp {
     pub config: Arc<Config>,
     pub identity: Option<Arc<Identity>>,
+    pub ledger: Option<Arc<dyn crate::store::ledger::LedgerStore>>,
     /// `None`: no token configured, every call is refused.
     pub token: Option<String>,
 }
@@ -100,10 +96,7 @@ impl AdminApp {
             .headers
             .get("authorization")
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| {
-                v.strip_prefix("Bearer ")
-                    .or_else(|| v.strip_prefix("bearer "))
-            })
+            .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
             .unwrap_or("")
             .trim();
         // Constant-time: the answer time does not depend on how much of the token matches.
@@ -116,34 +109,21 @@ impl AdminApp {
             match session.read_request_body().await {
                 Ok(Some(chunk)) => {
                     if buf.len() + chunk.len() > MAX_BODY {
-                        return Err(AdminError::new(
-                            413,
-                            "payload_too_large",
-                            "admin bodies are at most 64 KiB",
-                        ));
+                        return Err(AdminError::new(413, "payload_too_large", "admin bodies are at most 64 KiB"));
                     }
                     buf.extend_from_slice(&chunk);
                 }
                 Ok(None) => break,
                 Err(_) => {
-                    return Err(AdminError::new(
-                        400,
-                        "invalid_body",
-                        "the body could not be read",
-                    ));
+                    return Err(AdminError::new(400, "invalid_body", "the body could not be read"));
                 }
             }
         }
         if buf.iter().all(u8::is_ascii_whitespace) {
             return Ok(json!({}));
         }
-        serde_json::from_slice(&buf).map_err(|e| {
-            AdminError::new(
-                400,
-                "invalid_json",
-                format!("the body is not valid JSON: {e}"),
-            )
-        })
+        serde_json::from_slice(&buf)
+            .map_err(|e| AdminError::new(400, "invalid_json", format!("the body is not valid JSON: {e}")))
     }
 }
 

@@ -56,11 +56,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(args.threads)
-        .enable_all()
-        .build()
-    {
+    let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(args.threads).enable_all().build() {
         Ok(runtime) => runtime,
         Err(e) => {
             eprintln!("cannot start the tokio runtime: {e}");

@@ -34,31 +34,15 @@ impl Client {
         let auth = format!("Bearer {}", self.token);
         let result = match (method, body) {
             ("GET", _) => self.agent.get(&url).header("authorization", &auth).call(),
-            ("DELETE", _) => self
-                .agent
-                .delete(&url)
-                .header("authorization", &auth)
-                .call(),
-            ("PATCH", b) => self
-                .agent
-                .patch(&url)
-                .header("authorization", &auth)
-                .send_json(b.unwrap_or(json!({}))),
-            (_, b) => self
-                .agent
-                .post(&url)
-                .header("authorization", &auth)
-                .send_json(b.unwrap_or(json!({}))),
+            ("DELETE", _) => self.agent.delete(&url).header("authorization", &auth).call(),
+            ("PATCH", b) => self.agent.patch(&url).header("authorization", &auth).send_json(b.unwrap_or(json!({}))),
+            (_, b) => self.agent.post(&url).header("authorization", &auth).send_json(b.unwrap_or(json!({}))),
         };
-        let mut resp =
-            result.map_err(|e| format!("admin API at {} not reachable: {e}", self.url))?;
+        let mut resp = result.map_err(|e| format!("admin API at {} not reachable: {e}", self.url))?;
         let status = resp.status().as_u16();
         let text = resp.body_mut().read_to_string().unwrap_or_default();
-        let value = if text.is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_str(&text).unwrap_or(Value::String(text))
-        };
+        let value =
+            if text.is_empty() { Value::Null } else { serde_json::from_str(&text).unwrap_or(Value::String(text)) };
         Ok((status, value))
     }
 }
@@ -76,11 +60,7 @@ fn switch(args: &mut Vec<String>, name: &str) -> bool {
 }
 
 fn int(v: Option<String>, name: &str) -> Result<Option<i64>, String> {
-    v.map(|s| {
-        s.parse::<i64>()
-            .map_err(|_| format!("{name} must be a whole number"))
-    })
-    .transpose()
+    v.map(|s| s.parse::<i64>().map_err(|_| format!("{name} must be a whole number"))).transpose()
 }
 
 fn print_readable(v: &Value, indent: usize) {
@@ -110,143 +90,97 @@ pub fn main(args: &[String]) -> Result<ExitCode, String> {
     let token = flag(&mut args, "--token")?;
     let loaded = crate::config::load(&config).ok();
     let url = url
-        .or_else(|| {
-            loaded
-                .as_ref()
-                .map(|c| format!("http://{}", c.gateway.admin_listen))
-        })
+        .or_else(|| loaded.as_ref().map(|c| format!("http://{}", c.gateway.admin_listen)))
         .unwrap_or_else(|| "http://127.0.0.1:8081".into());
     let token = token
         .or_else(|| std::env::var("TOLLGATE_ADMIN_TOKEN").ok())
         .or_else(|| loaded.as_ref().and_then(|c| c.gateway.admin_token.as_ref().map(|t| t.expose().to_string())))
         .ok_or("no admin token: pass --token, set TOLLGATE_ADMIN_TOKEN, or name admin.token_file in the config")?;
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .build()
-        .into();
-    let client = Client {
-        url: url.trim_end_matches('/').to_string(),
-        token,
-        agent,
-    };
+    let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+    let client = Client { url: url.trim_end_matches('/').to_string(), token, agent };
 
     let words: Vec<String> = args.clone();
     let word = |i: usize| words.get(i).cloned();
-    let (method, path, body): (&str, String, Option<Value>) =
-        match (word(0).as_deref(), word(1).as_deref()) {
-            (Some("workspace"), Some("create")) => {
-                let name = flag(&mut args, "--name")?.ok_or("--name is required")?;
-                let tier = flag(&mut args, "--tier")?;
-                let mut b = json!({ "name": name });
-                if let Some(t) = tier {
-                    b["rate_tier"] = json!(t);
-                }
-                ("POST", "/admin/v1/workspaces".into(), Some(b))
+    let (method, path, body): (&str, String, Option<Value>) = match (word(0).as_deref(), word(1).as_deref()) {
+        (Some("workspace"), Some("create")) => {
+            let name = flag(&mut args, "--name")?.ok_or("--name is required")?;
+            let tier = flag(&mut args, "--tier")?;
+            let mut b = json!({ "name": name });
+            if let Some(t) = tier {
+                b["rate_tier"] = json!(t);
             }
-            (Some("workspace"), Some("show")) => (
-                "GET",
-                format!("/admin/v1/workspaces/{}", word(2).ok_or("WORKSPACE_ID?")?),
-                None,
-            ),
-            (Some("key"), Some("create")) => {
-                let ws = word(2).ok_or("WORKSPACE_ID?")?;
-                let mut b = json!({});
-                if let Some(v) = flag(&mut args, "--name")? {
-                    b["name"] = json!(v);
-                }
-                if let Some(v) = flag(&mut args, "--scope")? {
-                    b["scope"] = json!(v);
-                }
-                if let Some(v) = int(flag(&mut args, "--expires-in-days")?, "--expires-in-days")? {
-                    b["expires_in_days"] = json!(v);
-                }
-                if let Some(v) = int(
-                    flag(&mut args, "--monthly-limit-cents")?,
-                    "--monthly-limit-cents",
-                )? {
-                    b["monthly_spend_limit_cents"] = json!(v);
-                }
-                if let Some(v) = int(flag(&mut args, "--rpm")?, "--rpm")? {
-                    b["rate_limit_rpm"] = json!(v);
-                }
-                if let Some(v) = flag(&mut args, "--created-by")? {
-                    b["created_by"] = json!(v);
-                }
-                if switch(&mut args, "--credits-only") {
-                    b["credits_only"] = json!(true);
-                }
-                ("POST", format!("/admin/v1/workspaces/{ws}/keys"), Some(b))
+            ("POST", "/admin/v1/workspaces".into(), Some(b))
+        }
+        (Some("workspace"), Some("show")) => {
+            ("GET", format!("/admin/v1/workspaces/{}", word(2).ok_or("WORKSPACE_ID?")?), None)
+        }
+        (Some("key"), Some("create")) => {
+            let ws = word(2).ok_or("WORKSPACE_ID?")?;
+            let mut b = json!({});
+            if let Some(v) = flag(&mut args, "--name")? {
+                b["name"] = json!(v);
             }
-            (Some("key"), Some("show")) => (
-                "GET",
-                format!("/admin/v1/keys/{}", word(2).ok_or("KEY_ID?")?),
-                None,
-            ),
-            (Some("key"), Some("revoke")) => (
-                "POST",
-                format!("/admin/v1/keys/{}/revoke", word(2).ok_or("KEY_ID?")?),
-                None,
-            ),
-            (Some("key"), Some("delete")) => (
-                "DELETE",
-                format!("/admin/v1/keys/{}", word(2).ok_or("KEY_ID?")?),
-                None,
-            ),
-            (Some("key"), Some("rotate")) => {
-                let id = word(2).ok_or("KEY_ID?")?;
-                let mut b = json!({});
-                if switch(&mut args, "--revoke-previous") {
-                    b["revoke_previous_immediately"] = json!(true);
-                }
-                if let Some(v) = int(flag(&mut args, "--grace-seconds")?, "--grace-seconds")? {
-                    b["grace_seconds"] = json!(v);
-                }
-                ("POST", format!("/admin/v1/keys/{id}/rotate"), Some(b))
+            if let Some(v) = flag(&mut args, "--scope")? {
+                b["scope"] = json!(v);
             }
-            (Some("key"), Some("copy")) => {
-                let id = word(2).ok_or("KEY_ID?")?;
-                let actor = flag(&mut args, "--actor")?.ok_or("--actor is required")?;
-                let role = flag(&mut args, "--role")?.ok_or("--role is required")?;
-                (
-                    "POST",
-                    format!("/admin/v1/keys/{id}/copy"),
-                    Some(json!({"actor": actor, "role": role})),
-                )
+            if let Some(v) = int(flag(&mut args, "--expires-in-days")?, "--expires-in-days")? {
+                b["expires_in_days"] = json!(v);
             }
-            (Some("model"), Some("pause")) => {
-                let model = word(2).ok_or("MODEL?")?;
-                let until = flag(&mut args, "--until")?.ok_or("--until is required")?;
-                (
-                    "POST",
-                    format!("/admin/v1/models/{model}/pause"),
-                    Some(json!({ "until": until })),
-                )
+            if let Some(v) = int(flag(&mut args, "--monthly-limit-cents")?, "--monthly-limit-cents")? {
+                b["monthly_spend_limit_cents"] = json!(v);
             }
-            (Some("model"), Some("resume")) => (
-                "POST",
-                format!("/admin/v1/models/{}/resume", word(2).ok_or("MODEL?")?),
-                None,
-            ),
-            (Some("health"), _) => ("GET", "/admin/v1/health".into(), None),
-            _ => {
-                println!("{HELP}");
-                return Ok(ExitCode::from(2));
+            if let Some(v) = int(flag(&mut args, "--rpm")?, "--rpm")? {
+                b["rate_limit_rpm"] = json!(v);
             }
-        };
+            if let Some(v) = flag(&mut args, "--created-by")? {
+                b["created_by"] = json!(v);
+            }
+            if switch(&mut args, "--credits-only") {
+                b["credits_only"] = json!(true);
+            }
+            ("POST", format!("/admin/v1/workspaces/{ws}/keys"), Some(b))
+        }
+        (Some("key"), Some("show")) => ("GET", format!("/admin/v1/keys/{}", word(2).ok_or("KEY_ID?")?), None),
+        (Some("key"), Some("revoke")) => ("POST", format!("/admin/v1/keys/{}/revoke", word(2).ok_or("KEY_ID?")?), None),
+        (Some("key"), Some("delete")) => ("DELETE", format!("/admin/v1/keys/{}", word(2).ok_or("KEY_ID?")?), None),
+        (Some("key"), Some("rotate")) => {
+            let id = word(2).ok_or("KEY_ID?")?;
+            let mut b = json!({});
+            if switch(&mut args, "--revoke-previous") {
+                b["revoke_previous_immediately"] = json!(true);
+            }
+            if let Some(v) = int(flag(&mut args, "--grace-seconds")?, "--grace-seconds")? {
+                b["grace_seconds"] = json!(v);
+            }
+            ("POST", format!("/admin/v1/keys/{id}/rotate"), Some(b))
+        }
+        (Some("key"), Some("copy")) => {
+            let id = word(2).ok_or("KEY_ID?")?;
+            let actor = flag(&mut args, "--actor")?.ok_or("--actor is required")?;
+            let role = flag(&mut args, "--role")?.ok_or("--role is required")?;
+            ("POST", format!("/admin/v1/keys/{id}/copy"), Some(json!({"actor": actor, "role": role})))
+        }
+        (Some("model"), Some("pause")) => {
+            let model = word(2).ok_or("MODEL?")?;
+            let until = flag(&mut args, "--until")?.ok_or("--until is required")?;
+            ("POST", format!("/admin/v1/models/{model}/pause"), Some(json!({ "until": until })))
+        }
+        (Some("model"), Some("resume")) => {
+            ("POST", format!("/admin/v1/models/{}/resume", word(2).ok_or("MODEL?")?), None)
+        }
+        (Some("health"), _) => ("GET", "/admin/v1/health".into(), None),
+        _ => {
+            println!("{HELP}");
+            return Ok(ExitCode::from(2));
+        }
+    };
     let (status, value) = client.call(method, &path, body)?;
     if as_json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&value).unwrap_or_default()
-        );
+        println!("{}", serde_json::to_string_pretty(&value).unwrap_or_default());
     } else if status == 204 {
         println!("done");
     } else {
         print_readable(&value, 0);
     }
-    Ok(if (200..300).contains(&status) {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(1)
-    })
+    Ok(if (200..300).contains(&status) { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }

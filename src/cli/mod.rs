@@ -40,10 +40,7 @@ pub fn take_flag(args: &[String], names: &[&str]) -> Result<(Option<String>, Vec
 
 fn config_path(args: &[String]) -> Result<(PathBuf, Vec<String>), String> {
     let (path, rest) = take_flag(args, &["--config", "-c"])?;
-    Ok((
-        PathBuf::from(path.unwrap_or_else(|| "conf/tollgate.yaml".into())),
-        rest,
-    ))
+    Ok((PathBuf::from(path.unwrap_or_else(|| "conf/tollgate.yaml".into())), rest))
 }
 
 fn no_more(rest: &[String]) -> Result<(), String> {
@@ -58,26 +55,18 @@ pub fn open_services(config: &Config, force_migrate: bool) -> Result<Services, S
     let Some(id) = &config.gateway.identity else {
         return Ok(Services::default());
     };
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| e.to_string())?;
-    let store = rt.block_on(async {
-        let store = crate::store::open(&id.store)
-            .await
-            .map_err(|e| format!("identity store {:?}: {e}", id.store))?;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
+    let stores = rt.block_on(async {
+        let stores = crate::store::open_stores(&id.store).await.map_err(|e| format!("store {:?}: {e}", id.store))?;
         if id.migrate_on_start || force_migrate {
-            store
-                .migrate()
-                .await
-                .map_err(|e| format!("migrations failed: {e}"))?;
+            stores.identity.migrate().await.map_err(|e| format!("migrations failed: {e}"))?;
         }
-        Ok::<_, String>(store)
+        Ok::<_, String>(stores)
     })?;
-    let secrets =
-        KeySecrets::new(&id.key_pepper, &id.key_encryption_key).map_err(|e| e.to_string())?;
+    let secrets = KeySecrets::new(&id.key_pepper, &id.key_encryption_key).map_err(|e| e.to_string())?;
     Ok(Services {
-        identity: Some(Arc::new(Identity::new(store, secrets, KeyCache::default()))),
+        identity: Some(Arc::new(Identity::new(stores.identity, secrets, KeyCache::default()))),
+        ledger: Some(stores.ledger),
     })
 }
 
@@ -134,21 +123,16 @@ pub fn main(args: Vec<String>) -> ExitCode {
                 no_more(&rest)?;
                 let config = load(&path)?;
                 // Plugins are checked without opening stores.
-                let chain =
-                    plugins::build(&config, &Services::default()).map_err(|e| e.to_string())?;
+                let chain = plugins::build(&config, &Services::default()).map_err(|e| e.to_string())?;
                 let names: Vec<&str> = chain.names().into_iter().map(|(n, _)| n).collect();
-                println!(
-                    "ok: {} models, plugins {names:?}",
-                    config.catalog.models.len()
-                );
+                println!("ok: {} models, plugins {names:?}", config.catalog.models.len());
                 Ok(ExitCode::SUCCESS)
             }
             "serve" => {
                 let (path, rest) = config_path(rest)?;
                 no_more(&rest)?;
-                let config = load(&path).map_err(|e| {
-                    format!("refusing to start, the configuration has problems:\n{e}")
-                })?;
+                let config =
+                    load(&path).map_err(|e| format!("refusing to start, the configuration has problems:\n{e}"))?;
                 let services = open_services(&config, false)?;
                 let chain = plugins::build(&config, &services).map_err(|e| e.to_string())?;
                 crate::server::run(config, chain, services, &std::env::temp_dir())

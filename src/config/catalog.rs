@@ -161,10 +161,7 @@ impl Catalog {
 /// microcent per token can carry.
 fn price(p: &mut Problems, path: &str, usd: f64) -> u64 {
     if !(usd.is_finite() && (0.0..=1_000_000.0).contains(&usd)) {
-        p.add(
-            path,
-            format!("must be a price in USD per million tokens between 0 and 1000000, got {usd}"),
-        );
+        p.add(path, format!("must be a price in USD per million tokens between 0 and 1000000, got {usd}"));
         return 0;
     }
     let scaled = usd * 100_000_000.0;
@@ -177,26 +174,14 @@ fn price(p: &mut Problems, path: &str, usd: f64) -> u64 {
 
 fn one_of(p: &mut Problems, path: &str, value: &str, allowed: &[&str]) {
     if !allowed.contains(&value) {
-        p.add(
-            path,
-            format!("`{value}` is not one of {}", allowed.join(", ")),
-        );
+        p.add(path, format!("`{value}` is not one of {}", allowed.join(", ")));
     }
 }
 
-fn check_model(
-    p: &mut Problems,
-    i: usize,
-    m: RawModel,
-    settings: &GatewaySettings,
-    loaded_at: i64,
-) -> ModelEntry {
+fn check_model(p: &mut Problems, i: usize, m: RawModel, settings: &GatewaySettings, loaded_at: i64) -> ModelEntry {
     let at = |f: &str| format!("models[{i}].{f}");
     if m.id.is_empty() || m.id.len() > 256 || m.id.chars().any(|c| c.is_control() || c == ' ') {
-        p.add(
-            at("id"),
-            "must be 1 to 256 characters without spaces or control characters",
-        );
+        p.add(at("id"), "must be 1 to 256 characters without spaces or control characters");
     }
     if m.supported_endpoints.is_empty() {
         p.add(at("supported_endpoints"), "must list at least one endpoint");
@@ -205,12 +190,7 @@ fn check_model(
         one_of(p, &at(&format!("supported_endpoints[{j}]")), e, ENDPOINTS);
     }
     for (j, e) in m.input_modalities.iter().enumerate() {
-        one_of(
-            p,
-            &at(&format!("input_modalities[{j}]")),
-            e,
-            &["text", "image"],
-        );
+        one_of(p, &at(&format!("input_modalities[{j}]")), e, &["text", "image"]);
     }
     for (j, e) in m.reasoning_efforts.iter().enumerate() {
         one_of(p, &at(&format!("reasoning_efforts[{j}]")), e, EFFORTS);
@@ -222,54 +202,29 @@ fn check_model(
         one_of(p, &at("cache_isolation"), c, &["isolated", "shared"]);
     }
     if let Some(c) = &m.cache_retention {
-        one_of(
-            p,
-            &at("cache_retention"),
-            c,
-            &["best_effort", "tiered_host_memory"],
-        );
+        one_of(p, &at("cache_retention"), c, &["best_effort", "tiered_host_memory"]);
     }
-    one_of(
-        p,
-        &at("availability"),
-        &m.availability,
-        &["available", "paused"],
-    );
+    one_of(p, &at("availability"), &m.availability, &["available", "paused"]);
     for (name, v) in [
         ("max_output_tokens", m.max_output_tokens),
         ("context_window", m.context_window),
-        (
-            "max_concurrent_requests_per_api_key",
-            m.max_concurrent_requests_per_api_key,
-        ),
-        (
-            "max_tokens_per_minute_per_workspace",
-            m.max_tokens_per_minute_per_workspace,
-        ),
+        ("max_concurrent_requests_per_api_key", m.max_concurrent_requests_per_api_key),
+        ("max_tokens_per_minute_per_workspace", m.max_tokens_per_minute_per_workspace),
     ] {
         if v == Some(0) {
-            p.add(
-                at(name),
-                "must be at least 1 (leave it out when undeclared)",
-            );
+            p.add(at(name), "must be at least 1 (leave it out when undeclared)");
         }
     }
     let paused_until = match (m.availability.as_str(), &m.paused_until) {
         ("paused", Some(t)) => match t.parse::<Timestamp>() {
             Ok(ts) => Some(ts),
             Err(e) => {
-                p.add(
-                    at("paused_until"),
-                    format!("`{t}` is not an ISO 8601 time: {e}"),
-                );
+                p.add(at("paused_until"), format!("`{t}` is not an ISO 8601 time: {e}"));
                 None
             }
         },
         ("paused", None) => {
-            p.add(
-                at("paused_until"),
-                "a paused model needs the time of its next availability check",
-            );
+            p.add(at("paused_until"), "a paused model needs the time of its next availability check");
             None
         }
         (_, Some(_)) => {
@@ -296,35 +251,20 @@ fn check_model(
     o.insert("id".into(), json!(m.id));
     o.insert("owned_by".into(), json!(settings.owned_by));
     o.insert("created".into(), json!(m.created.unwrap_or(loaded_at)));
-    o.insert(
-        "display_name".into(),
-        json!(m.display_name.clone().unwrap_or_else(|| m.id.clone())),
-    );
+    o.insert("display_name".into(), json!(m.display_name.clone().unwrap_or_else(|| m.id.clone())));
     o.insert("supported_endpoints".into(), json!(m.supported_endpoints));
     o.insert("modality".into(), json!(m.modality));
     o.insert("tool_calling".into(), json!(m.tool_calling));
     o.insert("json_mode".into(), json!(m.json_mode));
     o.insert("input_modalities".into(), json!(m.input_modalities));
     o.insert("reasoning_efforts".into(), json!(m.reasoning_efforts));
-    o.insert(
-        "default_reasoning_effort".into(),
-        json!(m.default_reasoning_effort),
-    );
+    o.insert("default_reasoning_effort".into(), json!(m.default_reasoning_effort));
     // Clarification 2: always present, null when no output limit is declared.
     o.insert("max_completion_tokens".into(), json!(m.max_output_tokens));
     // Clarification 3: gateway-wide values on every model.
-    o.insert(
-        "max_request_bytes".into(),
-        json!(settings.max_request_bytes),
-    );
-    o.insert(
-        "response_time_ceiling_seconds".into(),
-        json!(settings.budgets.response_ceiling_seconds),
-    );
-    o.insert(
-        "session_affinity_idle_ttl_seconds".into(),
-        json!(settings.budgets.session_affinity_idle_ttl_seconds),
-    );
+    o.insert("max_request_bytes".into(), json!(settings.max_request_bytes));
+    o.insert("response_time_ceiling_seconds".into(), json!(settings.budgets.response_ceiling_seconds));
+    o.insert("session_affinity_idle_ttl_seconds".into(), json!(settings.budgets.session_affinity_idle_ttl_seconds));
     if let Some(w) = m.context_window {
         o.insert("context_window".into(), json!(w));
         o.insert("context_length".into(), json!(w));
@@ -333,10 +273,7 @@ fn check_model(
         o.insert("max_output_tokens".into(), json!(t));
     }
     if let Some(pr) = &m.pricing {
-        o.insert(
-            "pricing".into(),
-            json!({ "input": pr.input, "output": pr.output }),
-        );
+        o.insert("pricing".into(), json!({ "input": pr.input, "output": pr.output }));
     }
     if let (Some(c), false) = (m.cached_input_price, shared_cache) {
         o.insert("cached_input_price_usd_per_mtok".into(), json!(c));
@@ -373,34 +310,21 @@ fn check_model(
     }
 }
 
-pub(super) fn load(
-    file: &Path,
-    settings: &GatewaySettings,
-    out: &mut Vec<ConfigProblem>,
-) -> Option<Catalog> {
+pub(super) fn load(file: &Path, settings: &GatewaySettings, out: &mut Vec<ConfigProblem>) -> Option<Catalog> {
     let raw: RawCatalog = parse_yaml(file, out)?;
     let before = out.len();
     let mut p = Problems::new(file, out);
     let loaded_at = Timestamp::now().as_second();
     let mut catalog = Catalog::default();
     for (i, m) in raw.models.into_iter().enumerate() {
-        let names: Vec<(String, String)> =
-            std::iter::once((format!("models[{i}].id"), m.id.clone()))
-                .chain(
-                    m.aliases
-                        .iter()
-                        .enumerate()
-                        .map(|(j, a)| (format!("models[{i}].aliases[{j}]"), a.clone())),
-                )
-                .collect();
+        let names: Vec<(String, String)> = std::iter::once((format!("models[{i}].id"), m.id.clone()))
+            .chain(m.aliases.iter().enumerate().map(|(j, a)| (format!("models[{i}].aliases[{j}]"), a.clone())))
+            .collect();
         let entry = check_model(&mut p, i, m, settings, loaded_at);
         let idx = catalog.models.len();
         for (path, name) in names {
             if catalog.by_name.insert(name.clone(), idx).is_some() {
-                p.add(
-                    path,
-                    format!("`{name}` is already the id or alias of another model"),
-                );
+                p.add(path, format!("`{name}` is already the id or alias of another model"));
             }
         }
         catalog.models.push(Arc::new(entry));

@@ -39,6 +39,26 @@ struct RawGateway {
     identity: Option<RawIdentity>,
     #[serde(default)]
     admin: RawAdmin,
+    #[serde(default)]
+    billing: RawBilling,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawBilling {
+    /// Absolute URL sent as `topup_url` in `402 insufficient_credits`.
+    #[serde(default = "default_topup_url")]
+    topup_url: String,
+}
+
+impl Default for RawBilling {
+    fn default() -> Self {
+        RawBilling { topup_url: default_topup_url() }
+    }
+}
+
+fn default_topup_url() -> String {
+    "https://billing.example.com/top-up".into()
 }
 
 #[derive(Deserialize)]
@@ -56,13 +76,8 @@ struct RawIdentity {
 #[derive(Deserialize)]
 #[serde(tag = "backend", rename_all = "lowercase", deny_unknown_fields)]
 enum RawStore {
-    Sqlite {
-        path: String,
-    },
-    Postgres {
-        url: Option<String>,
-        url_env: Option<String>,
-    },
+    Sqlite { path: String },
+    Postgres { url: Option<String>, url_env: Option<String> },
 }
 
 /// A secret from an environment variable or a file (never inline in the YAML).
@@ -89,9 +104,7 @@ struct RawLimits {
 
 impl Default for RawLimits {
     fn default() -> Self {
-        RawLimits {
-            max_request_bytes: default_max_request_bytes(),
-        }
+        RawLimits { max_request_bytes: default_max_request_bytes() }
     }
 }
 
@@ -238,9 +251,7 @@ impl std::fmt::Debug for IdentitySettings {
 
 fn read_secret(p: &mut Problems, path: &str, base: &Path, s: &RawSecret) -> Option<String> {
     let value = match (&s.env, &s.file) {
-        (Some(var), None) => {
-            std::env::var(var).map_err(|_| format!("environment variable `{var}` is not set"))
-        }
+        (Some(var), None) => std::env::var(var).map_err(|_| format!("environment variable `{var}` is not set")),
         (None, Some(file)) => {
             let f = sibling(base, file);
             std::fs::read_to_string(&f).map_err(|e| format!("cannot read `{}`: {e}", f.display()))
@@ -262,19 +273,14 @@ fn read_secret(p: &mut Problems, path: &str, base: &Path, s: &RawSecret) -> Opti
 
 fn identity_settings(p: &mut Problems, base: &Path, raw: &RawIdentity) -> Option<IdentitySettings> {
     let store = match &raw.store {
-        RawStore::Sqlite { path } => crate::store::StoreConfig::Sqlite {
-            path: sibling(base, path),
-        },
+        RawStore::Sqlite { path } => crate::store::StoreConfig::Sqlite { path: sibling(base, path) },
         RawStore::Postgres { url, url_env } => {
             let url = match (url, url_env) {
                 (Some(u), None) => Some(u.clone()),
                 (None, var) => {
                     let var = var.clone().unwrap_or_else(|| "DATABASE_URL".into());
                     std::env::var(&var).ok().or_else(|| {
-                        p.add(
-                            "identity.store.url_env",
-                            format!("environment variable `{var}` is not set"),
-                        );
+                        p.add("identity.store.url_env", format!("environment variable `{var}` is not set"));
                         None
                     })
                 }
@@ -287,23 +293,12 @@ fn identity_settings(p: &mut Problems, base: &Path, raw: &RawIdentity) -> Option
         }
     };
     let pepper = read_secret(p, "identity.key_pepper", base, &raw.key_pepper);
-    let enc = read_secret(
-        p,
-        "identity.key_encryption_key",
-        base,
-        &raw.key_encryption_key,
-    );
+    let enc = read_secret(p, "identity.key_encryption_key", base, &raw.key_encryption_key);
     if pepper.as_ref().is_some_and(|v| v.len() < 32) {
         p.add("identity.key_pepper", "must be at least 32 characters");
     }
-    if enc
-        .as_ref()
-        .is_some_and(|v| v.len() != 64 || !v.bytes().all(|b| b.is_ascii_hexdigit()))
-    {
-        p.add(
-            "identity.key_encryption_key",
-            "must be 64 hex characters (32 bytes)",
-        );
+    if enc.as_ref().is_some_and(|v| v.len() != 64 || !v.bytes().all(|b| b.is_ascii_hexdigit())) {
+        p.add("identity.key_encryption_key", "must be 64 hex characters (32 bytes)");
     }
     Some(IdentitySettings {
         store,
@@ -331,14 +326,12 @@ pub struct GatewaySettings {
     pub identity: Option<IdentitySettings>,
     /// `None`: no admin token, the admin listener refuses every call.
     pub admin_token: Option<Secret>,
+    pub topup_url: String,
 }
 
 fn budget(p: &mut Problems, path: &str, secs: f64) -> Duration {
     if !(secs.is_finite() && secs > 0.0 && secs <= 86_400.0) {
-        p.add(
-            path,
-            format!("must be a number of seconds in (0, 86400], got {secs}"),
-        );
+        p.add(path, format!("must be a number of seconds in (0, 86400], got {secs}"));
         return Duration::from_secs(1);
     }
     Duration::from_secs_f64(secs)
@@ -346,10 +339,7 @@ fn budget(p: &mut Problems, path: &str, secs: f64) -> Duration {
 
 fn addr(p: &mut Problems, path: &str, value: &str) -> SocketAddr {
     value.parse().unwrap_or_else(|_| {
-        p.add(
-            path,
-            format!("`{value}` is not an address like 127.0.0.1:8080"),
-        );
+        p.add(path, format!("`{value}` is not an address like 127.0.0.1:8080"));
         SocketAddr::from(([127, 0, 0, 1], 0))
     })
 }
@@ -365,69 +355,39 @@ pub(super) fn load(file: &Path, out: &mut Vec<ConfigProblem>) -> Option<GatewayS
     }
     if let Some(u) = &raw.public_base_url {
         if !(u.starts_with("http://") || u.starts_with("https://")) || u.ends_with('/') {
-            p.add(
-                "public_base_url",
-                format!("`{u}` must be an absolute http(s) URL without a trailing slash"),
-            );
+            p.add("public_base_url", format!("`{u}` must be an absolute http(s) URL without a trailing slash"));
         }
     }
     if raw.limits.max_request_bytes == 0 || raw.limits.max_request_bytes > 64 * 1024 * 1024 {
         p.add("limits.max_request_bytes", "must be between 1 and 67108864");
     }
-    let first_token = budget(
-        &mut p,
-        "budgets.first_token_seconds",
-        raw.budgets.first_token_seconds,
-    );
-    let response = budget(
-        &mut p,
-        "budgets.response_seconds",
-        raw.budgets.response_seconds,
-    );
+    let first_token = budget(&mut p, "budgets.first_token_seconds", raw.budgets.first_token_seconds);
+    let response = budget(&mut p, "budgets.response_seconds", raw.budgets.response_seconds);
     let mut seen = std::collections::HashSet::new();
     let mut plugins = Vec::new();
     for (i, plug) in raw.plugins.into_iter().enumerate() {
         if !seen.insert(plug.name.clone()) {
-            p.add(
-                format!("plugins[{i}].name"),
-                format!("`{}` is listed twice", plug.name),
-            );
+            p.add(format!("plugins[{i}].name"), format!("`{}` is listed twice", plug.name));
         }
         if plug.enabled {
-            plugins.push(PluginSpec {
-                name: plug.name,
-                settings: plug.settings,
-            });
+            plugins.push(PluginSpec { name: plug.name, settings: plug.settings });
         }
     }
-    let identity = raw
-        .identity
-        .as_ref()
-        .and_then(|i| identity_settings(&mut p, file, i));
-    let admin_token = match std::env::var("TOLLGATE_ADMIN_TOKEN")
-        .ok()
-        .filter(|t| !t.trim().is_empty())
-    {
+    let identity = raw.identity.as_ref().and_then(|i| identity_settings(&mut p, file, i));
+    let admin_token = match std::env::var("TOLLGATE_ADMIN_TOKEN").ok().filter(|t| !t.trim().is_empty()) {
         Some(t) => Some(t.trim().to_string()),
         None => raw.admin.token_file.as_ref().and_then(|f| {
-            read_secret(
-                &mut p,
-                "admin.token_file",
-                file,
-                &RawSecret {
-                    env: None,
-                    file: Some(f.clone()),
-                },
-            )
+            read_secret(&mut p, "admin.token_file", file, &RawSecret { env: None, file: Some(f.clone()) })
         }),
     };
     if admin_token.as_ref().is_some_and(|t| t.len() < 16) {
-        p.add(
-            "admin.token_file",
-            "the admin token must be at least 16 characters",
-        );
+        p.add("admin.token_file", "the admin token must be at least 16 characters");
     }
     let admin_token = admin_token.map(Secret);
+    let topup = &raw.billing.topup_url;
+    if !(topup.starts_with("https://") || topup.starts_with("http://")) || topup.len() > 2000 {
+        p.add("billing.topup_url", format!("`{topup}` must be an absolute http(s) URL"));
+    }
     let settings = GatewaySettings {
         listen,
         admin_listen,
@@ -448,6 +408,7 @@ pub(super) fn load(file: &Path, out: &mut Vec<ConfigProblem>) -> Option<GatewayS
         plugins,
         identity,
         admin_token,
+        topup_url: raw.billing.topup_url.clone(),
     };
     (out.len() == before).then_some(settings)
 }

@@ -30,13 +30,7 @@ pub struct ConfigProblem {
 
 impl fmt::Display for ConfigProblem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{}: {}: {}",
-            self.file.display(),
-            self.path,
-            self.problem
-        )
+        write!(f, "{}: {}: {}", self.file.display(), self.path, self.problem)
     }
 }
 
@@ -67,11 +61,7 @@ impl<'a> Problems<'a> {
     }
 
     pub(crate) fn add(&mut self, path: impl Into<String>, problem: impl Into<String>) {
-        self.out.push(ConfigProblem {
-            file: self.file.to_path_buf(),
-            path: path.into(),
-            problem: problem.into(),
-        });
+        self.out.push(ConfigProblem { file: self.file.to_path_buf(), path: path.into(), problem: problem.into() });
     }
 }
 
@@ -98,21 +88,15 @@ pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
         None => None,
     };
     match (catalog, pools) {
-        (Some(catalog), Some(pools)) if out.is_empty() => Ok(Config {
-            gateway,
-            catalog,
-            pools,
-            source: path.to_path_buf(),
-        }),
+        (Some(catalog), Some(pools)) if out.is_empty() => {
+            Ok(Config { gateway, catalog, pools, source: path.to_path_buf() })
+        }
         _ => Err(ConfigErrors(out)),
     }
 }
 
 /// Parse one YAML file into `T`, recording a problem with the field path on failure.
-pub(crate) fn parse_yaml<T: DeserializeOwned>(
-    file: &Path,
-    out: &mut Vec<ConfigProblem>,
-) -> Option<T> {
+pub(crate) fn parse_yaml<T: DeserializeOwned>(file: &Path, out: &mut Vec<ConfigProblem>) -> Option<T> {
     let mut problems = Problems::new(file, out);
     let text = match std::fs::read_to_string(file) {
         Ok(t) => t,
@@ -135,9 +119,5 @@ pub(crate) fn parse_yaml<T: DeserializeOwned>(
 /// Resolve `name` against the folder of `base_file`.
 pub(crate) fn sibling(base_file: &Path, name: &str) -> PathBuf {
     let p = Path::new(name);
-    if p.is_absolute() {
-        p.to_path_buf()
-    } else {
-        base_file.parent().unwrap_or(Path::new(".")).join(p)
-    }
+    if p.is_absolute() { p.to_path_buf() } else { base_file.parent().unwrap_or(Path::new(".")).join(p) }
 }

@@ -101,10 +101,7 @@ pub(super) fn load(file: &Path, catalog: &Catalog, out: &mut Vec<ConfigProblem>)
             continue;
         };
         if entry.id != model {
-            p.add(
-                format!("pools.{model}"),
-                format!("use the model id `{}`, not an alias", entry.id),
-            );
+            p.add(format!("pools.{model}"), format!("use the model id `{}`, not an alias", entry.id));
         }
         if pool.replicas.is_empty() {
             p.add(at("replicas"), "needs at least one replica");
@@ -119,10 +116,7 @@ pub(super) fn load(file: &Path, catalog: &Catalog, out: &mut Vec<ConfigProblem>)
             Some(var) => match std::env::var(var) {
                 Ok(v) if !v.trim().is_empty() => Some(format!("Bearer {}", v.trim())),
                 _ => {
-                    p.add(
-                        at("api_key_env"),
-                        format!("environment variable `{var}` is not set"),
-                    );
+                    p.add(at("api_key_env"), format!("environment variable `{var}` is not set"));
                     None
                 }
             },
@@ -132,10 +126,7 @@ pub(super) fn load(file: &Path, catalog: &Catalog, out: &mut Vec<ConfigProblem>)
         for (i, r) in pool.replicas.iter().enumerate() {
             let rat = |f: &str| format!("pools.{model}.replicas[{i}].{f}");
             if r.max_concurrency == 0 || r.max_concurrency > 100_000 {
-                p.add(
-                    rat("max_concurrency"),
-                    format!("must be 1..=100000, got {}", r.max_concurrency),
-                );
+                p.add(rat("max_concurrency"), format!("must be 1..=100000, got {}", r.max_concurrency));
             }
             match r.address.to_socket_addrs().map(|mut a| a.next()) {
                 Ok(Some(addr)) => replicas.push(Arc::new(Replica {
@@ -144,10 +135,7 @@ pub(super) fn load(file: &Path, catalog: &Catalog, out: &mut Vec<ConfigProblem>)
                     max_concurrency: r.max_concurrency.max(1),
                     in_flight: AtomicU32::new(0),
                 })),
-                _ => p.add(
-                    rat("address"),
-                    format!("`{}` is not a reachable host:port", r.address),
-                ),
+                _ => p.add(rat("address"), format!("`{}` is not a reachable host:port", r.address)),
             }
         }
         let pool = Pool {

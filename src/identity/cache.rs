@@ -32,56 +32,28 @@ pub struct KeyCache {
 
 impl Default for KeyCache {
     fn default() -> Self {
-        KeyCache::new(
-            Duration::from_millis(500),
-            Duration::from_secs(5),
-            Duration::from_secs(30),
-            100_000,
-        )
+        KeyCache::new(Duration::from_millis(500), Duration::from_secs(5), Duration::from_secs(30), 100_000)
     }
 }
 
 impl KeyCache {
-    pub fn new(
-        fresh: Duration,
-        negative: Duration,
-        stale_limit: Duration,
-        max_entries: usize,
-    ) -> Self {
-        KeyCache {
-            map: RwLock::new(HashMap::new()),
-            fresh,
-            negative,
-            stale_limit,
-            max_entries,
-        }
+    pub fn new(fresh: Duration, negative: Duration, stale_limit: Duration, max_entries: usize) -> Self {
+        KeyCache { map: RwLock::new(HashMap::new()), fresh, negative, stale_limit, max_entries }
     }
 
     fn cached(&self, digest: &str) -> Option<Entry> {
-        self.map
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(digest)
-            .cloned()
+        self.map.read().unwrap_or_else(|e| e.into_inner()).get(digest).cloned()
     }
 
     /// The key for `digest`: from the cache while fresh, else from `load`.
-    pub async fn get_or_load<F, Fut>(
-        &self,
-        digest: &str,
-        load: F,
-    ) -> Result<Option<Found>, StoreError>
+    pub async fn get_or_load<F, Fut>(&self, digest: &str, load: F) -> Result<Option<Found>, StoreError>
     where
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<Option<(KeyRecord, Workspace)>, StoreError>>,
     {
         let prior = self.cached(digest);
         if let Some(e) = &prior {
-            let ttl = if e.found.is_some() {
-                self.fresh
-            } else {
-                self.negative
-            };
+            let ttl = if e.found.is_some() { self.fresh } else { self.negative };
             if e.at.elapsed() < ttl {
                 return Ok(e.found.clone());
             }
@@ -111,21 +83,12 @@ impl KeyCache {
                 map.clear();
             }
         }
-        map.insert(
-            digest.to_string(),
-            Entry {
-                found,
-                at: Instant::now(),
-            },
-        );
+        map.insert(digest.to_string(), Entry { found, at: Instant::now() });
     }
 
     /// Forget a digest at once (this instance changed the key).
     pub fn invalidate(&self, digest: &str) {
-        self.map
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(digest);
+        self.map.write().unwrap_or_else(|e| e.into_inner()).remove(digest);
     }
 }
 
@@ -168,12 +131,7 @@ mod tests {
 
     #[tokio::test]
     async fn fresh_hits_skip_the_store_and_stale_entries_reload() {
-        let cache = KeyCache::new(
-            Duration::from_millis(50),
-            Duration::from_millis(50),
-            Duration::from_secs(30),
-            10,
-        );
+        let cache = KeyCache::new(Duration::from_millis(50), Duration::from_millis(50), Duration::from_secs(30), 10);
         let loads = AtomicUsize::new(0);
         for _ in 0..3 {
             let r = cache
@@ -187,24 +145,13 @@ mod tests {
         assert_eq!(loads.load(Ordering::SeqCst), 1);
         tokio::time::sleep(Duration::from_millis(60)).await;
         let r = cache.get_or_load("d", || async { Ok(None) }).await;
-        assert!(
-            r.unwrap().is_none(),
-            "a deletion is seen once the entry is no longer fresh"
-        );
+        assert!(r.unwrap().is_none(), "a deletion is seen once the entry is no longer fresh");
     }
 
     #[tokio::test]
     async fn outage_answers_from_cache_only_within_the_stale_limit() {
-        let cache = KeyCache::new(
-            Duration::from_millis(1),
-            Duration::from_millis(1),
-            Duration::from_millis(80),
-            10,
-        );
-        cache
-            .get_or_load("d", || async { Ok(Some(record())) })
-            .await
-            .unwrap();
+        let cache = KeyCache::new(Duration::from_millis(1), Duration::from_millis(1), Duration::from_millis(80), 10);
+        cache.get_or_load("d", || async { Ok(Some(record())) }).await.unwrap();
         tokio::time::sleep(Duration::from_millis(5)).await;
         let down = || async { Err(StoreError::Unavailable("down".into())) };
         assert!(cache.get_or_load("d", down).await.unwrap().is_some());

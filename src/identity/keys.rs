@@ -55,10 +55,7 @@ pub fn generate() -> Result<String, KeyMaterialError> {
 /// `rp_` followed by exactly 40 of `a-z0-9`.
 pub fn well_formed(key: &str) -> bool {
     key.strip_prefix(KEY_PREFIX).is_some_and(|body| {
-        body.len() == KEY_BODY_LEN
-            && body
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+        body.len() == KEY_BODY_LEN && body.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
     })
 }
 
@@ -78,23 +75,14 @@ impl KeySecrets {
     /// `pepper`: at least 32 bytes; `encryption_key_hex`: 64 hex characters (32 bytes).
     pub fn new(pepper: &[u8], encryption_key_hex: &str) -> Result<KeySecrets, KeyMaterialError> {
         if pepper.len() < 32 {
-            return Err(KeyMaterialError::BadSecret(
-                "the key pepper must be at least 32 bytes".into(),
-            ));
+            return Err(KeyMaterialError::BadSecret("the key pepper must be at least 32 bytes".into()));
         }
         let key = hex::decode(encryption_key_hex.trim())
             .ok()
             .filter(|k| k.len() == 32)
-            .ok_or_else(|| {
-                KeyMaterialError::BadSecret(
-                    "the key encryption key must be 64 hex characters".into(),
-                )
-            })?;
+            .ok_or_else(|| KeyMaterialError::BadSecret("the key encryption key must be 64 hex characters".into()))?;
         let cipher = Aes256Gcm::new_from_slice(&key).map_err(|_| KeyMaterialError::Crypto)?;
-        Ok(KeySecrets {
-            pepper: pepper.to_vec(),
-            cipher,
-        })
+        Ok(KeySecrets { pepper: pepper.to_vec(), cipher })
     }
 
     /// The stored, indexed form of a key: `v1:` + hex HMAC-SHA256(pepper, key).
@@ -116,10 +104,8 @@ impl KeySecrets {
     pub fn encrypt(&self, key: &str) -> Result<Vec<u8>, KeyMaterialError> {
         let mut nonce = [0u8; NONCE_LEN];
         getrandom::fill(&mut nonce).map_err(|_| KeyMaterialError::Random)?;
-        let ct = self
-            .cipher
-            .encrypt(Nonce::from_slice(&nonce), key.as_bytes())
-            .map_err(|_| KeyMaterialError::Crypto)?;
+        let ct =
+            self.cipher.encrypt(Nonce::from_slice(&nonce), key.as_bytes()).map_err(|_| KeyMaterialError::Crypto)?;
         let mut out = nonce.to_vec();
         out.extend_from_slice(&ct);
         Ok(out)
@@ -130,10 +116,7 @@ impl KeySecrets {
             return Err(KeyMaterialError::Crypto);
         }
         let (nonce, ct) = blob.split_at(NONCE_LEN);
-        let pt = self
-            .cipher
-            .decrypt(Nonce::from_slice(nonce), ct)
-            .map_err(|_| KeyMaterialError::Crypto)?;
+        let pt = self.cipher.decrypt(Nonce::from_slice(nonce), ct).map_err(|_| KeyMaterialError::Crypto)?;
         String::from_utf8(pt).map_err(|_| KeyMaterialError::Crypto)
     }
 }
@@ -189,11 +172,7 @@ mod tests {
         let s = secrets();
         let key = generate().unwrap();
         let blob = s.encrypt(&key).unwrap();
-        assert!(
-            !blob
-                .windows(10)
-                .any(|w| key.as_bytes().windows(10).any(|k| k == w))
-        );
+        assert!(!blob.windows(10).any(|w| key.as_bytes().windows(10).any(|k| k == w)));
         assert_eq!(s.decrypt(&blob).unwrap(), key);
         let mut tampered = blob.clone();
         let last = tampered.len() - 1;

@@ -40,20 +40,10 @@ impl std::fmt::Display for KeyOpError {
                 write!(f, "the scope already has {MAX_LIVE_PER_SCOPE} live keys")
             }
             KeyOpError::RotationOverlap => {
-                write!(
-                    f,
-                    "rotating would leave more than {MAX_LIVE_DURING_ROTATION} live keys in the scope"
-                )
+                write!(f, "rotating would leave more than {MAX_LIVE_DURING_ROTATION} live keys in the scope")
             }
-            KeyOpError::NotActive(s) => write!(
-                f,
-                "only an active key can be rotated; this key is {}",
-                s.as_str()
-            ),
-            KeyOpError::NotCopyable => write!(
-                f,
-                "this key cannot be copied; rotate it to get a copyable key"
-            ),
+            KeyOpError::NotActive(s) => write!(f, "only an active key can be rotated; this key is {}", s.as_str()),
+            KeyOpError::NotCopyable => write!(f, "this key cannot be copied; rotate it to get a copyable key"),
             KeyOpError::CopyForbidden => {
                 write!(f, "only the key's creator or a workspace owner may copy it")
             }
@@ -102,10 +92,7 @@ pub fn plan_rotation(
     }
     let grace = grace_ms.unwrap_or(DEFAULT_GRACE_MS);
     if !(0..=DEFAULT_GRACE_MS).contains(&grace) {
-        return Err(KeyOpError::Invalid {
-            field: "grace_seconds",
-            message: "must be between 0 and 86400".into(),
-        });
+        return Err(KeyOpError::Invalid { field: "grace_seconds", message: "must be between 0 and 86400".into() });
     }
     let revoke: Vec<String> = scope_keys
         .iter()
@@ -122,23 +109,13 @@ pub fn plan_rotation(
         let until = now + grace;
         target.expires_at.map_or(until, |e| e.min(until))
     });
-    Ok(RotationPlan {
-        previous_grace_until,
-        revoke_previous,
-        revoke,
-    })
+    Ok(RotationPlan { previous_grace_until, revoke_previous, revoke })
 }
 
 /// The new key of a rotation inherits the previous key's scope, name, flags and limits
 /// (the credits-only flag survives rotation); it starts its own life without expiry unless
 /// the previous key had one, which it keeps.
-pub fn successor(
-    previous: &KeyRecord,
-    id: String,
-    digest: String,
-    encrypted_copy: Vec<u8>,
-    now: Millis,
-) -> KeyRecord {
+pub fn successor(previous: &KeyRecord, id: String, digest: String, encrypted_copy: Vec<u8>, now: Millis) -> KeyRecord {
     KeyRecord {
         id,
         workspace_id: previous.workspace_id.clone(),
@@ -189,9 +166,7 @@ mod tests {
 
     #[test]
     fn create_stops_at_ten_live_keys() {
-        let mut keys: Vec<KeyRecord> = (0..9)
-            .map(|i| key(&format!("k{i}"), &format!("k{i}")))
-            .collect();
+        let mut keys: Vec<KeyRecord> = (0..9).map(|i| key(&format!("k{i}"), &format!("k{i}"))).collect();
         assert!(check_create(&keys, 1).is_ok());
         keys.push(key("k9", "k9"));
         assert_eq!(check_create(&keys, 1), Err(KeyOpError::LiveKeyLimit));
@@ -208,11 +183,7 @@ mod tests {
         let other = key("o", "o");
         let plan = plan_rotation(&k2, &[k1, k2.clone(), other], 100, false, None).unwrap();
         assert_eq!(plan.previous_grace_until, Some(100 + DEFAULT_GRACE_MS));
-        assert_eq!(
-            plan.revoke,
-            vec!["k1".to_string()],
-            "other histories untouched"
-        );
+        assert_eq!(plan.revoke, vec!["k1".to_string()], "other histories untouched");
         assert!(!plan.revoke_previous);
     }
 
@@ -226,24 +197,16 @@ mod tests {
 
     #[test]
     fn rotation_refused_above_twenty_live_keys_and_for_inactive_keys() {
-        let mut keys: Vec<KeyRecord> = (0..20)
-            .map(|i| key(&format!("k{i}"), &format!("k{i}")))
-            .collect();
+        let mut keys: Vec<KeyRecord> = (0..20).map(|i| key(&format!("k{i}"), &format!("k{i}"))).collect();
         let target = keys[0].clone();
-        assert_eq!(
-            plan_rotation(&target, &keys, 1, false, None),
-            Err(KeyOpError::RotationOverlap)
-        );
+        assert_eq!(plan_rotation(&target, &keys, 1, false, None), Err(KeyOpError::RotationOverlap));
         // Revoking the previous key at once keeps the count at twenty.
         assert!(plan_rotation(&target, &keys, 1, true, None).is_ok());
         keys.truncate(19);
         assert!(plan_rotation(&target, &keys, 1, false, None).is_ok());
         let mut revoked = key("r", "r");
         revoked.revoked_at = Some(0);
-        assert_eq!(
-            plan_rotation(&revoked, &[], 1, false, None),
-            Err(KeyOpError::NotActive(KeyState::Revoked))
-        );
+        assert_eq!(plan_rotation(&revoked, &[], 1, false, None), Err(KeyOpError::NotActive(KeyState::Revoked)));
     }
 
     #[test]
@@ -252,17 +215,9 @@ mod tests {
         assert_eq!(k.state(0), KeyState::Active);
         k.grace_until = Some(100);
         assert_eq!(k.state(99), KeyState::Grace);
-        assert_eq!(
-            k.state(100),
-            KeyState::Revoked,
-            "grace ended answers like revoked (C8)"
-        );
+        assert_eq!(k.state(100), KeyState::Revoked, "grace ended answers like revoked (C8)");
         k.expires_at = Some(50);
-        assert_eq!(
-            k.state(50),
-            KeyState::Expired,
-            "expiry at the instant it passes"
-        );
+        assert_eq!(k.state(50), KeyState::Expired, "expiry at the instant it passes");
         k.revoked_at = Some(1);
         assert_eq!(k.state(0), KeyState::Revoked);
     }

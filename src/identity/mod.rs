@@ -19,9 +19,7 @@ pub fn now_ms() -> Millis {
 
 /// ISO 8601 of a stored instant.
 pub fn iso(ms: Millis) -> String {
-    jiff::Timestamp::from_millisecond(ms)
-        .map(|t| t.to_string())
-        .unwrap_or_default()
+    jiff::Timestamp::from_millisecond(ms).map(|t| t.to_string()).unwrap_or_default()
 }
 
 /// Rate tier of a workspace (`X-RateLimit-Tier`, `plan_tier`).

@@ -69,11 +69,7 @@ fn new_id(prefix: &str) -> String {
 
 impl Identity {
     pub fn new(store: Arc<dyn IdentityStore>, secrets: KeySecrets, cache: KeyCache) -> Self {
-        Identity {
-            store,
-            secrets,
-            cache,
-        }
+        Identity { store, secrets, cache }
     }
 
     pub fn store(&self) -> &Arc<dyn IdentityStore> {
@@ -123,11 +119,7 @@ impl Identity {
         }
     }
 
-    pub async fn create_workspace(
-        &self,
-        name: &str,
-        tier: RateTier,
-    ) -> Result<Workspace, StoreError> {
+    pub async fn create_workspace(&self, name: &str, tier: RateTier) -> Result<Workspace, StoreError> {
         let ws = Workspace {
             id: uuid::Uuid::new_v4().to_string(),
             name: name.to_string(),
@@ -147,19 +139,12 @@ impl Identity {
     fn material(&self) -> Result<(String, String, Vec<u8>), KeyOpError> {
         let plaintext = keys::generate().map_err(|e| KeyOpError::Store(e.to_string()))?;
         let digest = self.secrets.digest(&plaintext);
-        let copy = self
-            .secrets
-            .encrypt(&plaintext)
-            .map_err(|e| KeyOpError::Store(e.to_string()))?;
+        let copy = self.secrets.encrypt(&plaintext).map_err(|e| KeyOpError::Store(e.to_string()))?;
         Ok((plaintext, digest, copy))
     }
 
     /// Mint a key; the plaintext is returned once and never stored.
-    pub async fn create_key(
-        &self,
-        workspace_id: &str,
-        opts: NewKey,
-    ) -> Result<(KeyRecord, String), KeyOpError> {
+    pub async fn create_key(&self, workspace_id: &str, opts: NewKey) -> Result<(KeyRecord, String), KeyOpError> {
         if self.store.workspace(workspace_id).await?.is_none() {
             return Err(KeyOpError::NotFound);
         }
@@ -194,17 +179,11 @@ impl Identity {
     }
 
     /// Rotate: (new key, its plaintext, previous key as updated).
-    pub async fn rotate_key(
-        &self,
-        id: &str,
-        opts: RotateOpts,
-    ) -> Result<(KeyRecord, String, KeyRecord), KeyOpError> {
+    pub async fn rotate_key(&self, id: &str, opts: RotateOpts) -> Result<(KeyRecord, String, KeyRecord), KeyOpError> {
         let now = now_ms();
         let (plaintext, digest, copy) = self.material()?;
         let new_id = new_id("key_");
-        let successor = Box::new(move |prev: &KeyRecord| {
-            Ok(lifecycle::successor(prev, new_id, digest, copy, now))
-        });
+        let successor = Box::new(move |prev: &KeyRecord| Ok(lifecycle::successor(prev, new_id, digest, copy, now)));
         let (new_key, previous) = self.store.rotate_key(id, successor, opts, now).await?;
         self.cache.invalidate(&previous.digest);
         Ok((new_key, plaintext, previous))
@@ -233,12 +212,7 @@ impl Identity {
 
     /// Copy a key's plaintext: creator and owner only, audited; keys without an encrypted
     /// copy (revoked, or from before copying existed) cannot be copied.
-    pub async fn copy_key(
-        &self,
-        id: &str,
-        actor: &str,
-        role: CopyRole,
-    ) -> Result<String, KeyOpError> {
+    pub async fn copy_key(&self, id: &str, actor: &str, role: CopyRole) -> Result<String, KeyOpError> {
         let key = self.store.key(id).await?.ok_or(KeyOpError::NotFound)?;
         let allowed = match role {
             CopyRole::Owner => true,
@@ -252,10 +226,7 @@ impl Identity {
             return Err(KeyOpError::NotCopyable);
         }
         let blob = key.encrypted_copy.as_ref().ok_or(KeyOpError::NotCopyable)?;
-        let plaintext = self
-            .secrets
-            .decrypt(blob)
-            .map_err(|_| KeyOpError::NotCopyable)?;
+        let plaintext = self.secrets.decrypt(blob).map_err(|_| KeyOpError::NotCopyable)?;
         let role_name = match role {
             CopyRole::Owner => "owner",
             _ => "creator",

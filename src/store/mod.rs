@@ -3,8 +3,11 @@
 //! versioned SQL files in `migrations/<backend>/`, applied by `tollgate migrate` and at
 //! `serve` start when configured to.
 
+pub mod ledger;
 pub mod postgres;
+mod postgres_ledger;
 pub mod sqlite;
+mod sqlite_ledger;
 
 use std::sync::Arc;
 
@@ -81,10 +84,7 @@ pub trait IdentityStore: Send + Sync {
     async fn create_key(&self, key: &KeyRecord, now: Millis) -> Result<(), KeyOpError>;
     async fn key(&self, id: &str) -> Result<Option<KeyRecord>, StoreError>;
     /// The key whose digest is `digest`, with its workspace (the auth hot path on a miss).
-    async fn key_by_digest(
-        &self,
-        digest: &str,
-    ) -> Result<Option<(KeyRecord, Workspace)>, StoreError>;
+    async fn key_by_digest(&self, digest: &str) -> Result<Option<(KeyRecord, Workspace)>, StoreError>;
     /// Rotate `id`: returns (new key, previous key as updated).
     async fn rotate_key(
         &self,
@@ -106,16 +106,14 @@ pub trait IdentityStore: Send + Sync {
 /// Embedded migrations per backend: (version, name, SQL).
 pub type Migration = (i64, &'static str, &'static str);
 
-pub const SQLITE_MIGRATIONS: &[Migration] = &[(
-    1,
-    "identity",
-    include_str!("../../migrations/sqlite/001_identity.sql"),
-)];
-pub const POSTGRES_MIGRATIONS: &[Migration] = &[(
-    1,
-    "identity",
-    include_str!("../../migrations/postgres/001_identity.sql"),
-)];
+pub const SQLITE_MIGRATIONS: &[Migration] = &[
+    (1, "identity", include_str!("../../migrations/sqlite/001_identity.sql")),
+    (2, "ledger", include_str!("../../migrations/sqlite/002_ledger.sql")),
+];
+pub const POSTGRES_MIGRATIONS: &[Migration] = &[
+    (1, "identity", include_str!("../../migrations/postgres/001_identity.sql")),
+    (2, "ledger", include_str!("../../migrations/postgres/002_ledger.sql")),
+];
 
 /// Which backend a config names.
 #[derive(Clone, PartialEq, Eq)]
@@ -133,13 +131,31 @@ impl std::fmt::Debug for StoreConfig {
     }
 }
 
-/// Open the configured store (the one place that picks a backend). Credentials in the URL
-/// are never logged.
-pub async fn open(config: &StoreConfig) -> Result<Arc<dyn IdentityStore>, StoreError> {
+/// The stores of one backend: the same database serves identity and the ledger.
+#[derive(Clone)]
+pub struct Stores {
+    pub identity: Arc<dyn IdentityStore>,
+    pub ledger: Arc<dyn ledger::LedgerStore>,
+}
+
+/// Open the configured backend (the one place that picks one). Credentials in the URL are
+/// never logged.
+pub async fn open_stores(config: &StoreConfig) -> Result<Stores, StoreError> {
     match config {
-        StoreConfig::Sqlite { path } => Ok(Arc::new(sqlite::SqliteStore::open(path)?)),
-        StoreConfig::Postgres { url } => Ok(Arc::new(postgres::PostgresStore::connect(url).await?)),
+        StoreConfig::Sqlite { path } => {
+            let s = Arc::new(sqlite::SqliteStore::open(path)?);
+            Ok(Stores { identity: s.clone(), ledger: s })
+        }
+        StoreConfig::Postgres { url } => {
+            let s = Arc::new(postgres::PostgresStore::connect(url).await?);
+            Ok(Stores { identity: s.clone(), ledger: s })
+        }
     }
+}
+
+/// The identity store of the configured backend.
+pub async fn open(config: &StoreConfig) -> Result<Arc<dyn IdentityStore>, StoreError> {
+    Ok(open_stores(config).await?.identity)
 }
 
 /// `postgres://user:secret@host/db` -> `postgres://user:***@host/db`, for logs.
@@ -160,10 +176,7 @@ pub fn redact_url(url: &str) -> String {
 mod tests {
     #[test]
     fn urls_are_redacted() {
-        assert_eq!(
-            super::redact_url("postgres://u:pw@h:5432/db"),
-            "postgres://u:***@h:5432/db"
-        );
+        assert_eq!(super::redact_url("postgres://u:pw@h:5432/db"), "postgres://u:***@h:5432/db");
         assert_eq!(super::redact_url("postgres://h/db"), "postgres://h/db");
     }
 }

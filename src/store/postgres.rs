@@ -14,9 +14,7 @@ use deadpool_postgres::GenericClient;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio_postgres::{NoTls, Row};
 
-use super::{
-    CopyAudit, IdentityStore, KeyPatch, POSTGRES_MIGRATIONS, RotateOpts, StoreError, Successor,
-};
+use super::{CopyAudit, IdentityStore, KeyPatch, POSTGRES_MIGRATIONS, RotateOpts, StoreError, Successor};
 use crate::identity::lifecycle::{self, KeyOpError};
 use crate::identity::{KeyRecord, KeyScope, Millis, RateTier, Workspace};
 
@@ -123,17 +121,8 @@ async fn insert_key(c: &impl GenericClient, k: &KeyRecord) -> Result<u64, tokio_
     .await
 }
 
-async fn get_key(
-    c: &impl GenericClient,
-    id: &str,
-) -> Result<Option<KeyRecord>, tokio_postgres::Error> {
-    match c
-        .query_opt(
-            &format!("SELECT {KEY_COLUMNS} FROM api_keys WHERE id = $1"),
-            &[&id],
-        )
-        .await?
-    {
+async fn get_key(c: &impl GenericClient, id: &str) -> Result<Option<KeyRecord>, tokio_postgres::Error> {
+    match c.query_opt(&format!("SELECT {KEY_COLUMNS} FROM api_keys WHERE id = $1"), &[&id]).await? {
         Some(r) => key_from_row(&r, 0).map(Some),
         None => Ok(None),
     }
@@ -164,19 +153,12 @@ async fn lock_workspace(c: &impl GenericClient, ws: &str) -> Result<(), KeyOpErr
 
 impl PostgresStore {
     pub async fn connect(url: &str) -> Result<PostgresStore, StoreError> {
-        let cfg: tokio_postgres::Config = url
-            .parse()
-            .map_err(|e| StoreError::Unavailable(format!("bad PostgreSQL URL: {e}")))?;
+        let cfg: tokio_postgres::Config =
+            url.parse().map_err(|e| StoreError::Unavailable(format!("bad PostgreSQL URL: {e}")))?;
         let rt = store_runtime()?.handle().clone();
         let pool = rt
             .spawn(async move {
-                let mgr = Manager::from_config(
-                    cfg,
-                    NoTls,
-                    ManagerConfig {
-                        recycling_method: RecyclingMethod::Fast,
-                    },
-                );
+                let mgr = Manager::from_config(cfg, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
                 Pool::builder(mgr)
                     .max_size(16)
                     .runtime(Runtime::Tokio1)
@@ -204,36 +186,27 @@ impl PostgresStore {
         self.rt
             .spawn(async move {
                 let work = async {
-                    let client = pool
-                        .get()
-                        .await
-                        .map_err(|e| KeyOpError::Store(format!("pool: {e}")))?;
+                    let client = pool.get().await.map_err(|e| KeyOpError::Store(format!("pool: {e}")))?;
                     f(client).await
                 };
                 tokio::time::timeout(CALL_TIMEOUT, work)
                     .await
-                    .unwrap_or_else(|_| {
-                        Err(KeyOpError::Store(
-                            "PostgreSQL did not answer in time".into(),
-                        ))
-                    })
+                    .unwrap_or_else(|_| Err(KeyOpError::Store("PostgreSQL did not answer in time".into())))
             })
             .await
             .map_err(|e| KeyOpError::Store(format!("store task failed: {e}")))?
     }
 
-    async fn read<T, F, Fut>(&self, f: F) -> Result<T, StoreError>
+    pub(super) async fn read<T, F, Fut>(&self, f: F) -> Result<T, StoreError>
     where
         T: Send + 'static,
         F: FnOnce(deadpool_postgres::Object) -> Fut + Send + 'static,
         Fut: Future<Output = Result<T, tokio_postgres::Error>> + Send + 'static,
     {
-        self.run(move |c| async move { f(c).await.map_err(ko) })
-            .await
-            .map_err(|e| match e {
-                KeyOpError::Store(m) => StoreError::Unavailable(m),
-                other => StoreError::Unavailable(other.to_string()),
-            })
+        self.run(move |c| async move { f(c).await.map_err(ko) }).await.map_err(|e| match e {
+            KeyOpError::Store(m) => StoreError::Unavailable(m),
+            other => StoreError::Unavailable(other.to_string()),
+        })
     }
 }
 
@@ -269,8 +242,7 @@ impl IdentityStore for PostgresStore {
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
-        self.read(|c| async move { c.execute("SELECT 1", &[]).await.map(|_| ()) })
-            .await
+        self.read(|c| async move { c.execute("SELECT 1", &[]).await.map(|_| ()) }).await
     }
 
     async fn create_workspace(&self, ws: &Workspace) -> Result<(), StoreError> {
@@ -278,14 +250,7 @@ impl IdentityStore for PostgresStore {
         self.read(move |c| async move {
             c.execute(
                 &format!("INSERT INTO workspaces ({WS_COLUMNS}) VALUES ($1,$2,$3,$4,$5,$6)"),
-                &[
-                    &ws.id,
-                    &ws.name,
-                    &ws.rate_tier.as_str(),
-                    &ws.created_at,
-                    &ws.frozen,
-                    &ws.lifetime_purchases_cents,
-                ],
+                &[&ws.id, &ws.name, &ws.rate_tier.as_str(), &ws.created_at, &ws.frozen, &ws.lifetime_purchases_cents],
             )
             .await
             .map(|_| ())
@@ -296,13 +261,7 @@ impl IdentityStore for PostgresStore {
     async fn workspace(&self, id: &str) -> Result<Option<Workspace>, StoreError> {
         let id = id.to_string();
         self.read(move |c| async move {
-            match c
-                .query_opt(
-                    &format!("SELECT {WS_COLUMNS} FROM workspaces WHERE id = $1"),
-                    &[&id],
-                )
-                .await?
-            {
+            match c.query_opt(&format!("SELECT {WS_COLUMNS} FROM workspaces WHERE id = $1"), &[&id]).await? {
                 Some(r) => ws_from_row(&r, 0).map(Some),
                 None => Ok(None),
             }
@@ -315,9 +274,7 @@ impl IdentityStore for PostgresStore {
         self.run(move |mut c| async move {
             let tx = c.transaction().await.map_err(ko)?;
             lock_workspace(&tx, &key.workspace_id).await?;
-            let existing = scope_keys(&tx, &key.workspace_id, key.scope)
-                .await
-                .map_err(ko)?;
+            let existing = scope_keys(&tx, &key.workspace_id, key.scope).await.map_err(ko)?;
             lifecycle::check_create(&existing, now)?;
             insert_key(&tx, &key).await.map_err(ko)?;
             tx.commit().await.map_err(ko)
@@ -327,14 +284,10 @@ impl IdentityStore for PostgresStore {
 
     async fn key(&self, id: &str) -> Result<Option<KeyRecord>, StoreError> {
         let id = id.to_string();
-        self.read(move |c| async move { get_key(&c, &id).await })
-            .await
+        self.read(move |c| async move { get_key(&c, &id).await }).await
     }
 
-    async fn key_by_digest(
-        &self,
-        digest: &str,
-    ) -> Result<Option<(KeyRecord, Workspace)>, StoreError> {
+    async fn key_by_digest(&self, digest: &str) -> Result<Option<(KeyRecord, Workspace)>, StoreError> {
         let digest = digest.to_string();
         self.read(move |c| async move {
             let kcols: Vec<String> = KEY_COLUMNS.split(", ").map(|col| format!("k.{col}")).collect();
@@ -363,34 +316,17 @@ impl IdentityStore for PostgresStore {
         let id = id.to_string();
         self.run(move |mut c| async move {
             let tx = c.transaction().await.map_err(ko)?;
-            let first = get_key(&tx, &id)
-                .await
-                .map_err(ko)?
-                .ok_or(KeyOpError::NotFound)?;
+            let first = get_key(&tx, &id).await.map_err(ko)?.ok_or(KeyOpError::NotFound)?;
             lock_workspace(&tx, &first.workspace_id).await?;
-            let target = get_key(&tx, &id)
-                .await
-                .map_err(ko)?
-                .ok_or(KeyOpError::NotFound)?;
-            let keys = scope_keys(&tx, &target.workspace_id, target.scope)
-                .await
-                .map_err(ko)?;
-            let plan = lifecycle::plan_rotation(
-                &target,
-                &keys,
-                now,
-                opts.revoke_previous_immediately,
-                opts.grace_ms,
-            )?;
+            let target = get_key(&tx, &id).await.map_err(ko)?.ok_or(KeyOpError::NotFound)?;
+            let keys = scope_keys(&tx, &target.workspace_id, target.scope).await.map_err(ko)?;
+            let plan = lifecycle::plan_rotation(&target, &keys, now, opts.revoke_previous_immediately, opts.grace_ms)?;
             let new_key = successor(&target)?;
             insert_key(&tx, &new_key).await.map_err(ko)?;
             for old in &plan.revoke {
-                tx.execute(
-                    "UPDATE api_keys SET revoked_at = $2, encrypted_copy = NULL WHERE id = $1",
-                    &[old, &now],
-                )
-                .await
-                .map_err(ko)?;
+                tx.execute("UPDATE api_keys SET revoked_at = $2, encrypted_copy = NULL WHERE id = $1", &[old, &now])
+                    .await
+                    .map_err(ko)?;
             }
             if plan.revoke_previous {
                 tx.execute(
@@ -407,10 +343,7 @@ impl IdentityStore for PostgresStore {
                 .await
                 .map_err(ko)?;
             }
-            let previous = get_key(&tx, &target.id)
-                .await
-                .map_err(ko)?
-                .ok_or(KeyOpError::NotFound)?;
+            let previous = get_key(&tx, &target.id).await.map_err(ko)?.ok_or(KeyOpError::NotFound)?;
             tx.commit().await.map_err(ko)?;
             Ok((new_key, previous))
         })
@@ -440,46 +373,22 @@ impl IdentityStore for PostgresStore {
         let p = patch.clone();
         self.run(move |mut c| async move {
             let tx = c.transaction().await.map_err(ko)?;
-            get_key(&tx, &id)
-                .await
-                .map_err(ko)?
-                .ok_or(KeyOpError::NotFound)?;
+            get_key(&tx, &id).await.map_err(ko)?.ok_or(KeyOpError::NotFound)?;
             if let Some(v) = p.monthly_spend_limit_cents {
-                tx.execute(
-                    "UPDATE api_keys SET monthly_spend_limit_cents = $2 WHERE id = $1",
-                    &[&id, &v],
-                )
-                .await
-                .map_err(ko)?;
+                tx.execute("UPDATE api_keys SET monthly_spend_limit_cents = $2 WHERE id = $1", &[&id, &v])
+                    .await
+                    .map_err(ko)?;
             }
             if let Some(v) = p.credits_only {
-                tx.execute(
-                    "UPDATE api_keys SET credits_only = $2 WHERE id = $1",
-                    &[&id, &v],
-                )
-                .await
-                .map_err(ko)?;
+                tx.execute("UPDATE api_keys SET credits_only = $2 WHERE id = $1", &[&id, &v]).await.map_err(ko)?;
             }
             if let Some(v) = p.rate_limit_rpm {
-                tx.execute(
-                    "UPDATE api_keys SET rate_limit_rpm = $2 WHERE id = $1",
-                    &[&id, &v],
-                )
-                .await
-                .map_err(ko)?;
+                tx.execute("UPDATE api_keys SET rate_limit_rpm = $2 WHERE id = $1", &[&id, &v]).await.map_err(ko)?;
             }
             if let Some(v) = p.expires_at {
-                tx.execute(
-                    "UPDATE api_keys SET expires_at = $2 WHERE id = $1",
-                    &[&id, &v],
-                )
-                .await
-                .map_err(ko)?;
+                tx.execute("UPDATE api_keys SET expires_at = $2 WHERE id = $1", &[&id, &v]).await.map_err(ko)?;
             }
-            let k = get_key(&tx, &id)
-                .await
-                .map_err(ko)?
-                .ok_or(KeyOpError::NotFound)?;
+            let k = get_key(&tx, &id).await.map_err(ko)?.ok_or(KeyOpError::NotFound)?;
             tx.commit().await.map_err(ko)?;
             Ok(k)
         })
@@ -488,12 +397,8 @@ impl IdentityStore for PostgresStore {
 
     async fn delete_key(&self, id: &str) -> Result<bool, StoreError> {
         let id = id.to_string();
-        self.read(move |c| async move {
-            c.execute("DELETE FROM api_keys WHERE id = $1", &[&id])
-                .await
-                .map(|n| n > 0)
-        })
-        .await
+        self.read(move |c| async move { c.execute("DELETE FROM api_keys WHERE id = $1", &[&id]).await.map(|n| n > 0) })
+            .await
     }
 
     async fn record_copy(&self, a: &CopyAudit) -> Result<(), StoreError> {
@@ -516,7 +421,14 @@ impl IdentityStore for PostgresStore {
                 .query("SELECT key_id, actor, role, at FROM key_copy_audit WHERE key_id = $1 ORDER BY id", &[&key_id])
                 .await?;
             rows.iter()
-                .map(|r| Ok(CopyAudit { key_id: r.try_get(0)?, actor: r.try_get(1)?, role: r.try_get(2)?, at: r.try_get(3)? }))
+                .map(|r| {
+                    Ok(CopyAudit {
+                        key_id: r.try_get(0)?,
+                        actor: r.try_get(1)?,
+                        role: r.try_get(2)?,
+                        at: r.try_get(3)?,
+                    })
+                })
                 .collect()
         })
         .await

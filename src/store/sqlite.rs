@@ -8,9 +8,7 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
 
-use super::{
-    CopyAudit, IdentityStore, KeyPatch, RotateOpts, SQLITE_MIGRATIONS, StoreError, Successor,
-};
+use super::{CopyAudit, IdentityStore, KeyPatch, RotateOpts, SQLITE_MIGRATIONS, StoreError, Successor};
 use crate::identity::lifecycle::{self, KeyOpError};
 use crate::identity::{KeyRecord, KeyScope, Millis, RateTier, Workspace};
 
@@ -24,9 +22,7 @@ fn unavailable(e: impl std::fmt::Display) -> StoreError {
 
 fn db_err(e: rusqlite::Error) -> StoreError {
     match e {
-        rusqlite::Error::SqliteFailure(f, m)
-            if f.code == rusqlite::ErrorCode::ConstraintViolation =>
-        {
+        rusqlite::Error::SqliteFailure(f, m) if f.code == rusqlite::ErrorCode::ConstraintViolation => {
             StoreError::Conflict(m.unwrap_or_else(|| "constraint".into()))
         }
         other => unavailable(other),
@@ -74,7 +70,9 @@ fn ws_from_row(r: &Row<'_>, at: usize) -> rusqlite::Result<Workspace> {
 
 fn insert_key(c: &Connection, k: &KeyRecord) -> rusqlite::Result<usize> {
     c.execute(
-        &format!("INSERT INTO api_keys ({KEY_COLUMNS}) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17)"),
+        &format!(
+            "INSERT INTO api_keys ({KEY_COLUMNS}) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17)"
+        ),
         params![
             k.id,
             k.workspace_id,
@@ -98,18 +96,12 @@ fn insert_key(c: &Connection, k: &KeyRecord) -> rusqlite::Result<usize> {
 }
 
 fn get_key(c: &Connection, id: &str) -> rusqlite::Result<Option<KeyRecord>> {
-    c.query_row(
-        &format!("SELECT {KEY_COLUMNS} FROM api_keys WHERE id = ?1"),
-        [id],
-        key_from_row,
-    )
-    .optional()
+    c.query_row(&format!("SELECT {KEY_COLUMNS} FROM api_keys WHERE id = ?1"), [id], key_from_row).optional()
 }
 
 fn scope_keys(c: &Connection, ws: &str, scope: KeyScope) -> rusqlite::Result<Vec<KeyRecord>> {
-    let mut st = c.prepare_cached(&format!(
-        "SELECT {KEY_COLUMNS} FROM api_keys WHERE workspace_id = ?1 AND scope = ?2"
-    ))?;
+    let mut st =
+        c.prepare_cached(&format!("SELECT {KEY_COLUMNS} FROM api_keys WHERE workspace_id = ?1 AND scope = ?2"))?;
     let rows = st.query_map(params![ws, scope.as_str()], key_from_row)?;
     rows.collect()
 }
@@ -121,13 +113,9 @@ impl SqliteStore {
             std::fs::create_dir_all(dir).map_err(unavailable)?;
         }
         let conn = Connection::open(path).map_err(unavailable)?;
-        conn.execute_batch(
-            "PRAGMA journal_mode = WAL; PRAGMA foreign_keys = ON; PRAGMA busy_timeout = 5000;",
-        )
-        .map_err(unavailable)?;
-        Ok(SqliteStore {
-            conn: Arc::new(Mutex::new(conn)),
-        })
+        conn.execute_batch("PRAGMA journal_mode = WAL; PRAGMA foreign_keys = ON; PRAGMA busy_timeout = 5000;")
+            .map_err(unavailable)?;
+        Ok(SqliteStore { conn: Arc::new(Mutex::new(conn)) })
     }
 
     /// Run `f` on the connection in a blocking task.
@@ -144,16 +132,14 @@ impl SqliteStore {
         .map_err(|e| KeyOpError::Store(format!("store task failed: {e}")))?
     }
 
-    async fn read<T: Send + 'static>(
+    pub(super) async fn read<T: Send + 'static>(
         &self,
         f: impl FnOnce(&mut Connection) -> rusqlite::Result<T> + Send + 'static,
     ) -> Result<T, StoreError> {
-        self.with(move |c| f(c).map_err(|e| KeyOpError::from(db_err(e))))
-            .await
-            .map_err(|e| match e {
-                KeyOpError::Store(m) => StoreError::Unavailable(m),
-                other => StoreError::Unavailable(other.to_string()),
-            })
+        self.with(move |c| f(c).map_err(|e| KeyOpError::from(db_err(e)))).await.map_err(|e| match e {
+            KeyOpError::Store(m) => StoreError::Unavailable(m),
+            other => StoreError::Unavailable(other.to_string()),
+        })
     }
 }
 
@@ -222,9 +208,7 @@ impl IdentityStore for SqliteStore {
     async fn create_key(&self, key: &KeyRecord, now: Millis) -> Result<(), KeyOpError> {
         let key = key.clone();
         self.with(move |c| {
-            let tx = c
-                .transaction_with_behavior(TransactionBehavior::Immediate)
-                .map_err(ko)?;
+            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate).map_err(ko)?;
             let existing = scope_keys(&tx, &key.workspace_id, key.scope).map_err(ko)?;
             lifecycle::check_create(&existing, now)?;
             insert_key(&tx, &key).map_err(ko)?;
@@ -238,10 +222,7 @@ impl IdentityStore for SqliteStore {
         self.read(move |c| get_key(c, &id)).await
     }
 
-    async fn key_by_digest(
-        &self,
-        digest: &str,
-    ) -> Result<Option<(KeyRecord, Workspace)>, StoreError> {
+    async fn key_by_digest(&self, digest: &str) -> Result<Option<(KeyRecord, Workspace)>, StoreError> {
         let digest = digest.to_string();
         self.read(move |c| {
             let cols: String = KEY_COLUMNS.split(", ").map(|col| format!("k.{col}")).collect::<Vec<_>>().join(", ");
@@ -264,18 +245,10 @@ impl IdentityStore for SqliteStore {
     ) -> Result<(KeyRecord, KeyRecord), KeyOpError> {
         let id = id.to_string();
         self.with(move |c| {
-            let tx = c
-                .transaction_with_behavior(TransactionBehavior::Immediate)
-                .map_err(ko)?;
+            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate).map_err(ko)?;
             let target = get_key(&tx, &id).map_err(ko)?.ok_or(KeyOpError::NotFound)?;
             let keys = scope_keys(&tx, &target.workspace_id, target.scope).map_err(ko)?;
-            let plan = lifecycle::plan_rotation(
-                &target,
-                &keys,
-                now,
-                opts.revoke_previous_immediately,
-                opts.grace_ms,
-            )?;
+            let plan = lifecycle::plan_rotation(&target, &keys, now, opts.revoke_previous_immediately, opts.grace_ms)?;
             let new_key = successor(&target)?;
             insert_key(&tx, &new_key).map_err(ko)?;
             for old in &plan.revoke {
@@ -298,9 +271,7 @@ impl IdentityStore for SqliteStore {
                 )
                 .map_err(ko)?;
             }
-            let previous = get_key(&tx, &target.id)
-                .map_err(ko)?
-                .ok_or(KeyOpError::NotFound)?;
+            let previous = get_key(&tx, &target.id).map_err(ko)?.ok_or(KeyOpError::NotFound)?;
             tx.commit().map_err(ko)?;
             Ok((new_key, previous))
         })
@@ -328,37 +299,20 @@ impl IdentityStore for SqliteStore {
         let id = id.to_string();
         let p = patch.clone();
         self.with(move |c| {
-            let tx = c
-                .transaction_with_behavior(TransactionBehavior::Immediate)
-                .map_err(ko)?;
+            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate).map_err(ko)?;
             get_key(&tx, &id).map_err(ko)?.ok_or(KeyOpError::NotFound)?;
             if let Some(v) = p.monthly_spend_limit_cents {
-                tx.execute(
-                    "UPDATE api_keys SET monthly_spend_limit_cents = ?2 WHERE id = ?1",
-                    params![id, v],
-                )
-                .map_err(ko)?;
+                tx.execute("UPDATE api_keys SET monthly_spend_limit_cents = ?2 WHERE id = ?1", params![id, v])
+                    .map_err(ko)?;
             }
             if let Some(v) = p.credits_only {
-                tx.execute(
-                    "UPDATE api_keys SET credits_only = ?2 WHERE id = ?1",
-                    params![id, v],
-                )
-                .map_err(ko)?;
+                tx.execute("UPDATE api_keys SET credits_only = ?2 WHERE id = ?1", params![id, v]).map_err(ko)?;
             }
             if let Some(v) = p.rate_limit_rpm {
-                tx.execute(
-                    "UPDATE api_keys SET rate_limit_rpm = ?2 WHERE id = ?1",
-                    params![id, v],
-                )
-                .map_err(ko)?;
+                tx.execute("UPDATE api_keys SET rate_limit_rpm = ?2 WHERE id = ?1", params![id, v]).map_err(ko)?;
             }
             if let Some(v) = p.expires_at {
-                tx.execute(
-                    "UPDATE api_keys SET expires_at = ?2 WHERE id = ?1",
-                    params![id, v],
-                )
-                .map_err(ko)?;
+                tx.execute("UPDATE api_keys SET expires_at = ?2 WHERE id = ?1", params![id, v]).map_err(ko)?;
             }
             let k = get_key(&tx, &id).map_err(ko)?.ok_or(KeyOpError::NotFound)?;
             tx.commit().map_err(ko)?;
@@ -369,11 +323,7 @@ impl IdentityStore for SqliteStore {
 
     async fn delete_key(&self, id: &str) -> Result<bool, StoreError> {
         let id = id.to_string();
-        self.read(move |c| {
-            c.execute("DELETE FROM api_keys WHERE id = ?1", [id])
-                .map(|n| n > 0)
-        })
-        .await
+        self.read(move |c| c.execute("DELETE FROM api_keys WHERE id = ?1", [id]).map(|n| n > 0)).await
     }
 
     async fn record_copy(&self, a: &CopyAudit) -> Result<(), StoreError> {
@@ -391,16 +341,10 @@ impl IdentityStore for SqliteStore {
     async fn copy_audit(&self, key_id: &str) -> Result<Vec<CopyAudit>, StoreError> {
         let key_id = key_id.to_string();
         self.read(move |c| {
-            let mut st = c.prepare(
-                "SELECT key_id, actor, role, at FROM key_copy_audit WHERE key_id = ?1 ORDER BY id",
-            )?;
+            let mut st =
+                c.prepare("SELECT key_id, actor, role, at FROM key_copy_audit WHERE key_id = ?1 ORDER BY id")?;
             let rows = st.query_map([key_id], |r| {
-                Ok(CopyAudit {
-                    key_id: r.get(0)?,
-                    actor: r.get(1)?,
-                    role: r.get(2)?,
-                    at: r.get(3)?,
-                })
+                Ok(CopyAudit { key_id: r.get(0)?, actor: r.get(1)?, role: r.get(2)?, at: r.get(3)? })
             })?;
             rows.collect()
         })

@@ -37,19 +37,14 @@ impl Mock {
             .expect("mock replica starts");
         let stdout = child.stdout.take().expect("stdout");
         let mut line = String::new();
-        BufReader::new(stdout)
-            .read_line(&mut line)
-            .expect("mock prints its port");
+        BufReader::new(stdout).read_line(&mut line).expect("mock prints its port");
         let port = line
             .trim()
             .rsplit(':')
             .next()
             .and_then(|p| p.parse().ok())
             .unwrap_or_else(|| panic!("unexpected mock line {line:?}"));
-        Mock {
-            port,
-            _proc: Proc { child },
-        }
+        Mock { port, _proc: Proc { child } }
     }
 
     pub fn addr(&self) -> String {
@@ -58,30 +53,16 @@ impl Mock {
 
     /// What the mock received last (`/mock/last-request`).
     pub async fn last_request(&self) -> serde_json::Value {
-        reqwest::get(format!("http://{}/mock/last-request", self.addr()))
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap()
+        reqwest::get(format!("http://{}/mock/last-request", self.addr())).await.unwrap().json().await.unwrap()
     }
 
     pub async fn stats(&self) -> serde_json::Value {
-        reqwest::get(format!("http://{}/mock/stats", self.addr()))
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap()
+        reqwest::get(format!("http://{}/mock/stats", self.addr())).await.unwrap().json().await.unwrap()
     }
 }
 
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 /// A port with nothing listening (bound once, then released).
@@ -119,6 +100,13 @@ models:
     supported_endpoints: [chat_completions]
     availability: paused
     paused_until: "2099-01-01T00:00:00Z"
+  - id: pricey-model
+    supported_endpoints: [chat_completions]
+    max_output_tokens: 4096
+    pricing: { input: 0, output: 10000 }
+  - id: stream-model
+    supported_endpoints: [chat_completions]
+    pricing: { input: 0, output: 1.0 }
   - id: tiny-pool-model
     supported_endpoints: [chat_completions]
     pricing: { input: 0.10, output: 0.30 }
@@ -171,10 +159,7 @@ pub struct Gateway {
 pub const ADMIN_TOKEN: &str = "test-admin-token-0123456789abcdef";
 
 fn replicas_yaml(addrs: &[String], concurrency: u32) -> String {
-    addrs
-        .iter()
-        .map(|a| format!("      - {{ address: \"{a}\", max_concurrency: {concurrency} }}\n"))
-        .collect()
+    addrs.iter().map(|a| format!("      - {{ address: \"{a}\", max_concurrency: {concurrency} }}\n")).collect()
 }
 
 impl Gateway {
@@ -186,11 +171,7 @@ impl Gateway {
         let port = free_port();
         let dir = std::env::temp_dir().join(format!("tollgate-test-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let chat = if opts.chat_replicas.is_empty() {
-            vec![mock.addr()]
-        } else {
-            opts.chat_replicas.clone()
-        };
+        let chat = if opts.chat_replicas.is_empty() { vec![mock.addr()] } else { opts.chat_replicas.clone() };
         let admin_port = free_port();
         std::fs::write(dir.join("pepper"), "p".repeat(48)).unwrap();
         std::fs::write(dir.join("enc"), "ab".repeat(32)).unwrap();
@@ -201,15 +182,11 @@ impl Gateway {
             Some(url) => format!("{{ backend: postgres, url: \"{url}\" }}"),
             None => "{ backend: sqlite, path: identity.db }".to_string(),
         };
-        let admin = if opts.no_admin_token {
-            String::new()
-        } else {
-            "admin:\n  token_file: admin_token\n".into()
-        };
+        let admin = if opts.no_admin_token { String::new() } else { "admin:\n  token_file: admin_token\n".into() };
         std::fs::write(
             dir.join("tollgate.yaml"),
             format!(
-                "listen: 127.0.0.1:{port}\nadmin_listen: 127.0.0.1:{admin_port}\nthreads: 1\nlimits:\n  max_request_bytes: {}\nbudgets:\n  first_token_seconds: {}\n  response_seconds: {}\nshutdown:\n  grace_period_seconds: 1\n  graceful_shutdown_timeout_seconds: 1\nidentity:\n  store: {store}\n  key_pepper: {{ file: pepper }}\n  key_encryption_key: {{ file: enc }}\n{admin}plugins:\n  - name: auth\n  - name: chat_completions\n",
+                "listen: 127.0.0.1:{port}\nadmin_listen: 127.0.0.1:{admin_port}\nthreads: 1\nlimits:\n  max_request_bytes: {}\nbudgets:\n  first_token_seconds: {}\n  response_seconds: {}\nshutdown:\n  grace_period_seconds: 1\n  graceful_shutdown_timeout_seconds: 1\nidentity:\n  store: {store}\n  key_pepper: {{ file: pepper }}\n  key_encryption_key: {{ file: enc }}\n{admin}billing:\n  topup_url: https://pay.example.com/top-up\nplugins:\n  - name: auth\n  - name: chat_completions\n  - name: billing\n",
                 opts.max_request_bytes, opts.first_token_seconds, opts.response_seconds
             ),
         )
@@ -219,11 +196,13 @@ impl Gateway {
         std::fs::write(
             dir.join("upstreams.yaml"),
             format!(
-                "pools:\n  chat-model:\n    upstream_model: org/Chat-Model-7B\n    connect_timeout_ms: 500\n    replicas:\n{}  shared-cache-model:\n    replicas:\n{}  embed-model:\n    upstream_model: org/embed\n    replicas:\n{}  paused-model:\n    replicas:\n{}  tiny-pool-model:\n    replicas:\n{}  dead-model:\n    connect_timeout_ms: 300\n    replicas:\n{}",
+                "pools:\n  chat-model:\n    upstream_model: org/Chat-Model-7B\n    connect_timeout_ms: 500\n    replicas:\n{}  shared-cache-model:\n    replicas:\n{}  embed-model:\n    upstream_model: org/embed\n    replicas:\n{}  paused-model:\n    replicas:\n{}  pricey-model:\n    replicas:\n{}  stream-model:\n    replicas:\n{}  tiny-pool-model:\n    replicas:\n{}  dead-model:\n    connect_timeout_ms: 300\n    replicas:\n{}",
                 replicas_yaml(&chat, 64),
                 replicas_yaml(std::slice::from_ref(&m), 64),
                 replicas_yaml(std::slice::from_ref(&m), 64),
                 replicas_yaml(std::slice::from_ref(&m), 64),
+                replicas_yaml(std::slice::from_ref(&m), 256),
+                replicas_yaml(std::slice::from_ref(&m), 256),
                 replicas_yaml(std::slice::from_ref(&m), opts.tiny_pool_concurrency),
                 replicas_yaml(&[format!("127.0.0.1:{}", closed_port()), format!("127.0.0.1:{}", closed_port())], 4),
             ),
@@ -249,19 +228,10 @@ impl Gateway {
             proc: Proc { child },
         };
         let deadline = Instant::now() + Duration::from_secs(20);
-        while TcpStream::connect(("127.0.0.1", port)).is_err()
-            || TcpStream::connect(("127.0.0.1", admin_port)).is_err()
+        while TcpStream::connect(("127.0.0.1", port)).is_err() || TcpStream::connect(("127.0.0.1", admin_port)).is_err()
         {
-            assert!(
-                Instant::now() < deadline,
-                "gateway did not listen: {}",
-                gw.log()
-            );
-            assert!(
-                gw.proc.child.try_wait().unwrap().is_none(),
-                "gateway exited: {}",
-                gw.log()
-            );
+            assert!(Instant::now() < deadline, "gateway did not listen: {}", gw.log());
+            assert!(gw.proc.child.try_wait().unwrap().is_none(), "gateway exited: {}", gw.log());
             std::thread::sleep(Duration::from_millis(20));
         }
         if !opts.no_admin_token {
@@ -273,20 +243,12 @@ impl Gateway {
     }
 
     /// Call the admin API (blocking; usable from sync and async tests alike).
-    pub fn admin(
-        &self,
-        method: &str,
-        path: &str,
-        body: Option<serde_json::Value>,
-    ) -> (u16, serde_json::Value) {
+    pub fn admin(&self, method: &str, path: &str, body: Option<serde_json::Value>) -> (u16, serde_json::Value) {
         let url = format!("http://127.0.0.1:{}{path}", self.admin_port);
         let token = self.admin_token.clone();
         let method = method.to_string();
         std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
             rt.block_on(async move {
                 let client = reqwest::Client::new();
                 let mut req = client
@@ -298,10 +260,7 @@ impl Gateway {
                 let r = req.send().await.unwrap();
                 let status = r.status().as_u16();
                 let text = r.text().await.unwrap();
-                (
-                    status,
-                    serde_json::from_str(&text).unwrap_or(serde_json::Value::Null),
-                )
+                (status, serde_json::from_str(&text).unwrap_or(serde_json::Value::Null))
             })
         })
         .join()
@@ -310,11 +269,7 @@ impl Gateway {
 
     /// A new workspace and a key in it: (workspace id, plaintext key).
     pub fn mint_workspace_key(&self) -> (String, String) {
-        let (status, ws) = self.admin(
-            "POST",
-            "/admin/v1/workspaces",
-            Some(serde_json::json!({"name": "test"})),
-        );
+        let (status, ws) = self.admin("POST", "/admin/v1/workspaces", Some(serde_json::json!({"name": "test"})));
         assert_eq!(status, 201, "{ws}");
         let ws = ws["id"].as_str().unwrap().to_string();
         let key = self.mint_key(&ws, serde_json::json!({}));
@@ -323,11 +278,7 @@ impl Gateway {
 
     /// Mint a key in `ws` with these options; returns the admin answer.
     pub fn mint_key(&self, ws: &str, opts: serde_json::Value) -> serde_json::Value {
-        let (status, key) = self.admin(
-            "POST",
-            &format!("/admin/v1/workspaces/{ws}/keys"),
-            Some(opts),
-        );
+        let (status, key) = self.admin("POST", &format!("/admin/v1/workspaces/{ws}/keys"), Some(opts));
         assert_eq!(status, 201, "{key}");
         key
     }
@@ -342,12 +293,7 @@ impl Gateway {
 
     /// POST JSON and return (status, headers, body text).
     /// POST JSON with the gateway's test key and return (status, headers, body text).
-    pub async fn post(
-        &self,
-        path: &str,
-        body: &serde_json::Value,
-        headers: &[(&str, &str)],
-    ) -> Reply {
+    pub async fn post(&self, path: &str, body: &serde_json::Value, headers: &[(&str, &str)]) -> Reply {
         let bearer = self.bearer();
         let mut all = vec![("authorization", bearer.as_str())];
         all.extend_from_slice(headers);
@@ -356,12 +302,7 @@ impl Gateway {
 
     /// POST JSON with exactly these headers (no key added; a later header of the same name
     /// replaces an earlier one).
-    pub async fn post_as(
-        &self,
-        path: &str,
-        body: &serde_json::Value,
-        headers: &[(&str, &str)],
-    ) -> Reply {
+    pub async fn post_as(&self, path: &str, body: &serde_json::Value, headers: &[(&str, &str)]) -> Reply {
         let mut map = reqwest::header::HeaderMap::new();
         for (k, v) in headers {
             map.insert(
@@ -369,19 +310,12 @@ impl Gateway {
                 reqwest::header::HeaderValue::from_str(v).unwrap(),
             );
         }
-        let r = reqwest::Client::new()
-            .post(self.url(path))
-            .headers(map)
-            .json(body)
-            .send()
-            .await
-            .unwrap();
+        let r = reqwest::Client::new().post(self.url(path)).headers(map).json(body).send().await.unwrap();
         Reply::from(r).await
     }
 
     pub async fn get(&self, path: &str) -> Reply {
-        self.get_as(path, &[("authorization", &format!("Bearer {}", self.key))])
-            .await
+        self.get_as(path, &[("authorization", &format!("Bearer {}", self.key))]).await
     }
 
     pub async fn get_as(&self, path: &str, headers: &[(&str, &str)]) -> Reply {
@@ -427,11 +361,7 @@ impl Reply {
         let status = r.status().as_u16();
         let headers = r.headers().clone();
         let text = r.text().await.unwrap_or_default();
-        Reply {
-            status,
-            headers,
-            text,
-        }
+        Reply { status, headers, text }
     }
 
     pub fn json(&self) -> serde_json::Value {
@@ -439,20 +369,14 @@ impl Reply {
     }
 
     pub fn header(&self, name: &str) -> Option<String> {
-        self.headers
-            .get(name)
-            .map(|v| v.to_str().unwrap_or_default().to_string())
+        self.headers.get(name).map(|v| v.to_str().unwrap_or_default().to_string())
     }
 
     /// The `data:` payloads of an SSE body.
     pub fn sse_data(&self) -> Vec<String> {
         self.text
             .split("\n\n")
-            .filter_map(|f| {
-                f.lines()
-                    .find_map(|l| l.strip_prefix("data: "))
-                    .map(str::to_string)
-            })
+            .filter_map(|f| f.lines().find_map(|l| l.strip_prefix("data: ")).map(str::to_string))
             .collect()
     }
 
@@ -462,11 +386,7 @@ impl Reply {
         let v = self.json();
         assert_eq!(v["error"]["code"], code, "body: {}", self.text);
         let rid = self.header("x-request-id").expect("x-request-id header");
-        assert_eq!(
-            v["request_id"],
-            rid.as_str(),
-            "request_id equals X-Request-Id"
-        );
+        assert_eq!(v["request_id"], rid.as_str(), "request_id equals X-Request-Id");
         v
     }
 }

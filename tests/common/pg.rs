@@ -4,19 +4,13 @@
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 pub fn database_url() -> String {
-    std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
+    std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
 }
 
 /// `url` with its database name replaced.
 fn with_db(url: &str, db: &str) -> String {
-    let (base, _) = url
-        .rsplit_once('/')
-        .expect("DATABASE_URL ends in /<database>");
-    let query = url
-        .split_once('?')
-        .map(|(_, q)| format!("?{q}"))
-        .unwrap_or_default();
+    let (base, _) = url.rsplit_once('/').expect("DATABASE_URL ends in /<database>");
+    let query = url.split_once('?').map(|(_, q)| format!("?{q}")).unwrap_or_default();
     format!("{base}/{db}{query}")
 }
 
@@ -29,18 +23,8 @@ pub async fn fresh_database() -> String {
         panic!("PostgreSQL is not reachable at {url} ({e}); start it with scripts/services.sh or set DATABASE_URL")
     });
     tokio::spawn(conn);
-    let name = format!(
-        "tollgate_t_{}_{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::SeqCst)
-    );
-    client
-        .batch_execute(&format!("DROP DATABASE IF EXISTS {name}"))
-        .await
-        .unwrap();
-    client
-        .batch_execute(&format!("CREATE DATABASE {name}"))
-        .await
-        .unwrap();
+    let name = format!("tollgate_t_{}_{}", std::process::id(), N.fetch_add(1, Ordering::SeqCst));
+    client.batch_execute(&format!("DROP DATABASE IF EXISTS {name}")).await.unwrap();
+    client.batch_execute(&format!("CREATE DATABASE {name}")).await.unwrap();
     with_db(&url, &name)
 }

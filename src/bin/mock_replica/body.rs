@@ -43,18 +43,12 @@ impl MockBody {
     pub fn full(data: impl Into<Bytes>) -> Self {
         let data: Bytes = data.into();
         let data = (!data.is_empty()).then_some(data);
-        Self {
-            kind: Kind::Full(data),
-            _in_flight: None,
-        }
+        Self { kind: Kind::Full(data), _in_flight: None }
     }
 
     /// A generated event stream; hyper sends it chunked.
     pub fn sse(stream: SseStream) -> Self {
-        Self {
-            kind: Kind::Sse(Box::new(stream)),
-            _in_flight: None,
-        }
+        Self { kind: Kind::Sse(Box::new(stream)), _in_flight: None }
     }
 
     /// Ties the request's in-flight guard to the body's lifetime.
@@ -68,10 +62,7 @@ impl Body for MockBody {
     type Data = Bytes;
     type Error = Abort;
 
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Abort>>> {
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Abort>>> {
         match &mut self.get_mut().kind {
             Kind::Full(data) => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
             Kind::Sse(stream) => stream.poll_next(cx),

@@ -4,8 +4,7 @@
 
 use std::fmt;
 
-pub const USAGE: &str =
-    "usage: tollgate-mock-replica [--listen 127.0.0.1:0] [--threads 1] [--model-name NAME]";
+pub const USAGE: &str = "usage: tollgate-mock-replica [--listen 127.0.0.1:0] [--threads 1] [--model-name NAME]";
 
 #[derive(Debug, PartialEq)]
 pub struct Args {
@@ -37,11 +36,7 @@ impl Args {
     /// Parses the arguments after the program name. Accepts both
     /// `--flag value` and `--flag=value`.
     pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Self, CliError> {
-        let mut parsed = Self {
-            listen: "127.0.0.1:0".to_owned(),
-            threads: 1,
-            model_name: None,
-        };
+        let mut parsed = Self { listen: "127.0.0.1:0".to_owned(), threads: 1, model_name: None };
         let mut args = args.into_iter();
         while let Some(arg) = args.next() {
             if arg == "-h" || arg == "--help" {
@@ -52,10 +47,7 @@ impl Args {
                 None => (arg, None),
             };
             let mut value = || {
-                inline
-                    .clone()
-                    .or_else(|| args.next())
-                    .ok_or_else(|| CliError::Invalid(format!("{flag} needs a value")))
+                inline.clone().or_else(|| args.next()).ok_or_else(|| CliError::Invalid(format!("{flag} needs a value")))
             };
             match flag.as_str() {
                 "--listen" => parsed.listen = value()?,
@@ -94,14 +86,7 @@ mod tests {
 
     #[test]
     fn both_flag_forms() {
-        let args = parse(&[
-            "--listen",
-            "0.0.0.0:8000",
-            "--threads=4",
-            "--model-name",
-            "m",
-        ])
-        .unwrap();
+        let args = parse(&["--listen", "0.0.0.0:8000", "--threads=4", "--model-name", "m"]).unwrap();
         assert_eq!(args.listen, "0.0.0.0:8000");
         assert_eq!(args.threads, 4);
         assert_eq!(args.model_name.as_deref(), Some("m"));

@@ -52,18 +52,10 @@ impl Completion {
         } else {
             "stop"
         };
-        let prompt = knobs
-            .prompt_tokens
-            .unwrap_or_else(|| req.prompt_bytes() / 4 + 1);
-        let usage = (!knobs.no_usage).then_some(Usage {
-            prompt,
-            completion: tokens,
-            cached: knobs.cached_tokens.min(prompt),
-        });
-        let model = model_name
-            .or(req.model.as_deref())
-            .unwrap_or("mock")
-            .to_owned();
+        let prompt = knobs.prompt_tokens.unwrap_or_else(|| req.prompt_bytes() / 4 + 1);
+        let usage =
+            (!knobs.no_usage).then_some(Usage { prompt, completion: tokens, cached: knobs.cached_tokens.min(prompt) });
+        let model = model_name.or(req.model.as_deref()).unwrap_or("mock").to_owned();
         Self {
             id: format!("chatcmpl-{}", uuid::Uuid::new_v4().simple()),
             created: unix_now(),
@@ -78,11 +70,7 @@ impl Completion {
 
     /// Content tokens (zero for a tool call, whose answer replaces them).
     pub fn content_tokens(&self) -> u64 {
-        if self.tool_call.is_some() {
-            0
-        } else {
-            self.tokens - self.reasoning
-        }
+        if self.tool_call.is_some() { 0 } else { self.tokens - self.reasoning }
     }
 
     /// The `chat.completion` JSON body.
@@ -96,9 +84,7 @@ impl Completion {
         push_u64(&mut out, self.created);
         out.put_slice(b",\"model\":");
         push_str(&mut out, &self.model);
-        out.put_slice(
-            b",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":",
-        );
+        out.put_slice(b",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":");
         if self.content_tokens() == 0 {
             out.put_slice(b"null");
         } else {
@@ -160,9 +146,7 @@ pub fn push_usage(out: &mut BytesMut, usage: &Usage) {
 }
 
 pub fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
 #[cfg(test)]
@@ -182,10 +166,7 @@ mod tests {
     #[test]
     fn plain_answer() {
         let req = request(r#"{"model":"m","messages":[{"role":"user","content":"12345678"}]}"#);
-        let knobs = Knobs {
-            tokens: Some(3),
-            ..Knobs::default()
-        };
+        let knobs = Knobs { tokens: Some(3), ..Knobs::default() };
         let v = json(&Completion::plan(&req, &knobs, None));
         assert_eq!(v["object"], "chat.completion");
         assert_eq!(v["model"], "m");
@@ -205,12 +186,7 @@ mod tests {
     #[test]
     fn capped_reasoning_answer() {
         let req = request(r#"{"model":"m","messages":[],"max_tokens":4}"#);
-        let knobs = Knobs {
-            reasoning: 2,
-            prompt_tokens: Some(10),
-            cached_tokens: 50,
-            ..Knobs::default()
-        };
+        let knobs = Knobs { reasoning: 2, prompt_tokens: Some(10), cached_tokens: 50, ..Knobs::default() };
         let v = json(&Completion::plan(&req, &knobs, Some("served")));
         assert_eq!(v["model"], "served");
         let msg = &v["choices"][0]["message"];
@@ -224,20 +200,13 @@ mod tests {
     #[test]
     fn tool_call_answer_without_usage() {
         let req = request(r#"{"messages":[]}"#);
-        let knobs = Knobs {
-            tool_call: Some("get_weather".to_owned()),
-            no_usage: true,
-            ..Knobs::default()
-        };
+        let knobs = Knobs { tool_call: Some("get_weather".to_owned()), no_usage: true, ..Knobs::default() };
         let v = json(&Completion::plan(&req, &knobs, None));
         let msg = &v["choices"][0]["message"];
         assert_eq!(msg["content"], Value::Null);
         assert_eq!(msg["tool_calls"][0]["id"], "call_1");
         assert_eq!(msg["tool_calls"][0]["function"]["name"], "get_weather");
-        assert_eq!(
-            msg["tool_calls"][0]["function"]["arguments"],
-            r#"{"city":"Paris"}"#
-        );
+        assert_eq!(msg["tool_calls"][0]["function"]["arguments"], r#"{"city":"Paris"}"#);
         assert_eq!(v["choices"][0]["finish_reason"], "tool_calls");
         assert!(v.get("usage").is_none());
     }

@@ -72,10 +72,7 @@ impl Knobs {
 fn text(headers: &HeaderMap, name: &str) -> Result<Option<String>, String> {
     match headers.get(name) {
         None => Ok(None),
-        Some(v) => v
-            .to_str()
-            .map(|s| Some(s.trim().to_owned()))
-            .map_err(|_| format!("{name} is not valid text")),
+        Some(v) => v.to_str().map(|s| Some(s.trim().to_owned())).map_err(|_| format!("{name} is not valid text")),
     }
 }
 
@@ -97,12 +94,7 @@ fn millis(headers: &HeaderMap, name: &str) -> Result<Duration, String> {
 
 /// A flag is on for `1`/`true`/`yes`; `0` (or anything else) leaves it off.
 fn flag(headers: &HeaderMap, name: &str) -> bool {
-    headers.get(name).is_some_and(|v| {
-        matches!(
-            v.as_bytes().trim_ascii(),
-            b"1" | b"true" | b"TRUE" | b"True" | b"yes"
-        )
-    })
+    headers.get(name).is_some_and(|v| matches!(v.as_bytes().trim_ascii(), b"1" | b"true" | b"TRUE" | b"True" | b"yes"))
 }
 
 #[cfg(test)]

@@ -54,10 +54,7 @@ impl ChatRequest {
     }
 
     pub fn include_usage(&self) -> bool {
-        self.stream_options
-            .as_ref()
-            .and_then(|o| o.include_usage)
-            .unwrap_or(false)
+        self.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false)
     }
 }
 
@@ -157,8 +154,7 @@ mod tests {
 
     #[test]
     fn escaped_text_counts_decoded_bytes() {
-        let req: ChatRequest =
-            serde_json::from_str(r#"{"messages":[{"role":"user","content":"a\"b"}]}"#).unwrap();
+        let req: ChatRequest = serde_json::from_str(r#"{"messages":[{"role":"user","content":"a\"b"}]}"#).unwrap();
         assert_eq!(req.prompt_bytes(), 3);
         assert!(!req.wants_stream());
     }

@@ -28,10 +28,7 @@ const DEFAULT_MODEL: &str = "mock";
 
 /// hyper service entry point. `Err(Abort)` closes the connection without
 /// any response.
-pub async fn handle(
-    state: Arc<State>,
-    req: Request<Incoming>,
-) -> Result<Response<MockBody>, Abort> {
+pub async fn handle(state: Arc<State>, req: Request<Incoming>) -> Result<Response<MockBody>, Abort> {
     let path = req.uri().path();
     if path == "/v1" || path.starts_with("/v1/") {
         return handle_v1(state, req).await;
@@ -98,16 +95,9 @@ async fn answer_v1(
     }
     Ok(match (method, path) {
         (&Method::POST, "/v1/embeddings") => embeddings(state, knobs, body),
-        (
-            &Method::POST,
-            "/v1/rerank"
-            | "/v1/audio/speech"
-            | "/v1/audio/transcriptions"
-            | "/v1/images/generations",
-        ) => json(
-            StatusCode::OK,
-            json!({"object": "mock", "path": path}).to_string(),
-        ),
+        (&Method::POST, "/v1/rerank" | "/v1/audio/speech" | "/v1/audio/transcriptions" | "/v1/images/generations") => {
+            json(StatusCode::OK, json!({"object": "mock", "path": path}).to_string())
+        }
         (&Method::GET, "/v1/models") => models(state),
         _ => not_found(path),
     })
@@ -117,10 +107,7 @@ async fn chat(state: &State, knobs: &Knobs, body: &Bytes) -> Result<Response<Moc
     let req: ChatRequest = match serde_json::from_slice(body) {
         Ok(req) => req,
         Err(e) => {
-            return Ok(error(
-                StatusCode::BAD_REQUEST,
-                &format!("invalid chat completion request: {e}"),
-            ));
+            return Ok(error(StatusCode::BAD_REQUEST, &format!("invalid chat completion request: {e}")));
         }
     };
     let completion = Completion::plan(&req, knobs, state.model_name.as_deref());
@@ -137,9 +124,7 @@ async fn chat(state: &State, knobs: &Knobs, body: &Bytes) -> Result<Response<Moc
 
     // Non-streamed: the whole generation time passes before the header. An
     // aborting replica dies after its K-th token.
-    let generated = knobs
-        .abort_after
-        .map_or(completion.tokens, |k| k.min(completion.tokens));
+    let generated = knobs.abort_after.map_or(completion.tokens, |k| k.min(completion.tokens));
     let per_token = u32::try_from(generated).unwrap_or(u32::MAX);
     sleep(knobs.ttft + knobs.token_delay.saturating_mul(per_token)).await;
     if knobs.abort_after.is_some() {
@@ -153,19 +138,13 @@ fn embeddings(state: &State, knobs: &Knobs, body: &Bytes) -> Response<MockBody> 
     let req: Value = match serde_json::from_slice(body) {
         Ok(req) => req,
         Err(e) => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                &format!("invalid embedding request: {e}"),
-            );
+            return error(StatusCode::BAD_REQUEST, &format!("invalid embedding request: {e}"));
         }
     };
     let inputs = EmbeddingInputs::measure(&req["input"]);
-    let data: Vec<Value> = (0..inputs.count)
-        .map(|i| json!({"object": "embedding", "index": i, "embedding": [0.1, 0.2, 0.3]}))
-        .collect();
-    let prompt = knobs
-        .prompt_tokens
-        .unwrap_or(inputs.bytes / 4 + 1 + inputs.token_ids);
+    let data: Vec<Value> =
+        (0..inputs.count).map(|i| json!({"object": "embedding", "index": i, "embedding": [0.1, 0.2, 0.3]})).collect();
+    let prompt = knobs.prompt_tokens.unwrap_or(inputs.bytes / 4 + 1 + inputs.token_ids);
     let mut answer = json!({
         "object": "list",
         "data": data,
@@ -189,16 +168,10 @@ struct EmbeddingInputs {
 impl EmbeddingInputs {
     fn measure(input: &Value) -> Self {
         match input {
-            Value::String(s) => Self {
-                count: 1,
-                bytes: s.len() as u64,
-                token_ids: 0,
-            },
-            Value::Array(items) if items.iter().all(Value::is_number) => Self {
-                count: 1,
-                bytes: 0,
-                token_ids: items.len() as u64,
-            },
+            Value::String(s) => Self { count: 1, bytes: s.len() as u64, token_ids: 0 },
+            Value::Array(items) if items.iter().all(Value::is_number) => {
+                Self { count: 1, bytes: 0, token_ids: items.len() as u64 }
+            }
             Value::Array(items) => {
                 let mut total = Self::default();
                 for item in items {
@@ -209,10 +182,7 @@ impl EmbeddingInputs {
                 }
                 total
             }
-            _ => Self {
-                count: 1,
-                ..Self::default()
-            },
+            _ => Self { count: 1, ..Self::default() },
         }
     }
 }
@@ -234,11 +204,7 @@ fn models(state: &State) -> Response<MockBody> {
 }
 
 fn response_model<'a>(state: &'a State, requested: Option<&'a str>) -> &'a str {
-    state
-        .model_name
-        .as_deref()
-        .or(requested)
-        .unwrap_or(DEFAULT_MODEL)
+    state.model_name.as_deref().or(requested).unwrap_or(DEFAULT_MODEL)
 }
 
 async fn sleep(duration: Duration) {
@@ -266,9 +232,7 @@ fn not_found(path: &str) -> Response<MockBody> {
 fn with_type(status: StatusCode, content_type: &'static str, body: Bytes) -> Response<MockBody> {
     let mut response = Response::new(MockBody::full(body));
     *response.status_mut() = status;
-    response
-        .headers_mut()
-        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
     response
 }
 

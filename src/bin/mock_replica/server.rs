@@ -34,10 +34,7 @@ pub async fn serve(listener: TcpListener, state: Arc<State>) {
         let builder = Arc::clone(&builder);
         tokio::spawn(async move {
             let service = service_fn(move |req| routes::handle(Arc::clone(&state), req));
-            if let Err(e) = builder
-                .serve_connection(TokioIo::new(stream), service)
-                .await
-            {
+            if let Err(e) = builder.serve_connection(TokioIo::new(stream), service).await {
                 // Aborts and clients leaving mid-stream land here; both are
                 // expected in tests.
                 log::debug!("connection from {peer}: {e}");

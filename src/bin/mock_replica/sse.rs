@@ -17,9 +17,7 @@ use hyper::body::Frame;
 use tokio::time::Sleep;
 
 use crate::body::Abort;
-use crate::completion::{
-    Completion, TOOL_ARGUMENTS_JSON, TOOL_CALL_ID, Usage, push_token, push_usage,
-};
+use crate::completion::{Completion, TOOL_ARGUMENTS_JSON, TOOL_CALL_ID, Usage, push_token, push_usage};
 use crate::json::{push_opt_str, push_str, push_u64};
 use crate::knobs::Knobs;
 
@@ -186,11 +184,7 @@ impl SseStream {
     }
 
     fn token_or_finish(&self, k: u64) -> Step {
-        if k < self.frames() {
-            Step::Token { k, waited: false }
-        } else {
-            Step::Finish
-        }
+        if k < self.frames() { Step::Token { k, waited: false } } else { Step::Finish }
     }
 
     fn push_generation_frame(&mut self, k: u64) {
@@ -262,8 +256,7 @@ mod tests {
 
     fn stream(knobs: Knobs, include_usage: bool) -> SseStream {
         let req: ChatRequest =
-            serde_json::from_str(r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#)
-                .unwrap();
+            serde_json::from_str(r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#).unwrap();
         let completion = Completion::plan(&req, &knobs, None);
         SseStream::new(completion, &knobs, include_usage)
     }
@@ -272,9 +265,7 @@ mod tests {
         let all: Vec<u8> = chunks.iter().flat_map(|c| c.iter().copied()).collect();
         let text = String::from_utf8(all).unwrap();
         assert!(text.ends_with("\n\n"));
-        text.split_terminator("\n\n")
-            .map(|e| e.strip_prefix("data: ").unwrap().to_owned())
-            .collect()
+        text.split_terminator("\n\n").map(|e| e.strip_prefix("data: ").unwrap().to_owned()).collect()
     }
 
     fn delta(event: &str) -> Value {
@@ -285,11 +276,7 @@ mod tests {
 
     #[tokio::test]
     async fn reasoning_then_content_with_usage() {
-        let knobs = Knobs {
-            tokens: Some(3),
-            reasoning: 1,
-            ..Knobs::default()
-        };
+        let knobs = Knobs { tokens: Some(3), reasoning: 1, ..Knobs::default() };
         let (chunks, aborted) = drain(stream(knobs, true)).await;
         assert!(!aborted);
         // One chunk per frame.
@@ -310,32 +297,21 @@ mod tests {
 
     #[tokio::test]
     async fn tool_call_frames_and_no_done() {
-        let knobs = Knobs {
-            tool_call: Some("f".to_owned()),
-            no_done: true,
-            ..Knobs::default()
-        };
+        let knobs = Knobs { tool_call: Some("f".to_owned()), no_done: true, ..Knobs::default() };
         let (chunks, aborted) = drain(stream(knobs, false)).await;
         assert!(!aborted);
         let ev = events(&chunks);
         assert_eq!(ev.len(), 4);
         assert_eq!(delta(&ev[1])["tool_calls"][0]["function"]["name"], "f");
         assert_eq!(delta(&ev[1])["tool_calls"][0]["function"]["arguments"], "");
-        assert_eq!(
-            delta(&ev[2])["tool_calls"][0]["function"]["arguments"],
-            r#"{"city":"Paris"}"#
-        );
+        assert_eq!(delta(&ev[2])["tool_calls"][0]["function"]["arguments"], r#"{"city":"Paris"}"#);
         let fin: Value = serde_json::from_str(&ev[3]).unwrap();
         assert_eq!(fin["choices"][0]["finish_reason"], "tool_calls");
     }
 
     #[tokio::test]
     async fn abort_after_k_frames() {
-        let knobs = Knobs {
-            tokens: Some(5),
-            abort_after: Some(2),
-            ..Knobs::default()
-        };
+        let knobs = Knobs { tokens: Some(5), abort_after: Some(2), ..Knobs::default() };
         let (chunks, aborted) = drain(stream(knobs, true)).await;
         assert!(aborted);
         let ev = events(&chunks);
@@ -346,10 +322,7 @@ mod tests {
     #[tokio::test]
     async fn split_pieces_reassemble() {
         let whole = drain(stream(Knobs::default(), true)).await.0;
-        let knobs = Knobs {
-            split: Some(7),
-            ..Knobs::default()
-        };
+        let knobs = Knobs { split: Some(7), ..Knobs::default() };
         let (pieces, _) = drain(stream(knobs, true)).await;
         assert!(pieces[..pieces.len() - 1].iter().all(|p| p.len() == 7));
         assert!(pieces.last().unwrap().len() <= 7);

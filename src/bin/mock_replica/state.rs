@@ -60,12 +60,8 @@ impl State {
 
     /// Keeps this request as the one `/mock/last-request` reports.
     pub fn record(&self, method: &Method, path: &str, headers: &HeaderMap, body: &Bytes) {
-        let recorded = Recorded {
-            method: method.clone(),
-            path: path.to_owned(),
-            headers: headers.clone(),
-            body: body.clone(),
-        };
+        let recorded =
+            Recorded { method: method.clone(), path: path.to_owned(), headers: headers.clone(), body: body.clone() };
         // A poisoned lock only means another request panicked mid-store; the
         // slot is overwritten whole, so its content is still usable.
         *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(recorded);
@@ -89,9 +85,8 @@ impl State {
                 .join(", ");
             headers.insert(name.as_str().to_owned(), joined.into());
         }
-        let body = serde_json::from_slice::<serde_json::Value>(&last.body).unwrap_or_else(|_| {
-            serde_json::Value::String(String::from_utf8_lossy(&last.body).into_owned())
-        });
+        let body = serde_json::from_slice::<serde_json::Value>(&last.body)
+            .unwrap_or_else(|_| serde_json::Value::String(String::from_utf8_lossy(&last.body).into_owned()));
         let json = serde_json::json!({
             "method": last.method.as_str(),
             "path": last.path,
@@ -141,12 +136,7 @@ mod tests {
         let mut headers = HeaderMap::new();
         headers.insert("x-a", "1".parse().unwrap());
         headers.append("x-a", "2".parse().unwrap());
-        state.record(
-            &Method::POST,
-            "/v1/x",
-            &headers,
-            &Bytes::from_static(b"hi {"),
-        );
+        state.record(&Method::POST, "/v1/x", &headers, &Bytes::from_static(b"hi {"));
         let v: serde_json::Value = serde_json::from_slice(&state.last_request_json()).unwrap();
         assert_eq!(v["method"], "POST");
         assert_eq!(v["path"], "/v1/x");

@@ -1,0 +1,224 @@
+//! Billing on credits (funding order `plan, credits, standby, refused`; plans and Standby
+//! arrive later, so credits fund every priced request here): the frozen-account and key
+//! spending-limit checks and the hold before inference, settlement of the delivered cost in
+//! the log phase (exactly once, per request id), and `GET /v1/credits`.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use pingora::proxy::Session;
+use serde_json::json;
+
+use crate::ctx::RequestCtx;
+use crate::error::{ErrorKind, GatewayError};
+use crate::identity::{Millis, iso, now_ms};
+use crate::plugin::{Flow, Plugin};
+use crate::routes::Route;
+use crate::store::ledger::{HoldOutcome, LedgerStore, MICROCENTS_PER_CENT, Settlement};
+
+pub const BILLING_PRIORITY: i16 = 100;
+/// Output ceiling used for the hold when neither the request nor the model gives one (C12).
+const DEFAULT_OUTPUT_CEILING: u64 = 4096;
+/// Holds outlive the response budget by this much before the sweeper may release them.
+const HOLD_MARGIN_MS: Millis = 120_000;
+
+pub struct Billing {
+    ledger: Arc<dyn LedgerStore>,
+    topup_url: String,
+    hold_ttl_ms: Millis,
+}
+
+/// What this plugin placed for a request.
+#[derive(Debug, Clone, Copy)]
+struct Hold {
+    cents: i64,
+}
+
+impl Billing {
+    pub fn new(ledger: Arc<dyn LedgerStore>, topup_url: String, response_budget_ms: Millis) -> Self {
+        Billing { ledger, topup_url, hold_ttl_ms: response_budget_ms + HOLD_MARGIN_MS }
+    }
+}
+
+/// Start of the UTC month containing `ms`, and of the next one.
+pub fn utc_month_bounds(ms: Millis) -> (Millis, Millis, String) {
+    let ts = jiff::Timestamp::from_millisecond(ms).unwrap_or(jiff::Timestamp::UNIX_EPOCH);
+    let date = ts.to_zoned(jiff::tz::TimeZone::UTC).date();
+    let first = date.first_of_month();
+    let next = first.checked_add(jiff::Span::new().months(1)).unwrap_or(first);
+    let at =
+        |d: jiff::civil::Date| d.to_zoned(jiff::tz::TimeZone::UTC).map(|z| z.timestamp().as_millisecond()).unwrap_or(0);
+    (at(first), at(next), format!("{:04}-{:02}", first.year(), first.month()))
+}
+
+fn store_down(e: impl std::fmt::Display) -> GatewayError {
+    log::warn!("ledger unavailable: {e}");
+    GatewayError::new(ErrorKind::DatastoreUnavailable, "The credits ledger cannot be read right now.")
+}
+
+impl Billing {
+    async fn credits(&self, s: &mut Session, cx: &mut RequestCtx) -> Result<(), GatewayError> {
+        let principal = cx.principal.clone().ok_or_else(|| GatewayError::internal("no principal"))?;
+        let now = now_ms();
+        let (month_start, _, _) = utc_month_bounds(now);
+        let balance = self.ledger.balance(&principal.workspace_id).await.map_err(store_down)?;
+        let balance = balance.ok_or_else(|| GatewayError::internal("workspace without a ledger row"))?;
+        let spent = self.ledger.spent_since(&principal.workspace_id, month_start).await.map_err(store_down)?;
+        let body = json!({
+            "object": "credits",
+            "workspace_id": principal.workspace_id,
+            "balance_cents": balance.balance_cents,
+            "held_cents": balance.held_cents,
+            "available_cents": balance.balance_cents.max(0),
+            "currency": "usd",
+            "period": { "start": iso(month_start), "spent_cents": spent },
+            "spend_cap": { "limit_cents": null, "hard": false, "used_cents": null, "remaining_cents": null, "gates_inference": false },
+            "plan_tier": principal.rate_tier.as_str(),
+            "as_of": iso(now),
+        });
+        crate::responder::json(s, cx, 200, Bytes::from(body.to_string()), &[("cache-control", "no-store".into())])
+            .await
+            .map_err(|e| GatewayError::internal(format!("write failed: {e}")))
+    }
+
+    /// The hold of clarification 12, in whole cents (rounded up).
+    fn hold_cents(cx: &RequestCtx) -> i64 {
+        let Some(pricing) = cx.model.as_ref().and_then(|m| m.pricing) else { return 0 };
+        let ceiling =
+            cx.output_ceiling.or(cx.model.as_ref().and_then(|m| m.max_output_tokens)).unwrap_or(DEFAULT_OUTPUT_CEILING);
+        let micro = crate::usage::cost_microcents(Some(&pricing), cx.prompt_estimate, 0, ceiling);
+        // Whole cents, rounded up (the hold must cover the cost).
+        let micro = i64::try_from(micro).unwrap_or(i64::MAX);
+        micro / MICROCENTS_PER_CENT + i64::from(micro % MICROCENTS_PER_CENT != 0)
+    }
+}
+
+#[async_trait]
+impl Plugin for Billing {
+    fn name(&self) -> &'static str {
+        "billing"
+    }
+
+    fn priority(&self) -> i16 {
+        BILLING_PRIORITY
+    }
+
+    async fn on_request_headers(&self, s: &mut Session, cx: &mut RequestCtx) -> Result<Flow, GatewayError> {
+        if cx.route == Some(Route::Credits) && cx.principal.is_some() {
+            self.credits(s, cx).await?;
+            return Ok(Flow::Handled);
+        }
+        Ok(Flow::Continue)
+    }
+
+    async fn on_request(&self, _s: &mut Session, cx: &mut RequestCtx) -> Result<Flow, GatewayError> {
+        let Some(p) = cx.principal.clone() else { return Ok(Flow::Continue) };
+        if cx.route == Some(Route::CountTokens) {
+            return Ok(Flow::Continue); // not billed
+        }
+        if let Some(reason) = &p.frozen {
+            let why = if reason == "dispute" {
+                "A payment dispute holds this account; credits do not lift a dispute hold. Contact support."
+            } else {
+                "An unpaid bill freezes this account; pay it to resume."
+            };
+            return Err(GatewayError::new(ErrorKind::AccountFrozen, why));
+        }
+        let now = now_ms();
+        if let Some(limit) = p.monthly_spend_limit_cents {
+            let (_, next_month, month) = utc_month_bounds(now);
+            let spent = self.ledger.key_month_spend(&p.key_id, &month).await.map_err(store_down)?;
+            if spent >= limit.saturating_mul(MICROCENTS_PER_CENT) {
+                return Err(GatewayError::new(
+                    ErrorKind::SpendLimitReached,
+                    "This key reached its monthly spending limit; it resets at the start of the next UTC month.",
+                )
+                .with_field("limit_cents", limit)
+                .with_field("spent_cents", spent / MICROCENTS_PER_CENT)
+                .with_field("resets_at", iso(next_month)));
+            }
+        }
+        let hold = Self::hold_cents(cx);
+        if hold == 0 {
+            return Ok(Flow::Continue);
+        }
+        let outcome = self
+            .ledger
+            .place_hold(&cx.request_id, &p.workspace_id, Some(&p.key_id), hold, now + self.hold_ttl_ms, now)
+            .await
+            .map_err(|e| {
+                log::warn!("{}: hold not recorded: {e}", cx.request_id);
+                GatewayError::new(
+                    ErrorKind::CreditReservationFailed,
+                    "The credit reservation could not be recorded; retry.",
+                )
+            })?;
+        match outcome {
+            HoldOutcome::Placed { .. } => {
+                cx.ext.insert(Hold { cents: hold });
+                Ok(Flow::Continue)
+            }
+            HoldOutcome::Insufficient { balance_cents } => Err(GatewayError::new(
+                ErrorKind::InsufficientCredits,
+                format!(
+                    "The balance cannot cover this request's reservation of {hold} cents; add at least {} cents.",
+                    (hold - balance_cents).max(1)
+                ),
+            )
+            .with_field("required_cents", hold)
+            .with_field("current_balance_cents", balance_cents)
+            .with_field("topup_url", self.topup_url.clone())),
+        }
+    }
+
+    async fn on_log(&self, cx: &mut RequestCtx) {
+        let Some(p) = cx.principal.as_ref() else { return };
+        let held = cx.ext.get::<Hold>().copied();
+        let cost = cx.usage.map(|u| u.cost_microcents).unwrap_or(0);
+        let now = now_ms();
+        let result = match (cx.usage.is_some() && cost > 0, held) {
+            // Something billable was delivered: settle (releases the hold in the same step).
+            (true, _) => {
+                let (_, _, month) = utc_month_bounds(now);
+                let s = Settlement {
+                    request_id: cx.request_id.clone(),
+                    workspace_id: p.workspace_id.clone(),
+                    key_id: Some(p.key_id.clone()),
+                    cost_microcents: i64::try_from(cost).unwrap_or(i64::MAX),
+                    now,
+                    month,
+                };
+                self.ledger.settle(&s).await.map(|_| ())
+            }
+            // Nothing billable: release the hold, charge nothing.
+            (false, Some(_)) => self.ledger.release_hold(&cx.request_id, now).await.map(|_| ()),
+            (false, None) => Ok(()),
+        };
+        if let Err(e) = result {
+            // The hold stays open and the sweeper releases it after its expiry; nothing is
+            // ever charged twice (settlement is keyed by the request id).
+            log::error!(
+                "{}: settlement not recorded ({e}); hold {:?} left to expire",
+                cx.request_id,
+                held.map(|h| h.cents)
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn month_bounds_are_utc_calendar_months() {
+        let ms = "2026-11-22T07:00:00Z".parse::<jiff::Timestamp>().unwrap().as_millisecond();
+        let (start, next, month) = utc_month_bounds(ms);
+        assert_eq!(iso(start), "2026-11-01T00:00:00Z");
+        assert_eq!(iso(next), "2026-12-01T00:00:00Z");
+        assert_eq!(month, "2026-11");
+        let dec = "2026-12-31T23:59:59Z".parse::<jiff::Timestamp>().unwrap().as_millisecond();
+        assert_eq!(iso(utc_month_bounds(dec).1), "2027-01-01T00:00:00Z");
+    }
+}

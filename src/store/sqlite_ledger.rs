@@ -1,0 +1,270 @@
+//! The ledger on SQLite: each change is one `BEGIN IMMEDIATE` transaction (the write lock is
+//! taken before anything is read), so holds and settlements never race.
+
+use async_trait::async_trait;
+use rusqlite::{OptionalExtension, TransactionBehavior, params};
+
+use super::StoreError;
+use super::ledger::{Balance, HoldOutcome, LedgerEntry, LedgerStore, SettleOutcome, Settlement, debit_with_carry};
+use super::sqlite::SqliteStore;
+use crate::identity::Millis;
+
+#[async_trait]
+impl LedgerStore for SqliteStore {
+    async fn top_up(
+        &self,
+        workspace_id: &str,
+        amount_cents: i64,
+        source: &str,
+        expires_at: Option<Millis>,
+        now: Millis,
+    ) -> Result<(i64, i64), StoreError> {
+        let (ws, source) = (workspace_id.to_string(), source.to_string());
+        self.read(move |c| {
+            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let purchase = if source == "purchase" { amount_cents } else { 0 };
+            tx.execute(
+                "UPDATE workspaces SET balance_cents = balance_cents + ?2, \
+                 lifetime_purchases_cents = lifetime_purchases_cents + ?3 WHERE id = ?1",
+                params![ws, amount_cents, purchase],
+            )?;
+            tx.execute(
+                "INSERT INTO ledger_entries (workspace_id, kind, source, amount_cents, expires_at, created_at) \
+                 VALUES (?1, 'topup', ?2, ?3, ?4, ?5)",
+                params![ws, source, amount_cents, expires_at, now],
+            )?;
+            let id = tx.last_insert_rowid();
+            let balance: i64 =
+                tx.query_row("SELECT balance_cents FROM workspaces WHERE id = ?1", [&ws], |r| r.get(0))?;
+            tx.commit()?;
+            Ok((id, balance))
+        })
+        .await
+    }
+
+    async fn balance(&self, workspace_id: &str) -> Result<Option<Balance>, StoreError> {
+        let ws = workspace_id.to_string();
+        self.read(move |c| {
+            c.query_row(
+                "SELECT balance_cents, held_cents, carry_microcents, lifetime_purchases_cents FROM workspaces WHERE id = ?1",
+                [ws],
+                |r| {
+                    Ok(Balance {
+                        balance_cents: r.get(0)?,
+                        held_cents: r.get(1)?,
+                        carry_microcents: r.get(2)?,
+                        lifetime_purchases_cents: r.get(3)?,
+                    })
+                },
+            )
+            .optional()
+        })
+        .await
+    }
+
+    async fn place_hold(
+        &self,
+        request_id: &str,
+        workspace_id: &str,
+        key_id: Option<&str>,
+        amount_cents: i64,
+        expires_at: Millis,
+        now: Millis,
+    ) -> Result<HoldOutcome, StoreError> {
+        let (rid, ws, key) = (request_id.to_string(), workspace_id.to_string(), key_id.map(str::to_string));
+        self.read(move |c| {
+            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let n = tx.execute(
+                "UPDATE workspaces SET balance_cents = balance_cents - ?2, held_cents = held_cents + ?2 \
+                 WHERE id = ?1 AND balance_cents >= ?2",
+                params![ws, amount_cents],
+            )?;
+            let balance: i64 =
+                tx.query_row("SELECT balance_cents FROM workspaces WHERE id = ?1", [&ws], |r| r.get(0))?;
+            if n == 0 {
+                return Ok(HoldOutcome::Insufficient { balance_cents: balance });
+            }
+            tx.execute(
+                "INSERT INTO holds (request_id, workspace_id, key_id, amount_cents, state, expires_at, created_at) \
+                 VALUES (?1, ?2, ?3, ?4, 'open', ?5, ?6)",
+                params![rid, ws, key, amount_cents, expires_at, now],
+            )?;
+            tx.execute(
+                "INSERT INTO ledger_entries (workspace_id, kind, amount_cents, request_id, key_id, created_at) \
+                 VALUES (?1, 'hold', ?2, ?3, ?4, ?5)",
+                params![ws, -amount_cents, rid, key, now],
+            )?;
+            tx.commit()?;
+            Ok(HoldOutcome::Placed { balance_cents: balance })
+        })
+        .await
+    }
+
+    async fn settle(&self, s: &Settlement) -> Result<SettleOutcome, StoreError> {
+        let s = s.clone();
+        self.read(move |c| {
+            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let done: Option<i64> = tx
+                .query_row(
+                    "SELECT id FROM ledger_entries WHERE request_id = ?1 AND kind = 'settlement'",
+                    [&s.request_id],
+                    |r| r.get(0),
+                )
+                .optional()?;
+            if done.is_some() {
+                return Ok(SettleOutcome::AlreadySettled);
+            }
+            release_open_hold(&tx, &s.request_id, "settled", s.now)?;
+            let carry: i64 =
+                tx.query_row("SELECT carry_microcents FROM workspaces WHERE id = ?1", [&s.workspace_id], |r| r.get(0))?;
+            let (debit, carry) = debit_with_carry(carry, s.cost_microcents);
+            tx.execute(
+                "UPDATE workspaces SET balance_cents = balance_cents - ?2, carry_microcents = ?3 WHERE id = ?1",
+                params![s.workspace_id, debit, carry],
+            )?;
+            tx.execute(
+                "INSERT INTO ledger_entries (workspace_id, kind, amount_cents, request_id, key_id, cost_microcents, created_at) \
+                 VALUES (?1, 'settlement', ?2, ?3, ?4, ?5, ?6)",
+                params![s.workspace_id, -debit, s.request_id, s.key_id, s.cost_microcents, s.now],
+            )?;
+            if let Some(key) = &s.key_id {
+                tx.execute(
+                    "INSERT INTO key_month_spend (key_id, month, spent_microcents) VALUES (?1, ?2, ?3) \
+                     ON CONFLICT (key_id, month) DO UPDATE SET spent_microcents = spent_microcents + excluded.spent_microcents",
+                    params![key, s.month, s.cost_microcents],
+                )?;
+            }
+            let balance: i64 =
+                tx.query_row("SELECT balance_cents FROM workspaces WHERE id = ?1", [&s.workspace_id], |r| r.get(0))?;
+            tx.commit()?;
+            Ok(SettleOutcome::Settled { debit_cents: debit, balance_cents: balance })
+        })
+        .await
+    }
+
+    async fn release_hold(&self, request_id: &str, now: Millis) -> Result<bool, StoreError> {
+        let rid = request_id.to_string();
+        self.read(move |c| {
+            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let released = release_open_hold(&tx, &rid, "released", now)?;
+            tx.commit()?;
+            Ok(released)
+        })
+        .await
+    }
+
+    async fn sweep_expired_holds(&self, now: Millis) -> Result<Vec<String>, StoreError> {
+        self.read(move |c| {
+            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let ids: Vec<String> = {
+                let mut st = tx.prepare("SELECT request_id FROM holds WHERE state = 'open' AND expires_at <= ?1")?;
+                st.query_map([now], |r| r.get(0))?.collect::<Result<_, _>>()?
+            };
+            for id in &ids {
+                release_open_hold(&tx, id, "released", now)?;
+            }
+            tx.commit()?;
+            Ok(ids)
+        })
+        .await
+    }
+
+    async fn entries(&self, workspace_id: &str, limit: i64) -> Result<Vec<LedgerEntry>, StoreError> {
+        let ws = workspace_id.to_string();
+        self.read(move |c| {
+            let mut st = c.prepare(
+                "SELECT id, kind, source, amount_cents, request_id, cost_microcents, expires_at, created_at \
+                 FROM ledger_entries WHERE workspace_id = ?1 ORDER BY id DESC LIMIT ?2",
+            )?;
+            let rows = st.query_map(params![ws, limit], |r| {
+                Ok(LedgerEntry {
+                    id: r.get(0)?,
+                    kind: r.get(1)?,
+                    source: r.get(2)?,
+                    amount_cents: r.get(3)?,
+                    request_id: r.get(4)?,
+                    cost_microcents: r.get(5)?,
+                    expires_at: r.get(6)?,
+                    created_at: r.get(7)?,
+                })
+            })?;
+            rows.collect()
+        })
+        .await
+    }
+
+    async fn derived_balance(&self, workspace_id: &str) -> Result<i64, StoreError> {
+        let ws = workspace_id.to_string();
+        self.read(move |c| {
+            c.query_row(
+                "SELECT COALESCE(SUM(amount_cents), 0) FROM ledger_entries WHERE workspace_id = ?1",
+                [ws],
+                |r| r.get(0),
+            )
+        })
+        .await
+    }
+
+    async fn spent_since(&self, workspace_id: &str, since: Millis) -> Result<i64, StoreError> {
+        let ws = workspace_id.to_string();
+        self.read(move |c| {
+            c.query_row(
+                "SELECT COALESCE(-SUM(amount_cents), 0) FROM ledger_entries \
+                 WHERE workspace_id = ?1 AND kind = 'settlement' AND created_at >= ?2",
+                params![ws, since],
+                |r| r.get(0),
+            )
+        })
+        .await
+    }
+
+    async fn key_month_spend(&self, key_id: &str, month: &str) -> Result<i64, StoreError> {
+        let (key, month) = (key_id.to_string(), month.to_string());
+        self.read(move |c| {
+            c.query_row(
+                "SELECT spent_microcents FROM key_month_spend WHERE key_id = ?1 AND month = ?2",
+                params![key, month],
+                |r| r.get(0),
+            )
+            .optional()
+            .map(|v| v.unwrap_or(0))
+        })
+        .await
+    }
+
+    async fn set_frozen(&self, workspace_id: &str, reason: Option<&str>) -> Result<bool, StoreError> {
+        let (ws, reason) = (workspace_id.to_string(), reason.map(str::to_string));
+        self.read(move |c| {
+            c.execute("UPDATE workspaces SET frozen = ?2 WHERE id = ?1", params![ws, reason]).map(|n| n > 0)
+        })
+        .await
+    }
+}
+
+/// Release the request's open hold into `state`, crediting it back. `false` if none open.
+fn release_open_hold(
+    tx: &rusqlite::Transaction<'_>,
+    request_id: &str,
+    state: &str,
+    now: Millis,
+) -> rusqlite::Result<bool> {
+    let hold: Option<(String, Option<String>, i64)> = tx
+        .query_row(
+            "SELECT workspace_id, key_id, amount_cents FROM holds WHERE request_id = ?1 AND state = 'open'",
+            [request_id],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
+        .optional()?;
+    let Some((ws, key, amount)) = hold else { return Ok(false) };
+    tx.execute("UPDATE holds SET state = ?2 WHERE request_id = ?1", params![request_id, state])?;
+    tx.execute(
+        "UPDATE workspaces SET balance_cents = balance_cents + ?2, held_cents = held_cents - ?2 WHERE id = ?1",
+        params![ws, amount],
+    )?;
+    tx.execute(
+        "INSERT INTO ledger_entries (workspace_id, kind, amount_cents, request_id, key_id, created_at) \
+         VALUES (?1, 'hold_release', ?2, ?3, ?4, ?5)",
+        params![ws, amount, request_id, key, now],
+    )?;
+    Ok(true)
+}
