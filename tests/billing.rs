@@ -1,0 +1,226 @@
+//! Billing through the running gateway: the signup grant, `GET /v1/credits`, the 402s with
+//! their fields, holds released on every failure before output, settlement equal to the
+//! usage the client saw, cut-short streams, and 200 concurrent requests against a small
+//! balance (SQLite here; the same stores run on PostgreSQL in ledger_store.rs).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use common::*;
+use serde_json::{Value, json};
+
+fn balance(gw: &Gateway, ws: &str) -> Value {
+    let (s, v) = gw.admin("GET", &format!("/admin/v1/workspaces/{ws}/ledger"), None);
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["check"]["consistent"], true, "stored balance == sum of entries: {v}");
+    v
+}
+
+fn top_up(gw: &Gateway, ws: &str, cents: i64) {
+    let (s, v) = gw.admin(
+        "POST",
+        &format!("/admin/v1/workspaces/{ws}/credits"),
+        Some(json!({"amount_cents": cents, "source": "purchase"})),
+    );
+    assert_eq!(s, 201, "{v}");
+}
+
+#[tokio::test]
+async fn credits_object_and_signup_grant() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&mock);
+    let r = gw.get("/v1/credits").await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.header("cache-control").as_deref(), Some("no-store"));
+    let v = r.json();
+    assert_eq!(v["object"], "credits");
+    assert_eq!(v["workspace_id"], gw.workspace.as_str());
+    assert_eq!(v["balance_cents"], 100, "the $1 signup grant");
+    assert_eq!(v["held_cents"], 0);
+    assert_eq!(v["available_cents"], 100);
+    assert_eq!(v["currency"], "usd");
+    assert!(v["period"]["start"].as_str().unwrap().ends_with("-01T00:00:00Z"));
+    assert_eq!(v["period"]["spent_cents"], 0);
+    assert_eq!(
+        v["spend_cap"],
+        json!({"limit_cents": null, "hard": false, "used_cents": null, "remaining_cents": null, "gates_inference": false})
+    );
+    assert_eq!(v["plan_tier"], "free");
+    assert!(v["as_of"].is_string());
+    assert!(v.get("coding_plan").is_none());
+    let r = gw.post("/v1/credits", &json!({}), &[]).await;
+    r.assert_error(405, "method_not_allowed");
+    assert_eq!(r.header("allow").as_deref(), Some("GET"));
+}
+
+#[tokio::test]
+async fn insufficient_credits_402_has_its_fields_and_reaches_no_replica() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&mock);
+    // 4096 output tokens at $10,000 per Mtok: a $40.96 hold against a $1 balance.
+    let r = gw.post("/v1/chat/completions", &chat_body("pricey-model", false), &[]).await;
+    let v = r.assert_error(402, "insufficient_credits");
+    assert_eq!(v["error"]["type"], "permission_error");
+    assert_eq!(v["error"]["required_cents"], 4096);
+    assert_eq!(v["error"]["current_balance_cents"], 100);
+    assert_eq!(v["error"]["topup_url"], "https://pay.example.com/top-up");
+    assert!(v["error"].get("free_window_ended_at").is_none());
+    assert!(r.header("retry-after").is_none());
+    assert_eq!(mock.stats().await["requests"], 0);
+    // A smaller ceiling fits: the hold follows max_tokens.
+    let mut b = chat_body("pricey-model", false);
+    b["max_tokens"] = json!(50);
+    let r = gw.post("/v1/chat/completions", &b, &[("x-mock-tokens", "5")]).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let u = &r.json()["usage"];
+    assert_eq!(u["service"]["cost_microcents"], 5_000_000, "5 tokens at a cent each");
+    let l = balance(&gw, &gw.workspace);
+    assert_eq!(l["balance_cents"], 95);
+    assert_eq!(l["held_cents"], 0);
+}
+
+#[tokio::test]
+async fn every_failure_before_output_releases_the_hold() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&mock);
+    let mut b = chat_body("pricey-model", false);
+    b["max_tokens"] = json!(10);
+    for headers in [vec![("x-mock-status", "500")], vec![("x-mock-status", "400")], vec![("x-mock-abort-after", "0")]] {
+        let r = gw.post("/v1/chat/completions", &b, &headers).await;
+        assert_ne!(r.status, 200, "{headers:?}");
+    }
+    let r = gw.post("/v1/chat/completions", &chat_body("dead-model", false), &[]).await;
+    assert_eq!(r.status, 503);
+    // Settlement runs in the log phase, just after the answer went out.
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    // A refusal after the hold would have been placed (client error from the replica) and
+    // the paused model: nothing charged, nothing held.
+    let l = balance(&gw, &gw.workspace);
+    assert_eq!((l["balance_cents"].as_i64(), l["held_cents"].as_i64()), (Some(100), Some(0)), "{l}");
+    let kinds: Vec<&str> = l["entries"].as_array().unwrap().iter().map(|e| e["kind"].as_str().unwrap()).collect();
+    assert!(!kinds.contains(&"settlement"), "{kinds:?}");
+}
+
+#[tokio::test]
+async fn frozen_workspaces_and_key_spending_limits() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&mock);
+    let ws = gw.workspace.clone();
+    let (s, _) = gw.admin("POST", &format!("/admin/v1/workspaces/{ws}/freeze"), Some(json!({"reason": "dispute"})));
+    assert_eq!(s, 200);
+    tokio::time::sleep(std::time::Duration::from_millis(600)).await; // key cache freshness
+    let r = gw.post("/v1/chat/completions", &chat_body("chat-model", false), &[]).await;
+    let v = r.assert_error(402, "account_frozen");
+    assert!(v["error"]["message"].as_str().unwrap().contains("dispute"));
+    top_up(&gw, &ws, 1000);
+    tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+    gw.post("/v1/chat/completions", &chat_body("chat-model", false), &[]).await.assert_error(402, "account_frozen");
+    gw.admin("POST", &format!("/admin/v1/workspaces/{ws}/unfreeze"), None);
+    tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+    assert_eq!(gw.post("/v1/chat/completions", &chat_body("chat-model", false), &[]).await.status, 200);
+
+    // A key limited to $1.00 a month: 20 tokens of pricey-model cost 20 cents a request.
+    let limited = gw.mint_key(&ws, json!({"monthly_spend_limit_cents": 100}));
+    let bearer = format!("Bearer {}", limited["key"].as_str().unwrap());
+    let mut b = chat_body("pricey-model", false);
+    b["max_tokens"] = json!(20);
+    let mut ok = 0;
+    let refusal = loop {
+        let r = gw.post_as("/v1/chat/completions", &b, &[("authorization", &bearer), ("x-mock-tokens", "20")]).await;
+        if r.status != 200 {
+            break r;
+        }
+        ok += 1;
+        assert!(ok <= 5, "the limit must stop the key");
+        // Settlement lands in the log phase, after the answer: let it land.
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    assert_eq!(ok, 5);
+    let v = refusal.assert_error(402, "spend_limit_reached");
+    assert_eq!(v["error"]["limit_cents"], 100);
+    assert_eq!(v["error"]["spent_cents"], 100);
+    assert!(v["error"]["resets_at"].as_str().unwrap().ends_with("-01T00:00:00Z"));
+    // Other keys and the balance are unaffected.
+    assert_eq!(gw.post("/v1/chat/completions", &b, &[("x-mock-tokens", "20")]).await.status, 200);
+}
+
+#[tokio::test]
+async fn cut_short_streams_bill_what_was_delivered_and_settle_once() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&mock);
+    top_up(&gw, &gw.workspace, 500);
+    // stream-model: input free, output $1 per Mtok = 100 microcents a token.
+    let r = gw.post("/v1/chat/completions", &chat_body("stream-model", true), &[("x-mock-abort-after", "3")]).await;
+    assert_eq!(r.status, 200);
+    assert!(!r.text.contains("[DONE]"));
+    assert!(!r.text.contains("cost"), "an errored stream never quotes a cost");
+    let r2 = gw.post("/v1/chat/completions", &chat_body("stream-model", false), &[("x-mock-tokens", "7")]).await;
+    assert_eq!(r2.json()["usage"]["service"]["cost_microcents"], 700);
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let l = balance(&gw, &gw.workspace);
+    let settlements: Vec<i64> = l["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"] == "settlement")
+        .map(|e| e["cost_microcents"].as_i64().unwrap())
+        .collect();
+    assert_eq!(settlements.len(), 2, "{l}");
+    assert!(settlements.contains(&300), "three delivered tokens billed: {settlements:?}");
+    assert!(settlements.contains(&700), "the ledger equals the usage the client saw");
+    assert_eq!(l["carry_microcents"], 1000, "0.1 cent carried, nothing debited yet");
+    assert_eq!(l["balance_cents"], 600);
+}
+
+#[tokio::test]
+async fn two_hundred_parallel_requests_never_overdraw() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&mock);
+    // Each request holds 10 cents (10 tokens at a cent) and spends 3: the $1 grant covers
+    // at most ten in flight at once; the rest are refused with 402.
+    let mut b = chat_body("pricey-model", false);
+    b["max_tokens"] = json!(10);
+    let bearer = gw.bearer();
+    let url = gw.url("/v1/chat/completions");
+    let client = reqwest::Client::new();
+    let tasks: Vec<_> = (0..200)
+        .map(|_| {
+            let (client, url, bearer, b) = (client.clone(), url.clone(), bearer.clone(), b.clone());
+            tokio::spawn(async move {
+                let r = client
+                    .post(url)
+                    .header("authorization", bearer)
+                    .header("x-mock-tokens", "3")
+                    .header("x-mock-ttft-ms", "20")
+                    .json(&b)
+                    .send()
+                    .await
+                    .unwrap();
+                let status = r.status().as_u16();
+                let v: Value = r.json().await.unwrap_or(Value::Null);
+                (status, v)
+            })
+        })
+        .collect();
+    let mut spent = 0i64;
+    let mut ok = 0;
+    for t in tasks {
+        let (status, v) = t.await.unwrap();
+        match status {
+            200 => {
+                ok += 1;
+                spent += v["usage"]["service"]["cost_microcents"].as_i64().unwrap();
+            }
+            402 => assert_eq!(v["error"]["code"], "insufficient_credits"),
+            other => panic!("unexpected {other}: {v}"),
+        }
+    }
+    assert!(ok >= 10, "at least the covered requests ran: {ok}");
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let l = balance(&gw, &gw.workspace);
+    let balance = l["balance_cents"].as_i64().unwrap();
+    let carry = l["carry_microcents"].as_i64().unwrap();
+    assert!(balance >= 0, "no overdraft: {balance}");
+    assert_eq!(l["held_cents"], 0);
+    assert_eq!((100 - balance) * 1_000_000 + carry, spent, "balance == top-ups minus settled costs, to the microcent");
+}
