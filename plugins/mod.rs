@@ -6,6 +6,7 @@
 pub mod auth;
 pub mod billing;
 pub mod chat;
+pub mod messages;
 
 use std::sync::Arc;
 

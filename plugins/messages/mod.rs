@@ -1,0 +1,1 @@
+//! The messages dialect and the Responses adapter translators (in progress).

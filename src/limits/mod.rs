@@ -1,0 +1,1 @@
+//! Rate limits and admission stores (in progress).
