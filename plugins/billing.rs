@@ -20,8 +20,6 @@ use crate::store::ledger::{HoldOutcome, LedgerStore, MICROCENTS_PER_CENT, Settle
 pub const BILLING_PRIORITY: i16 = 100;
 /// Output ceiling used for the hold when neither the request nor the model gives one (C12).
 const DEFAULT_OUTPUT_CEILING: u64 = 4096;
-/// Holds outlive the response budget by this much before the sweeper may release them.
-const HOLD_MARGIN_MS: Millis = 120_000;
 
 pub struct Billing {
     ledger: Arc<dyn LedgerStore>,
@@ -36,8 +34,10 @@ struct Hold {
 }
 
 impl Billing {
-    pub fn new(ledger: Arc<dyn LedgerStore>, topup_url: String, response_budget_ms: Millis) -> Self {
-        Billing { ledger, topup_url, hold_ttl_ms: response_budget_ms + HOLD_MARGIN_MS }
+    /// `hold_ttl_ms`: the response budget plus the configured margin; past it an open hold
+    /// belongs to a request whose gateway died, and the sweeper releases it.
+    pub fn new(ledger: Arc<dyn LedgerStore>, topup_url: String, hold_ttl_ms: Millis) -> Self {
+        Billing { ledger, topup_url, hold_ttl_ms }
     }
 }
 
@@ -50,6 +50,15 @@ pub fn utc_month_bounds(ms: Millis) -> (Millis, Millis, String) {
     let at =
         |d: jiff::civil::Date| d.to_zoned(jiff::tz::TimeZone::UTC).map(|z| z.timestamp().as_millisecond()).unwrap_or(0);
     (at(first), at(next), format!("{:04}-{:02}", first.year(), first.month()))
+}
+
+/// `free_window_ended_at` only when the called model's free window closed within the last
+/// seven days; otherwise the field is absent (not null).
+fn with_free_window(err: GatewayError, cx: &RequestCtx) -> GatewayError {
+    match cx.model.as_ref().and_then(|m| m.free_window_recently_ended(now_ms())) {
+        Some(end) => err.with_field("free_window_ended_at", iso(end)),
+        None => err,
+    }
 }
 
 fn store_down(e: impl std::fmt::Display) -> GatewayError {
@@ -84,7 +93,7 @@ impl Billing {
 
     /// The hold of clarification 12, in whole cents (rounded up).
     fn hold_cents(cx: &RequestCtx) -> i64 {
-        let Some(pricing) = cx.model.as_ref().and_then(|m| m.pricing) else { return 0 };
+        let Some(pricing) = cx.model.as_ref().and_then(|m| m.pricing_at(now_ms())) else { return 0 };
         let ceiling =
             cx.output_ceiling.or(cx.model.as_ref().and_then(|m| m.max_output_tokens)).unwrap_or(DEFAULT_OUTPUT_CEILING);
         let micro = crate::usage::cost_microcents(Some(&pricing), cx.prompt_estimate, 0, ceiling);
@@ -123,7 +132,7 @@ impl Plugin for Billing {
             } else {
                 "An unpaid bill freezes this account; pay it to resume."
             };
-            return Err(GatewayError::new(ErrorKind::AccountFrozen, why));
+            return Err(with_free_window(GatewayError::new(ErrorKind::AccountFrozen, why), cx));
         }
         let now = now_ms();
         if let Some(limit) = p.monthly_spend_limit_cents {
@@ -159,16 +168,19 @@ impl Plugin for Billing {
                 cx.ext.insert(Hold { cents: hold });
                 Ok(Flow::Continue)
             }
-            HoldOutcome::Insufficient { balance_cents } => Err(GatewayError::new(
-                ErrorKind::InsufficientCredits,
-                format!(
-                    "The balance cannot cover this request's reservation of {hold} cents; add at least {} cents.",
-                    (hold - balance_cents).max(1)
-                ),
-            )
-            .with_field("required_cents", hold)
-            .with_field("current_balance_cents", balance_cents)
-            .with_field("topup_url", self.topup_url.clone())),
+            HoldOutcome::Insufficient { balance_cents } => Err(with_free_window(
+                GatewayError::new(
+                    ErrorKind::InsufficientCredits,
+                    format!(
+                        "The balance cannot cover this request's reservation of {hold} cents; add at least {} cents.",
+                        (hold - balance_cents).max(1)
+                    ),
+                )
+                .with_field("required_cents", hold)
+                .with_field("current_balance_cents", balance_cents)
+                .with_field("topup_url", self.topup_url.clone()),
+                cx,
+            )),
         }
     }
 
@@ -177,33 +189,66 @@ impl Plugin for Billing {
         let held = cx.ext.get::<Hold>().copied();
         let cost = cx.usage.map(|u| u.cost_microcents).unwrap_or(0);
         let now = now_ms();
-        let result = match (cx.usage.is_some() && cost > 0, held) {
+        let action = match (cx.usage.is_some() && cost > 0, held) {
             // Something billable was delivered: settle (releases the hold in the same step).
             (true, _) => {
                 let (_, _, month) = utc_month_bounds(now);
-                let s = Settlement {
+                Finish::Settle(Settlement {
                     request_id: cx.request_id.clone(),
                     workspace_id: p.workspace_id.clone(),
                     key_id: Some(p.key_id.clone()),
                     cost_microcents: i64::try_from(cost).unwrap_or(i64::MAX),
                     now,
                     month,
-                };
-                self.ledger.settle(&s).await.map(|_| ())
+                })
             }
             // Nothing billable: release the hold, charge nothing.
-            (false, Some(_)) => self.ledger.release_hold(&cx.request_id, now).await.map(|_| ()),
-            (false, None) => Ok(()),
+            (false, Some(h)) => {
+                log::debug!("{}: releasing a hold of {} cents", cx.request_id, h.cents);
+                Finish::Release(cx.request_id.clone())
+            }
+            (false, None) => return,
         };
-        if let Err(e) = result {
-            // The hold stays open and the sweeper releases it after its expiry; nothing is
-            // ever charged twice (settlement is keyed by the request id).
-            log::error!(
-                "{}: settlement not recorded ({e}); hold {:?} left to expire",
-                cx.request_id,
-                held.map(|h| h.cents)
-            );
+        if let Err(e) = action.run(&*self.ledger).await {
+            // Retried in the background while the store is down: both steps are idempotent
+            // per request id, so a retry never charges twice. If the process ends first, the
+            // sweeper releases the hold after its expiry.
+            log::warn!("{}: settlement not recorded yet ({e}); retrying in the background", cx.request_id);
+            let ledger = self.ledger.clone();
+            tokio::spawn(async move { action.retry(&*ledger).await });
         }
+    }
+}
+
+/// The last step of a billed request.
+enum Finish {
+    Settle(Settlement),
+    Release(String),
+}
+
+impl Finish {
+    async fn run(&self, ledger: &dyn LedgerStore) -> Result<(), crate::store::StoreError> {
+        match self {
+            Finish::Settle(s) => ledger.settle(s).await.map(|_| ()),
+            Finish::Release(rid) => ledger.release_hold(rid, now_ms()).await.map(|_| ()),
+        }
+    }
+
+    /// Retry with backoff (1 s doubling to 60 s) for about an hour.
+    async fn retry(self, ledger: &dyn LedgerStore) {
+        let mut wait = std::time::Duration::from_secs(1);
+        for _ in 0..70 {
+            tokio::time::sleep(wait).await;
+            match self.run(ledger).await {
+                Ok(()) => {
+                    log::info!("settlement recorded after a retry");
+                    return;
+                }
+                Err(e) => log::warn!("settlement retry failed: {e}"),
+            }
+            wait = (wait * 2).min(std::time::Duration::from_secs(60));
+        }
+        log::error!("settlement abandoned after an hour of retries; the hold expires and is released");
     }
 }
 

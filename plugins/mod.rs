@@ -48,7 +48,8 @@ pub fn build(config: &Config, services: &Services) -> Result<Chain, ConfigErrors
                 (Some(ledger), _) => plugins.push(Arc::new(billing::Billing::new(
                     ledger.clone(),
                     config.gateway.topup_url.clone(),
-                    i64::try_from(config.gateway.budgets.response.as_millis()).unwrap_or(i64::MAX),
+                    i64::try_from((config.gateway.budgets.response + config.gateway.hold_margin).as_millis())
+                        .unwrap_or(i64::MAX),
                 ))),
                 (None, None) => problem("`billing` needs the `identity` section (its store holds the ledger)".into()),
                 (None, Some(_)) => {}

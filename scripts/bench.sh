@@ -12,6 +12,7 @@
 #   BENCH_SECONDS=10        length of each measured run
 #   BENCH_WARMUP_SECONDS=1  unmeasured run before each measured one (fills keepalive pools)
 #   BENCH_CONNECTIONS=32    wrk connections for the saturating runs
+#   BENCH_ROUNDS=1          repeat the whole set; the table shows the median of each cell
 #   BENCH_RATE=500          requests/s of the paced latency run (non-streaming)
 #   BENCH_PACED_CONNECTIONS=5  connections of the paced run (each waits 1000*C/RATE ms
 #                           before every request)
@@ -58,6 +59,7 @@ WARMUP=${BENCH_WARMUP_SECONDS:-1}
 CONNS=${BENCH_CONNECTIONS:-32}
 RATE=${BENCH_RATE:-500}
 PACED_CONNS=${BENCH_PACED_CONNECTIONS:-5}
+ROUNDS=${BENCH_ROUNDS:-1}
 PORT_BASE=${BENCH_PORT_BASE:-19310}
 MOCK_PORT=$PORT_BASE
 NGINX_PORT=$((PORT_BASE + 1))
@@ -75,6 +77,7 @@ die() {
 
 [[ $DURATION =~ ^[0-9]+$ && $DURATION -ge 1 ]] || die "BENCH_SECONDS must be a whole number >= 1"
 [[ $RATE =~ ^[0-9]+$ && $RATE -ge 1 ]] || die "BENCH_RATE must be a whole number >= 1"
+[[ $ROUNDS =~ ^[0-9]+$ && $ROUNDS -ge 1 ]] || die "BENCH_ROUNDS must be a whole number >= 1"
 [[ $(uname -s) == Linux ]] || die "needs Linux (/proc/PID/stat for CPU time)"
 
 # ---- tools ------------------------------------------------------------------------------
@@ -321,6 +324,18 @@ cpu_ns() {
     done
     echo "$total"
 }
+# Busy and stolen ticks of the whole machine (/proc/stat), and CPU of this script's waited
+# children (wrk): with the servers' own ticks they tell how much CPU something else took
+# during a run (another build or test on the machine makes every figure noisy).
+machine_ticks() { awk '/^cpu /{print $2 + $3 + $4 + $7 + $8, $9}' /proc/stat; }
+children_ticks() {
+    local s
+    local -a f
+    s=$(<"/proc/$$/stat")
+    s=${s##*) }
+    read -r -a f <<<"$s"
+    echo $((f[13] + f[14]))
+}
 HAVE_SCHEDSTAT=0
 if [[ -r /proc/self/schedstat ]]; then HAVE_SCHEDSTAT=1; fi
 nginx_pids() {
@@ -340,7 +355,8 @@ field() { sed -n "s/.* $1=\([^ ]*\).*/\1/p" <<<"$2"; }
 
 RESULTS=()
 # run CASE TARGET CONNS DELAY_MS : one warm-up and one measured wrk run; appends
-# "case target rps p50_us p99_us proxy_us mock_us errors requests proxy_sched_us" to RESULTS.
+# "round case target rps p50_us p99_us proxy_us mock_us errors requests proxy_sched_us
+# other_pct steal_pct" to RESULTS.
 run() {
     local case=$1 target=$2 conns=$3 delay=$4 port body tokens name
     port=$(port_of "$target")
@@ -353,22 +369,34 @@ run() {
     if [[ -n $TASKSET ]]; then wrk=("$TASKSET" -c "$BACKEND_CPU" "${wrk[@]}"); fi
     export BENCH_BODY_FILE=$body BENCH_TOKENS=$tokens BENCH_DELAY_MS=$delay
     if [[ $WARMUP -gt 0 ]]; then "${wrk[@]}" "-d${WARMUP}s" >/dev/null; fi
-    local p0 m0 p1 m1 n0=0 n1=0
+    local -a servers
+    mapfile -t servers < <(echo "$MOCK_PID"; echo "$GW_PID"; nginx_pids)
+    local p0 m0 p1 m1 n0=0 n1=0 busy0 steal0 busy1 steal1 s0 s1 c0 c1 t0 t1
+    read -r busy0 steal0 < <(machine_ticks)
+    s0=$(cpu_ticks "${servers[@]}")
+    c0=$(children_ticks)
+    t0=$(date +%s%N)
     p0=$(cpu_ticks "${pids[@]}")
     m0=$(cpu_ticks "$MOCK_PID")
     if [[ $HAVE_SCHEDSTAT == 1 ]]; then n0=$(cpu_ns "${pids[@]}"); fi
     local pacing=""
     if [[ $delay -gt 0 ]]; then pacing=" (each waits ${delay} ms before a request)"; fi
     log "$name: wrk -t1 -c$conns for ${DURATION}s$pacing"
-    "${wrk[@]}" "-d${DURATION}s" >"$OUT/wrk-$name.txt" 2>&1 || die "wrk failed: $(tail -5 "$OUT/wrk-$name.txt")"
+    local raw=$OUT/wrk-$name.txt
+    if [[ $ROUNDS -gt 1 ]]; then raw=$OUT/wrk-$name.round$ROUND.txt; fi
+    "${wrk[@]}" "-d${DURATION}s" >"$raw" 2>&1 || die "wrk failed: $(tail -5 "$raw")"
     if [[ $HAVE_SCHEDSTAT == 1 ]]; then n1=$(cpu_ns "${pids[@]}"); fi
     p1=$(cpu_ticks "${pids[@]}")
     m1=$(cpu_ticks "$MOCK_PID")
+    t1=$(date +%s%N)
+    c1=$(children_ticks)
+    s1=$(cpu_ticks "${servers[@]}")
+    read -r busy1 steal1 < <(machine_ticks)
     alive mock "$MOCK_PID"
     alive gateway "$GW_PID"
     alive nginx "$NGINX_PID"
     local line
-    line=$(grep '^BENCH ' "$OUT/wrk-$name.txt") || die "no summary from wrk for $name"
+    line=$(grep '^BENCH ' "$raw") || die "no summary from wrk for $name"
     local req dur errs
     req=$(field requests "$line")
     dur=$(field duration_us "$line")
@@ -385,8 +413,13 @@ run() {
     local mock_us rps
     mock_us=$(awk -v t=$((m1 - m0)) -v hz="$CLK_TCK" -v n="$req" 'BEGIN{printf "%.1f", t*1e6/hz/n}')
     rps=$(awk -v n="$req" -v d="$dur" 'BEGIN{printf "%.0f", n*1e6/d}')
-    RESULTS+=("$case $target $rps $(field p50_us "$line") $(field p99_us "$line") $proxy_us $mock_us $errs $req $proxy_sched_us")
-    if [[ $errs -gt 0 ]]; then log "WARNING: $name had $errs errors (see $OUT/wrk-$name.txt)"; fi
+    local other steal
+    other=$(awk -v b=$((busy1 - busy0 - (s1 - s0) - (c1 - c0))) -v ns=$((t1 - t0)) -v hz="$CLK_TCK" \
+        -v n="$CORES" 'BEGIN{x = 100 * b / (ns / 1e9 * hz * n); printf "%.0f", (x < 0 ? 0 : x)}')
+    steal=$(awk -v b=$((steal1 - steal0)) -v ns=$((t1 - t0)) -v hz="$CLK_TCK" -v n="$CORES" \
+        'BEGIN{printf "%.0f", 100 * b / (ns / 1e9 * hz * n)}')
+    RESULTS+=("$ROUND $case $target $rps $(field p50_us "$line") $(field p99_us "$line") $proxy_us $mock_us $errs $req $proxy_sched_us $other $steal")
+    if [[ $errs -gt 0 ]]; then log "WARNING: $name had $errs errors (see $raw)"; fi
 }
 
 {
@@ -401,65 +434,99 @@ run() {
     echo "loadavg before: $(cut -d' ' -f1-3 /proc/loadavg)"
 } >"$OUT/env.txt"
 
-for t in direct nginx gateway; do run json16 "$t" "$CONNS" 0; done
-for t in direct nginx gateway; do run sse64 "$t" "$CONNS" 0; done
 PACED_DELAY=$(awk -v c="$PACED_CONNS" -v r="$RATE" 'BEGIN{d=c*1000/r; printf "%d", (d<1?1:d)}')
-for t in direct nginx gateway; do run "json16@${RATE}rps" "$t" "$PACED_CONNS" "$PACED_DELAY"; done
+for ROUND in $(seq "$ROUNDS"); do
+    if [[ $ROUNDS -gt 1 ]]; then log "round $ROUND of $ROUNDS"; fi
+    for t in direct nginx gateway; do run json16 "$t" "$CONNS" 0; done
+    for t in direct nginx gateway; do run sse64 "$t" "$CONNS" 0; done
+    for t in direct nginx gateway; do run "json16@${RATE}rps" "$t" "$PACED_CONNS" "$PACED_DELAY"; done
+done
 echo "loadavg after: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$OUT/env.txt"
 
 # ---- report -----------------------------------------------------------------------------
 printf '%s\n' "${RESULTS[@]}" >"$OUT/results.tsv"
 report() {
-    awk -v frames="$SSE_FRAMES" '
+    awk -v frames="$SSE_FRAMES" -v rounds="$ROUNDS" '
     function ms(us) { return sprintf("%.3f", us / 1000) }
     function plus(us) { return sprintf("%+.3f", us / 1000) }
+    # median of column `col` over the rounds of (c, t); "-" when not measured
+    function med(c, t, col,    n, i, j, x, a) {
+        n = cnt[c, t]
+        for (i = 1; i <= n; i++) {
+            x = v[c, t, col, i]
+            if (x == "-") return "-"
+            a[i] = x + 0
+        }
+        for (i = 2; i <= n; i++) {
+            x = a[i]
+            for (j = i - 1; j >= 1 && a[j] > x; j--) a[j + 1] = a[j]
+            a[j + 1] = x
+        }
+        return (n % 2) ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
+    }
     {
-        c = $1; t = $2
-        rps[c, t] = $3; p50[c, t] = $4; p99[c, t] = $5; cpu[c, t] = $6; mock[c, t] = $7
-        err[c, t] = $8; req[c, t] = $9; sched[c, t] = $10
+        c = $2; t = $3
+        k = ++cnt[c, t]
+        for (col = 4; col <= NF; col++) v[c, t, col, k] = $col
+        errs[c, t] += $9
         if (!(c in seen)) { seen[c] = 1; order[++n] = c }
+        ratio_in[$1, c, t] = $7
     }
     END {
-        printf "%-14s %-7s %7s %8s %8s %8s %8s %10s %11s %9s %6s\n", "case", "target", "req/s", "p50 ms",
-            "p99 ms", "+p50 ms", "+p99 ms", "proxy CPU", "proxy CPU", "mock CPU", "errors"
-        printf "%-14s %-7s %7s %8s %8s %8s %8s %10s %11s %9s %6s\n", "", "", "", "", "", "", "",
-            "us/req", "us/req", "us/req", ""
-        printf "%-14s %-7s %7s %8s %8s %8s %8s %10s %11s %9s %6s\n", "", "", "", "", "", "", "",
-            "(stat)", "(schedstat)", "(stat)", ""
+        fmt = "%-14s %-7s %7s %8s %8s %8s %8s %10s %11s %9s %6s %6s %6s\n"
+        if (rounds > 1) printf "median of %d rounds per cell (errors: total)\n", rounds
+        printf fmt, "case", "target", "req/s", "p50 ms", "p99 ms", "+p50 ms", "+p99 ms",
+            "proxy CPU", "proxy CPU", "mock CPU", "errors", "other", "steal"
+        printf fmt, "", "", "", "", "", "", "", "us/req", "us/req", "us/req", "", "CPU %", "%"
+        printf fmt, "", "", "", "", "", "", "", "(stat)", "(schedstat)", "(stat)", "", "", ""
+        split("direct nginx gateway", ts, " ")
         for (i = 1; i <= n; i++) {
             c = order[i]
-            split("direct nginx gateway", ts, " ")
             for (j = 1; j <= 3; j++) {
                 t = ts[j]
-                if (!((c, t) in rps)) continue
-                a50 = (t == "direct") ? "-" : plus(p50[c, t] - p50[c, "direct"])
-                a99 = (t == "direct") ? "-" : plus(p99[c, t] - p99[c, "direct"])
-                printf "%-14s %-7s %7s %8s %8s %8s %8s %10s %11s %9s %6s\n", c, t, rps[c, t], ms(p50[c, t]),
-                    ms(p99[c, t]), a50, a99, cpu[c, t], sched[c, t], mock[c, t], err[c, t]
+                if (!((c, t) in cnt)) continue
+                rps = med(c, t, 4); p50 = med(c, t, 5); p99 = med(c, t, 6)
+                cpu[c, t] = med(c, t, 7); mock = med(c, t, 8); sched[c, t] = med(c, t, 11)
+                P50[c, t] = p50; P99[c, t] = p99
+                a50 = (t == "direct") ? "-" : plus(p50 - P50[c, "direct"])
+                a99 = (t == "direct") ? "-" : plus(p99 - P99[c, "direct"])
+                cpus = (cpu[c, t] == "-") ? "-" : sprintf("%.1f", cpu[c, t])
+                scheds = (sched[c, t] == "-") ? "-" : sprintf("%.1f", sched[c, t])
+                printf fmt, c, t, sprintf("%.0f", rps), ms(p50), ms(p99), a50, a99, cpus, scheds,
+                    sprintf("%.1f", mock), errs[c, t], med(c, t, 12), med(c, t, 13)
             }
         }
         print ""
         print "CPU: microseconds of CPU per completed request; proxy = the gateway process, or nginx"
         print "master+worker. (stat) = utime+stime from /proc/PID/stat (clock ticks, sampled);"
         print "(schedstat) = scheduler run time of all threads (ns, exact). +p50/+p99: minus the"
-        print "direct run of the same case."
+        print "direct run of the same case. other CPU %: share of the machine (all cores) busy with"
+        print "processes other than the mock, nginx, the gateway and wrk during the run; steal %:"
+        print "time the hypervisor ran something else on our vCPUs. Both are noise."
         print ""
         for (i = 1; i <= n; i++) {
             c = order[i]
-            if (!((c, "gateway") in cpu) || cpu[c, "nginx"] + 0 <= 0) continue
+            if (!((c, "gateway") in cnt) || cpu[c, "nginx"] + 0 <= 0) continue
             r = cpu[c, "gateway"] / cpu[c, "nginx"]
             rs = (sched[c, "nginx"] + 0 > 0) ? sprintf(", schedstat %.2fx", sched[c, "gateway"] / sched[c, "nginx"]) : ""
             target = (c ~ /@/) ? "" : "  (target < 2x: " (r < 2 ? "met" : "NOT met") ")"
             label = (c ~ /^sse/) ? c " (" frames " SSE frames)" : c
             printf "gateway/nginx CPU per request, %s: stat %.2fx%s%s\n", label, r, rs, target
+            if (rounds > 1) {
+                line = "  per round:"
+                for (k = 1; k <= rounds; k++)
+                    if (ratio_in[k, c, "nginx"] + 0 > 0)
+                        line = line sprintf(" %.2fx", ratio_in[k, c, "gateway"] / ratio_in[k, c, "nginx"])
+                print line
+            }
             if (c ~ /^sse/) printf "  per frame (stat): gateway %.2f us, nginx %.2f us\n",
                 cpu[c, "gateway"] / frames, cpu[c, "nginx"] / frames
         }
         for (i = 1; i <= n; i++) {
             c = order[i]
             if (c !~ /@/) continue
-            g = (p99[c, "gateway"] - p99[c, "direct"]) / 1000
-            x = (p99[c, "nginx"] - p99[c, "direct"]) / 1000
+            g = (P99[c, "gateway"] - P99[c, "direct"]) / 1000
+            x = (P99[c, "nginx"] - P99[c, "direct"]) / 1000
             printf "added p99 at %s: gateway %+.3f ms (target < 1 ms: %s), nginx %+.3f ms\n",
                 substr(c, index(c, "@") + 1), g, (g < 1 ? "met" : "NOT met"), x
         }

@@ -32,6 +32,7 @@ pub fn run(config: Config, chain: Chain, services: Services, pid_dir: &std::path
     let mut server = Server::new_with_opt_and_conf(Opt::default(), conf);
     server.bootstrap();
     let listen = config.gateway.listen.to_string();
+    let config_sweep = config.gateway.sweep_interval;
     let admin_listen = config.gateway.admin_listen.to_string();
     log::info!("tollgate listening on {listen} (admin {admin_listen}) with plugins {:?}", chain.names());
     if config.gateway.admin_token.is_none() {
@@ -51,14 +52,14 @@ pub fn run(config: Config, chain: Chain, services: Services, pid_dir: &std::path
     server.add_service(proxy);
     server.add_service(admin_service);
     if let Some(ledger) = services.ledger.clone() {
-        spawn_hold_sweeper(ledger);
+        spawn_hold_sweeper(ledger, config_sweep);
     }
     server.run_forever()
 }
 
-/// Every 30 s, release holds whose request outlived its hold (a gateway died mid-request).
+/// Every `every` (30 s by default), release holds whose request outlived its hold (a gateway died mid-request).
 /// They are released, never charged; each release is logged.
-fn spawn_hold_sweeper(ledger: Arc<dyn crate::store::ledger::LedgerStore>) {
+fn spawn_hold_sweeper(ledger: Arc<dyn crate::store::ledger::LedgerStore>, every: std::time::Duration) {
     let run = move || {
         let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
             log::error!("hold sweeper could not start");
@@ -66,7 +67,7 @@ fn spawn_hold_sweeper(ledger: Arc<dyn crate::store::ledger::LedgerStore>) {
         };
         rt.block_on(async move {
             loop {
-                tokio::time::sleep(std::time::Duration::from_secs(30)).await;
+                tokio::time::sleep(every).await;
                 match ledger.sweep_expired_holds(crate::identity::now_ms()).await {
                     Ok(ids) if !ids.is_empty() => log::warn!("released {} expired holds: {ids:?}", ids.len()),
                     Ok(_) => {}

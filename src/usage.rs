@@ -62,14 +62,15 @@ pub fn figures(
     total: u64,
     basis: UsageBasis,
 ) -> UsageFigures {
-    let cached_tier = model.pricing.as_ref().is_some_and(|p| p.cached_input.is_some());
+    let pricing = model.pricing_at(jiff::Timestamp::now().as_millisecond());
+    let cached_tier = pricing.as_ref().is_some_and(|p| p.cached_input.is_some());
     let cached = if cached_tier { reported_cached.min(prompt) } else { 0 };
     UsageFigures {
         prompt_tokens: prompt,
         completion_tokens: completion,
         total_tokens: total,
         cached_tokens: cached,
-        cost_microcents: cost_microcents(model.pricing.as_ref(), prompt, cached, completion),
+        cost_microcents: cost_microcents(pricing.as_ref(), prompt, cached, completion),
         basis,
     }
 }

@@ -224,3 +224,63 @@ async fn two_hundred_parallel_requests_never_overdraw() {
     assert_eq!(l["held_cents"], 0);
     assert_eq!((100 - balance) * 1_000_000 + carry, spent, "balance == top-ups minus settled costs, to the microcent");
 }
+
+#[tokio::test]
+async fn free_window_prices_at_zero_and_recent_end_is_reported() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&mock);
+    // Inside the window: priced at zero, no hold even for a $40 ceiling.
+    let r = gw.post("/v1/chat/completions", &chat_body("free-model", false), &[("x-mock-tokens", "9")]).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let u = &r.json()["usage"];
+    assert_eq!(u["service"]["cost_microcents"], 0);
+    assert!(r.text.contains("\"cost\":0.00000000"));
+    // Window closed yesterday: normal price, and the 402 says when the window ended.
+    let r = gw.post("/v1/chat/completions", &chat_body("ended-free-model", false), &[]).await;
+    let v = r.assert_error(402, "insufficient_credits");
+    let ended = v["error"]["free_window_ended_at"].as_str().expect("free_window_ended_at");
+    let ended: jiff::Timestamp = ended.parse().unwrap();
+    let ago = jiff::Timestamp::now().duration_since(ended).as_secs();
+    assert!((86_000..=87_000).contains(&ago), "{ago}");
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let l = balance(&gw, &gw.workspace);
+    assert_eq!(l["balance_cents"], 100);
+}
+
+#[tokio::test]
+async fn a_gateway_killed_mid_stream_leaves_a_hold_the_sweeper_releases() {
+    let mock = Mock::start();
+    let opts = Opts { response_seconds: 2.0, first_token_seconds: 2.0, hold_margin_seconds: 1, ..Opts::default() };
+    let mut gw = Gateway::start_with(&mock, opts.clone());
+    let mut b = chat_body("pricey-model", true);
+    b["max_tokens"] = json!(40);
+    let url = gw.url("/v1/chat/completions");
+    let bearer = gw.bearer();
+    let stream = tokio::spawn(async move {
+        let r = reqwest::Client::new()
+            .post(url)
+            .header("authorization", bearer)
+            .header("x-mock-tokens", "40")
+            .header("x-mock-token-delay-ms", "100")
+            .json(&b)
+            .send()
+            .await;
+        match r {
+            Ok(r) => r.text().await.is_ok(),
+            Err(_) => false,
+        }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(700)).await;
+    let held = balance(&gw, &gw.workspace);
+    assert_eq!(held["held_cents"], 40, "the hold is open mid-stream: {held}");
+    gw.kill();
+    assert!(!stream.await.unwrap(), "the client saw the connection die");
+    // A new instance on the same store: its sweeper releases the expired hold, unsettled.
+    let gw2 = Gateway::start_in(&mock, opts, gw.dir.clone());
+    tokio::time::sleep(std::time::Duration::from_millis(4500)).await;
+    let l = balance(&gw2, &gw.workspace);
+    assert_eq!((l["held_cents"].as_i64(), l["balance_cents"].as_i64()), (Some(0), Some(100)), "{l}");
+    let kinds: Vec<&str> = l["entries"].as_array().unwrap().iter().map(|e| e["kind"].as_str().unwrap()).collect();
+    assert!(kinds.contains(&"hold_release") && !kinds.contains(&"settlement"), "{kinds:?}");
+    assert!(gw2.log().contains("released 1 expired holds"), "the release is logged");
+}

@@ -52,6 +52,15 @@ struct RawModel {
     paused_until: Option<String>,
     max_concurrent_requests_per_api_key: Option<u64>,
     max_tokens_per_minute_per_workspace: Option<u64>,
+    /// Promotional free window: requests inside it are priced at zero and carry no hold.
+    free_window: Option<RawFreeWindow>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFreeWindow {
+    starts_at: String,
+    ends_at: String,
 }
 
 #[derive(Deserialize)]
@@ -107,6 +116,8 @@ pub struct ModelEntry {
     pub pricing: Option<Pricing>,
     /// `true` when cache hits are neither disclosed nor priced (`cache_isolation: shared`).
     pub shared_cache: bool,
+    /// Promotional free window `[start, end)` in Unix milliseconds.
+    pub free_window: Option<(i64, i64)>,
     /// The object of `GET /v1/models` without the availability fields.
     object: Map<String, Value>,
     /// `Some(t)`: paused, next availability check at `t`. Changed by operators at run time.
@@ -125,6 +136,20 @@ impl ModelEntry {
 
     pub fn set_paused_until(&self, until: Option<Timestamp>) {
         *self.paused_until.write().unwrap_or_else(|e| e.into_inner()) = until;
+    }
+
+    /// The pricing in force at `now_ms`: none inside the free window (priced at zero).
+    pub fn pricing_at(&self, now_ms: i64) -> Option<Pricing> {
+        match self.free_window {
+            Some((start, end)) if (start..end).contains(&now_ms) => None,
+            _ => self.pricing,
+        }
+    }
+
+    /// When the free window closed, if that was within the last seven days.
+    pub fn free_window_recently_ended(&self, now_ms: i64) -> Option<i64> {
+        const SEVEN_DAYS_MS: i64 = 7 * 86_400_000;
+        self.free_window.map(|(_, end)| end).filter(|&end| end <= now_ms && now_ms - end <= SEVEN_DAYS_MS)
     }
 
     /// The model object as `GET /v1/models` lists it now.
@@ -234,6 +259,20 @@ fn check_model(p: &mut Problems, i: usize, m: RawModel, settings: &GatewaySettin
         _ => None,
     };
     let shared_cache = m.cache_isolation.as_deref() == Some("shared");
+    let free_window = m.free_window.as_ref().and_then(|w| {
+        let parse = |p: &mut Problems, field: &str, v: &str| match v.parse::<Timestamp>() {
+            Ok(t) => Some(t.as_millisecond()),
+            Err(e) => {
+                p.add(at(&format!("free_window.{field}")), format!("`{v}` is not an ISO 8601 time: {e}"));
+                None
+            }
+        };
+        let (start, end) = (parse(p, "starts_at", &w.starts_at)?, parse(p, "ends_at", &w.ends_at)?);
+        if end <= start {
+            p.add(at("free_window.ends_at"), "must be after starts_at");
+        }
+        Some((start, end))
+    });
     let pricing = m.pricing.as_ref().map(|pr| Pricing {
         input: price(p, &at("pricing.input"), pr.input),
         output: price(p, &at("pricing.output"), pr.output),
@@ -305,6 +344,7 @@ fn check_model(p: &mut Problems, i: usize, m: RawModel, settings: &GatewaySettin
         context_window: m.context_window,
         pricing,
         shared_cache,
+        free_window,
         object: o,
         paused_until: RwLock::new(paused_until),
     }

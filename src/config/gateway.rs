@@ -49,12 +49,29 @@ struct RawBilling {
     /// Absolute URL sent as `topup_url` in `402 insufficient_credits`.
     #[serde(default = "default_topup_url")]
     topup_url: String,
+    /// How long a hold outlives the response budget before the sweeper may release it.
+    #[serde(default = "default_hold_margin")]
+    hold_margin_seconds: u64,
+    #[serde(default = "default_sweep_interval")]
+    sweep_interval_seconds: u64,
 }
 
 impl Default for RawBilling {
     fn default() -> Self {
-        RawBilling { topup_url: default_topup_url() }
+        RawBilling {
+            topup_url: default_topup_url(),
+            hold_margin_seconds: default_hold_margin(),
+            sweep_interval_seconds: default_sweep_interval(),
+        }
     }
+}
+
+fn default_hold_margin() -> u64 {
+    120
+}
+
+fn default_sweep_interval() -> u64 {
+    30
 }
 
 fn default_topup_url() -> String {
@@ -327,6 +344,8 @@ pub struct GatewaySettings {
     /// `None`: no admin token, the admin listener refuses every call.
     pub admin_token: Option<Secret>,
     pub topup_url: String,
+    pub hold_margin: Duration,
+    pub sweep_interval: Duration,
 }
 
 fn budget(p: &mut Problems, path: &str, secs: f64) -> Duration {
@@ -409,6 +428,8 @@ pub(super) fn load(file: &Path, out: &mut Vec<ConfigProblem>) -> Option<GatewayS
         identity,
         admin_token,
         topup_url: raw.billing.topup_url.clone(),
+        hold_margin: Duration::from_secs(raw.billing.hold_margin_seconds),
+        sweep_interval: Duration::from_secs(raw.billing.sweep_interval_seconds.clamp(1, 3600)),
     };
     (out.len() == before).then_some(settings)
 }

@@ -70,6 +70,19 @@ pub fn closed_port() -> u16 {
     free_port()
 }
 
+/// The test catalog, with free windows placed around the current time.
+pub fn models_yaml() -> String {
+    let now = jiff::Timestamp::now();
+    let day = jiff::SignedDuration::from_hours(24);
+    format!(
+        "{MODELS_YAML}  - id: free-model\n    supported_endpoints: [chat_completions]\n    max_output_tokens: 4096\n    pricing: {{ input: 0, output: 10000 }}\n    free_window: {{ starts_at: \"{}\", ends_at: \"{}\" }}\n  - id: ended-free-model\n    supported_endpoints: [chat_completions]\n    max_output_tokens: 4096\n    pricing: {{ input: 0, output: 10000 }}\n    free_window: {{ starts_at: \"{}\", ends_at: \"{}\" }}\n",
+        now - day,
+        now + day,
+        now - day * 3,
+        now - day
+    )
+}
+
 pub const MODELS_YAML: &str = r#"
 models:
   - id: chat-model
@@ -129,6 +142,7 @@ pub struct Opts {
     pub postgres_url: Option<String>,
     /// Start without an admin token (the admin listener must refuse everything).
     pub no_admin_token: bool,
+    pub hold_margin_seconds: u64,
 }
 
 impl Default for Opts {
@@ -141,6 +155,7 @@ impl Default for Opts {
             max_request_bytes: 3_500_000,
             postgres_url: None,
             no_admin_token: false,
+            hold_margin_seconds: 120,
         }
     }
 }
@@ -168,8 +183,13 @@ impl Gateway {
     }
 
     pub fn start_with(mock: &Mock, opts: Opts) -> Gateway {
+        let dir = std::env::temp_dir().join(format!("tollgate-test-{}-{}", std::process::id(), free_port()));
+        Self::start_in(mock, opts, dir)
+    }
+
+    /// Start in `dir` (reusing its store and secrets when another instance used it before).
+    pub fn start_in(mock: &Mock, opts: Opts, dir: PathBuf) -> Gateway {
         let port = free_port();
-        let dir = std::env::temp_dir().join(format!("tollgate-test-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let chat = if opts.chat_replicas.is_empty() { vec![mock.addr()] } else { opts.chat_replicas.clone() };
         let admin_port = free_port();
@@ -186,28 +206,31 @@ impl Gateway {
         std::fs::write(
             dir.join("tollgate.yaml"),
             format!(
-                "listen: 127.0.0.1:{port}\nadmin_listen: 127.0.0.1:{admin_port}\nthreads: 1\nlimits:\n  max_request_bytes: {}\nbudgets:\n  first_token_seconds: {}\n  response_seconds: {}\nshutdown:\n  grace_period_seconds: 1\n  graceful_shutdown_timeout_seconds: 1\nidentity:\n  store: {store}\n  key_pepper: {{ file: pepper }}\n  key_encryption_key: {{ file: enc }}\n{admin}billing:\n  topup_url: https://pay.example.com/top-up\nplugins:\n  - name: auth\n  - name: chat_completions\n  - name: billing\n",
-                opts.max_request_bytes, opts.first_token_seconds, opts.response_seconds
+                "listen: 127.0.0.1:{port}\nadmin_listen: 127.0.0.1:{admin_port}\nthreads: 1\nlimits:\n  max_request_bytes: {}\nbudgets:\n  first_token_seconds: {}\n  response_seconds: {}\nshutdown:\n  grace_period_seconds: 1\n  graceful_shutdown_timeout_seconds: 1\nidentity:\n  store: {store}\n  key_pepper: {{ file: pepper }}\n  key_encryption_key: {{ file: enc }}\n{admin}billing:\n  topup_url: https://pay.example.com/top-up\n  hold_margin_seconds: {}\n  sweep_interval_seconds: 1\nplugins:\n  - name: auth\n  - name: chat_completions\n  - name: billing\n",
+                opts.max_request_bytes, opts.first_token_seconds, opts.response_seconds, opts.hold_margin_seconds
             ),
         )
         .unwrap();
-        std::fs::write(dir.join("models.yaml"), MODELS_YAML).unwrap();
-        let m = mock.addr();
-        std::fs::write(
-            dir.join("upstreams.yaml"),
-            format!(
-                "pools:\n  chat-model:\n    upstream_model: org/Chat-Model-7B\n    connect_timeout_ms: 500\n    replicas:\n{}  shared-cache-model:\n    replicas:\n{}  embed-model:\n    upstream_model: org/embed\n    replicas:\n{}  paused-model:\n    replicas:\n{}  pricey-model:\n    replicas:\n{}  stream-model:\n    replicas:\n{}  tiny-pool-model:\n    replicas:\n{}  dead-model:\n    connect_timeout_ms: 300\n    replicas:\n{}",
-                replicas_yaml(&chat, 64),
-                replicas_yaml(std::slice::from_ref(&m), 64),
-                replicas_yaml(std::slice::from_ref(&m), 64),
-                replicas_yaml(std::slice::from_ref(&m), 64),
-                replicas_yaml(std::slice::from_ref(&m), 256),
-                replicas_yaml(std::slice::from_ref(&m), 256),
-                replicas_yaml(std::slice::from_ref(&m), opts.tiny_pool_concurrency),
-                replicas_yaml(&[format!("127.0.0.1:{}", closed_port()), format!("127.0.0.1:{}", closed_port())], 4),
-            ),
-        )
-        .unwrap();
+        std::fs::write(dir.join("models.yaml"), models_yaml()).unwrap();
+        let m = vec![mock.addr()];
+        let dead = vec![format!("127.0.0.1:{}", closed_port()), format!("127.0.0.1:{}", closed_port())];
+        let pools: Vec<(&str, &str, &[String], u32)> = vec![
+            ("chat-model", "    upstream_model: org/Chat-Model-7B\n    connect_timeout_ms: 500\n", &chat, 64),
+            ("shared-cache-model", "", &m, 64),
+            ("embed-model", "    upstream_model: org/embed\n", &m, 64),
+            ("paused-model", "", &m, 64),
+            ("pricey-model", "", &m, 256),
+            ("stream-model", "", &m, 256),
+            ("free-model", "", &m, 64),
+            ("ended-free-model", "", &m, 64),
+            ("tiny-pool-model", "", &m, opts.tiny_pool_concurrency),
+            ("dead-model", "    connect_timeout_ms: 300\n", &dead, 4),
+        ];
+        let mut upstreams = String::from("pools:\n");
+        for (model, extra, replicas, concurrency) in pools {
+            upstreams.push_str(&format!("  {model}:\n{extra}    replicas:\n{}", replicas_yaml(replicas, concurrency)));
+        }
+        std::fs::write(dir.join("upstreams.yaml"), upstreams).unwrap();
         let log = std::fs::File::create(dir.join("gateway.log")).unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
             .args(["serve", "--config"])
@@ -285,6 +308,12 @@ impl Gateway {
 
     pub fn url(&self, path: &str) -> String {
         format!("http://127.0.0.1:{}{path}", self.port)
+    }
+
+    /// Kill the gateway process at once (SIGKILL: no shutdown, no logging phase).
+    pub fn kill(&mut self) {
+        let _ = self.proc.child.kill();
+        let _ = self.proc.child.wait();
     }
 
     pub fn log(&self) -> String {
