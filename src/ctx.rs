@@ -90,11 +90,25 @@ pub struct RequestCtx {
     pub logged: bool,
 }
 
+/// `req_` + a per-process random prefix + a counter: unique across instances without a
+/// random draw (a syscall) per request.
+fn next_request_id() -> String {
+    use std::sync::OnceLock;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static PREFIX: OnceLock<u64> = OnceLock::new();
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let prefix = *PREFIX.get_or_init(|| {
+        let b = uuid::Uuid::new_v4().into_bytes();
+        u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]])
+    });
+    format!("req_{prefix:016x}{:016x}", COUNTER.fetch_add(1, Ordering::Relaxed))
+}
+
 impl RequestCtx {
     pub fn new(config: Arc<Config>) -> Self {
         RequestCtx {
             config,
-            request_id: format!("req_{}", uuid::Uuid::new_v4().simple()),
+            request_id: next_request_id(),
             started: Instant::now(),
             route: None,
             envelope: Envelope::Chat,

@@ -136,8 +136,14 @@ impl ProxyHttp for Gateway {
         let mut peer = HttpPeer::new(slot.replica.addr, false, String::new());
         let budgets = &self.config.gateway.budgets;
         peer.options.connection_timeout = Some(pool.connect_timeout);
-        // Backstop only: the watchdog enforces the budgets exactly.
-        peer.options.read_timeout = Some(budgets.response + Duration::from_secs(5));
+        peer.options.read_timeout = Some(if cx.stream {
+            // Backstop only: the watchdog enforces both stream budgets exactly.
+            budgets.response + Duration::from_secs(5)
+        } else {
+            // A non-streamed answer arrives whole after the generation, so the header wait is
+            // the response budget: the rest of it is the read timeout (no watchdog needed).
+            budgets.response.saturating_sub(cx.started.elapsed()).max(Duration::from_millis(1))
+        });
         peer.options.write_timeout = Some(Duration::from_secs(30));
         peer.options.idle_timeout = Some(Duration::from_secs(60));
         Ok(Box::new(peer))
@@ -178,9 +184,12 @@ impl ProxyHttp for Gateway {
         if let Some(w) = cx.watchdog.take() {
             w.disarm();
         }
+        if !cx.stream {
+            return Ok(()); // the read timeout carries the budget (see `upstream_peer`)
+        }
         let budgets = &self.config.gateway.budgets;
         let start = tokio::time::Instant::from_std(cx.started);
-        let first = cx.stream.then(|| (start + budgets.first_token, cx.first_token_seen.clone()));
+        let first = Some((start + budgets.first_token, cx.first_token_seen.clone()));
         cx.watchdog = Watchdog::arm(fd, start + budgets.response, first);
         Ok(())
     }
