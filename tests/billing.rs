@@ -1,7 +1,7 @@
 //! Billing through the running gateway: the signup grant, `GET /v1/credits`, the 402s with
 //! their fields, holds released on every failure before output, settlement equal to the
 //! usage the client saw, cut-short streams, and 200 concurrent requests against a small
-//! balance (SQLite here; the same stores run on PostgreSQL in ledger_store.rs).
+//! balance on both backends (the other store rules run on both in ledger_store.rs).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
@@ -173,9 +173,19 @@ async fn cut_short_streams_bill_what_was_delivered_and_settle_once() {
 }
 
 #[tokio::test]
-async fn two_hundred_parallel_requests_never_overdraw() {
+async fn two_hundred_parallel_requests_never_overdraw_on_sqlite() {
+    two_hundred_parallel_requests_never_overdraw(Opts::default()).await
+}
+
+#[tokio::test]
+async fn two_hundred_parallel_requests_never_overdraw_on_postgres() {
+    let url = pg::fresh_database().await;
+    two_hundred_parallel_requests_never_overdraw(Opts { postgres_url: Some(url), ..Opts::default() }).await
+}
+
+async fn two_hundred_parallel_requests_never_overdraw(opts: Opts) {
     let mock = Mock::start();
-    let gw = Gateway::start(&mock);
+    let gw = Gateway::start_with(&mock, opts);
     // Each request holds 10 cents (10 tokens at a cent) and spends 3: the $1 grant covers
     // at most ten in flight at once; the rest are refused with 402.
     let mut b = chat_body("pricey-model", false);
