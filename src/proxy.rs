@@ -63,6 +63,14 @@ impl Gateway {
         if self.chain.on_request(s, cx).await? == Flow::Handled {
             return Ok(Flow::Handled);
         }
+        if route.is_generation() && cx.upstream_body.is_none() {
+            // Generation routes must be translated by a dialect plugin (upstream model name,
+            // usage always requested); none in the chain took this one.
+            return Err(GatewayError::new(
+                ErrorKind::HostedInferenceUnavailable,
+                "This endpoint's dialect is not enabled on this gateway.",
+            ));
+        }
         request::place(cx)?;
         let body = match cx.upstream_body.take() {
             Some(b) => b,

@@ -305,3 +305,19 @@ fn check_config_lists_every_problem_with_file_and_path() {
     assert!(err.contains("models.yaml: models[0].pricng:"), "{err}");
     assert!(err.contains("unknown field `pricng`"), "{err}");
 }
+
+#[tokio::test]
+async fn a_dialect_without_its_plugin_is_a_clear_503_in_its_envelope() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&mock);
+    let body = json!({"model": "chat-model", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]});
+    let r = gw.post("/v1/messages", &body, &[]).await;
+    assert_eq!(r.status, 503, "{}", r.text);
+    let v = r.json();
+    assert_eq!(v["type"], "error");
+    assert_eq!(v["error"]["type"], "overloaded_error");
+    assert!(r.header("retry-after").is_none());
+    let r = gw.post("/v1/responses", &json!({"model": "chat-model", "input": "hi"}), &[]).await;
+    r.assert_error(503, "hosted_inference_unavailable");
+    assert_eq!(mock.stats().await["requests"], 0, "nothing reached a replica");
+}
