@@ -1,0 +1,135 @@
+//! What the translators need to know about a model, read once from its catalog entry.
+//!
+//! The translators work on this small value rather than on `ModelEntry` directly so they
+//! can be tested without loading a catalog, and so the one place that knows where each
+//! capability lives in the catalog is here. `ModelEntry` keeps `reasoning_efforts` only in
+//! its published model object, so it is read from there (DECISIONS.md 1).
+
+use serde_json::Value;
+
+use crate::config::ModelEntry;
+
+/// A reasoning effort, in the spec's order (`none` < ... < `max`); the order is what
+/// "nearest supported value" is measured in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Effort {
+    None,
+    Minimal,
+    Low,
+    Medium,
+    High,
+    Xhigh,
+    Max,
+}
+
+impl Effort {
+    pub const ALL: [Effort; 7] =
+        [Effort::None, Effort::Minimal, Effort::Low, Effort::Medium, Effort::High, Effort::Xhigh, Effort::Max];
+
+    pub fn parse(s: &str) -> Option<Effort> {
+        Effort::ALL.into_iter().find(|e| e.as_str() == s)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Effort::None => "none",
+            Effort::Minimal => "minimal",
+            Effort::Low => "low",
+            Effort::Medium => "medium",
+            Effort::High => "high",
+            Effort::Xhigh => "xhigh",
+            Effort::Max => "max",
+        }
+    }
+
+    fn rank(self) -> i32 {
+        self as i32
+    }
+}
+
+/// The effort to forward for a requested one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EffortChoice {
+    pub effort: Effort,
+    /// The requested value was not supported and moved (warn `reasoning_effort_clamped`).
+    pub clamped: bool,
+}
+
+/// Whether `thinking: disabled` can be honoured.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReasoningOff {
+    /// `none` is a declared effort: forward `reasoning_effort: none`.
+    Supported,
+    /// Efforts are declared and `none` is not among them: the model cannot turn reasoning
+    /// off, so the setting is ignored with a warning.
+    Unsupported,
+    /// No efforts are declared: the model exposes no reasoning control, nothing is sent
+    /// and nothing is warned.
+    Undeclared,
+}
+
+/// The capabilities of one model that change how a request is translated.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ModelCaps {
+    /// `input_modalities` includes `image`.
+    pub image_input: bool,
+    pub tool_calling: bool,
+    pub json_mode: bool,
+    /// Declared efforts, ascending and without repeats; empty when none are declared.
+    pub reasoning_efforts: Vec<Effort>,
+}
+
+impl ModelCaps {
+    pub fn of(model: &ModelEntry) -> ModelCaps {
+        let published = model.to_json();
+        let efforts = published
+            .get("reasoning_efforts")
+            .and_then(Value::as_array)
+            .map(|list| list.iter().filter_map(Value::as_str).filter_map(Effort::parse).collect())
+            .unwrap_or_default();
+        ModelCaps {
+            image_input: model.input_modalities.iter().any(|m| m == "image"),
+            tool_calling: model.tool_calling,
+            json_mode: model.json_mode,
+            reasoning_efforts: efforts,
+        }
+        .normalized()
+    }
+
+    /// Sort and deduplicate the declared efforts (the catalog does not promise an order).
+    pub fn normalized(mut self) -> ModelCaps {
+        self.reasoning_efforts.sort_unstable();
+        self.reasoning_efforts.dedup();
+        self
+    }
+
+    pub fn reasoning_off(&self) -> ReasoningOff {
+        if self.reasoning_efforts.is_empty() {
+            ReasoningOff::Undeclared
+        } else if self.reasoning_efforts.contains(&Effort::None) {
+            ReasoningOff::Supported
+        } else {
+            ReasoningOff::Unsupported
+        }
+    }
+
+    /// The effort to forward for `wanted`: kept when declared (or when nothing is declared,
+    /// so the chat path's rules apply unchanged), otherwise the nearest declared one; on a
+    /// tie the lower one, which spends less of the output budget (DECISIONS.md 4).
+    pub fn choose_effort(&self, wanted: Effort) -> EffortChoice {
+        if self.reasoning_efforts.is_empty() || self.reasoning_efforts.contains(&wanted) {
+            return EffortChoice { effort: wanted, clamped: false };
+        }
+        // Ascending order plus a strict `<` keeps the lower effort on a tie.
+        let mut best = wanted;
+        let mut best_distance = i32::MAX;
+        for &e in &self.reasoning_efforts {
+            let d = (e.rank() - wanted.rank()).abs();
+            if d < best_distance {
+                best = e;
+                best_distance = d;
+            }
+        }
+        EffortChoice { effort: best, clamped: true }
+    }
+}
