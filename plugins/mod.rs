@@ -6,6 +6,7 @@
 pub mod auth;
 pub mod billing;
 pub mod chat;
+pub mod dialects;
 pub mod messages;
 
 use std::sync::Arc;
@@ -22,7 +23,7 @@ pub struct Services {
     pub ledger: Option<Arc<dyn LedgerStore>>,
 }
 
-const KNOWN: &str = "auth, billing, chat_completions";
+const KNOWN: &str = "auth, billing, chat_completions, dialects";
 
 /// Build the chain named in `tollgate.yaml`.
 pub fn build(config: &Config, services: &Services) -> Result<Chain, ConfigErrors> {
@@ -38,6 +39,10 @@ pub fn build(config: &Config, services: &Services) -> Result<Chain, ConfigErrors
         };
         match spec.name.as_str() {
             "chat_completions" => plugins.push(Arc::new(chat::ChatCompletions)),
+            "dialects" => {
+                let pepper = config.gateway.identity.as_ref().map(|i| i.key_pepper.as_slice());
+                plugins.push(Arc::new(dialects::Dialects::new(dialects::signing_key(pepper))))
+            }
             "auth" => match (&services.identity, &config.gateway.identity) {
                 (Some(id), _) => plugins.push(Arc::new(auth::Auth::new(id.clone()))),
                 (None, None) => problem("`auth` needs the `identity` section (store and key secrets)".into()),
@@ -72,5 +77,7 @@ mod tests {
         // auth runs before the dialects, billing after them (it prices their estimate).
         assert_eq!(super::auth::AUTH_PRIORITY, 500);
         assert_eq!(super::billing::BILLING_PRIORITY, 100);
+        // dialects translate before the chat path, and after it on the way back.
+        assert_eq!(super::dialects::DIALECTS_PRIORITY, 300);
     }
 }

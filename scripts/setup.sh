@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what building and testing tollgate needs on a fresh Debian machine with Rust:
-# cmake (pingora's zlib-ng build), and a Python venv with the official `openai` client for
-# the client tests. Safe to run again; it only installs what is missing.
+# cmake (pingora's zlib-ng build), and a Python venv with the official `openai` and
+# `anthropic` clients for the client tests. Safe to run again; it only installs what is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,6 +19,6 @@ if [ ! -x .venv/bin/python ]; then
   echo "setup: creating .venv for the client tests"
   python3 -m venv .venv
 fi
-if ! .venv/bin/python -c "import openai, pytest" >/dev/null 2>&1; then
-  .venv/bin/pip install -q --disable-pip-version-check "openai>=1.40" "pytest>=8"
+if ! .venv/bin/python -c "import openai, anthropic, pytest" >/dev/null 2>&1; then
+  .venv/bin/pip install -q --disable-pip-version-check "openai>=1.40" "anthropic>=0.40" "pytest>=8"
 fi

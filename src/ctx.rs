@@ -69,7 +69,7 @@ pub struct RequestCtx {
     /// Output tokens the request may generate (`max_tokens` after clamping), when given.
     pub output_ceiling: Option<u64>,
     /// Plugin state by type (a plugin's own struct; the core never looks inside).
-    pub ext: http::Extensions,
+    pub ext: Extensions,
     /// The replica slot held for this request; released on drop.
     pub slot: Option<Slot>,
     /// Replica indexes already tried.
@@ -88,6 +88,28 @@ pub struct RequestCtx {
     pub client_gone: bool,
     /// `logging` ran.
     pub logged: bool,
+}
+
+/// A map from type to value, for plugin state the core does not know (one value per type).
+#[derive(Default)]
+pub struct Extensions {
+    map: Vec<Box<dyn std::any::Any + Send + Sync>>,
+}
+
+impl Extensions {
+    /// Store `value`, replacing a value of the same type.
+    pub fn insert<T: Send + Sync + 'static>(&mut self, value: T) {
+        self.map.retain(|v| !v.is::<T>());
+        self.map.push(Box::new(value));
+    }
+
+    pub fn get<T: 'static>(&self) -> Option<&T> {
+        self.map.iter().find_map(|v| v.downcast_ref::<T>())
+    }
+
+    pub fn get_mut<T: 'static>(&mut self) -> Option<&mut T> {
+        self.map.iter_mut().find_map(|v| v.downcast_mut::<T>())
+    }
 }
 
 /// `req_` + a per-process random prefix + a counter: unique across instances without a
@@ -123,7 +145,7 @@ impl RequestCtx {
             include_usage: false,
             prompt_estimate: 0,
             output_ceiling: None,
-            ext: http::Extensions::new(),
+            ext: Extensions::default(),
             slot: None,
             tried: Vec::new(),
             response_headers: Vec::new(),

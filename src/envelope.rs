@@ -33,7 +33,8 @@ pub fn messages_error_type(status: u16) -> &'static str {
         402 => "billing_error",
         429 => "rate_limit_error",
         503 => "overloaded_error",
-        500..=599 => "api_error",
+        // 200: the error frame of a stream that already started (`upstream_stream_error`).
+        200 | 500..=599 => "api_error",
         _ => "invalid_request_error",
     }
 }

@@ -1,7 +1,8 @@
 //! The plugin contract. The core runs an ordered chain of plugins at each phase of a
 //! request; it knows this trait, never a concrete plugin (the chain is assembled from config
 //! in `plugins/mod.rs`). Every hook has a no-op default, so a plugin implements only the
-//! phases it works in. Request phases may stop the chain; the log phase runs every plugin.
+//! phases it works in. Request phases run by priority (higher first) and may stop the chain;
+//! response phases run in the reverse order; the log phase runs every plugin.
 
 use std::sync::Arc;
 
@@ -95,8 +96,11 @@ impl Chain {
         Ok(Flow::Continue)
     }
 
+    /// Response phases run in the reverse order (an onion): the plugin nearest the replica
+    /// sees its bytes first, so a dialect translator (higher priority than the chat path)
+    /// translates what the chat path has already normalised.
     pub fn on_response_header(&self, resp: &mut ResponseHeader, cx: &mut RequestCtx) -> Result<(), GatewayError> {
-        self.plugins.iter().try_for_each(|p| p.on_response_header(resp, cx))
+        self.plugins.iter().rev().try_for_each(|p| p.on_response_header(resp, cx))
     }
 
     pub fn on_response_chunk(
@@ -105,7 +109,7 @@ impl Chain {
         eos: bool,
         cx: &mut RequestCtx,
     ) -> Result<(), GatewayError> {
-        self.plugins.iter().try_for_each(|p| p.on_response_chunk(body, eos, cx))
+        self.plugins.iter().rev().try_for_each(|p| p.on_response_chunk(body, eos, cx))
     }
 
     pub async fn on_log(&self, cx: &mut RequestCtx) {

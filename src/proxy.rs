@@ -214,6 +214,10 @@ impl ProxyHttp for Gateway {
         if let Some(slot) = &cx.slot {
             req.insert_header("host", slot.replica.authority.as_str())?;
         }
+        if let Some(path) = cx.route.and_then(Route::upstream_path) {
+            let uri = http::Uri::from_static(path);
+            req.set_uri(uri);
+        }
         if let Some(auth) = cx.pool.as_ref().and_then(|p| p.authorization.as_deref()) {
             req.insert_header("authorization", auth)?;
         }

@@ -82,6 +82,15 @@ impl Route {
         }
     }
 
+    /// The path on the replica: the dialects are served by the chat serving path (spec "What
+    /// the service does" 2); `None` keeps the client's path.
+    pub fn upstream_path(self) -> Option<&'static str> {
+        match self {
+            Route::Messages | Route::Responses => Some("/v1/chat/completions"),
+            _ => None,
+        }
+    }
+
     /// Routes whose bodies the gateway reads and rewrites (the rest are forwarded unchanged
     /// apart from the upstream model name).
     pub fn is_generation(self) -> bool {

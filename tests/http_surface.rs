@@ -309,7 +309,7 @@ fn check_config_lists_every_problem_with_file_and_path() {
 #[tokio::test]
 async fn a_dialect_without_its_plugin_is_a_clear_503_in_its_envelope() {
     let mock = Mock::start();
-    let gw = Gateway::start(&mock);
+    let gw = Gateway::start_with(&mock, Opts { without_dialects: true, ..Opts::default() });
     let body = json!({"model": "chat-model", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]});
     let r = gw.post("/v1/messages", &body, &[]).await;
     assert_eq!(r.status, 503, "{}", r.text);

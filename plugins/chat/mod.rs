@@ -23,8 +23,9 @@ use crate::routes::Route;
 
 pub struct ChatCompletions;
 
+/// The chat serving path: chat completions, and the dialects translated onto it.
 fn is_chat(cx: &RequestCtx) -> bool {
-    cx.route == Some(Route::ChatCompletions)
+    matches!(cx.route, Some(Route::ChatCompletions | Route::Messages | Route::Responses))
 }
 
 #[async_trait]

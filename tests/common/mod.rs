@@ -143,6 +143,8 @@ pub struct Opts {
     /// Start without an admin token (the admin listener must refuse everything).
     pub no_admin_token: bool,
     pub hold_margin_seconds: u64,
+    /// Leave the dialects plugin out of the chain.
+    pub without_dialects: bool,
 }
 
 impl Default for Opts {
@@ -156,6 +158,7 @@ impl Default for Opts {
             postgres_url: None,
             no_admin_token: false,
             hold_margin_seconds: 120,
+            without_dialects: false,
         }
     }
 }
@@ -206,8 +209,8 @@ impl Gateway {
         std::fs::write(
             dir.join("tollgate.yaml"),
             format!(
-                "listen: 127.0.0.1:{port}\nadmin_listen: 127.0.0.1:{admin_port}\nthreads: 1\nlimits:\n  max_request_bytes: {}\nbudgets:\n  first_token_seconds: {}\n  response_seconds: {}\nshutdown:\n  grace_period_seconds: 1\n  graceful_shutdown_timeout_seconds: 1\nidentity:\n  store: {store}\n  key_pepper: {{ file: pepper }}\n  key_encryption_key: {{ file: enc }}\n{admin}billing:\n  topup_url: https://pay.example.com/top-up\n  hold_margin_seconds: {}\n  sweep_interval_seconds: 1\nplugins:\n  - name: auth\n  - name: chat_completions\n  - name: billing\n",
-                opts.max_request_bytes, opts.first_token_seconds, opts.response_seconds, opts.hold_margin_seconds
+                "listen: 127.0.0.1:{port}\nadmin_listen: 127.0.0.1:{admin_port}\nthreads: 1\nlimits:\n  max_request_bytes: {}\nbudgets:\n  first_token_seconds: {}\n  response_seconds: {}\nshutdown:\n  grace_period_seconds: 1\n  graceful_shutdown_timeout_seconds: 1\nidentity:\n  store: {store}\n  key_pepper: {{ file: pepper }}\n  key_encryption_key: {{ file: enc }}\n{admin}billing:\n  topup_url: https://pay.example.com/top-up\n  hold_margin_seconds: {}\n  sweep_interval_seconds: 1\nplugins:\n  - name: auth\n{}  - name: chat_completions\n  - name: billing\n",
+                opts.max_request_bytes, opts.first_token_seconds, opts.response_seconds, opts.hold_margin_seconds, if opts.without_dialects { "" } else { "  - name: dialects\n" }
             ),
         )
         .unwrap();

@@ -1,0 +1,183 @@
+//! The messages dialect and the Responses adapter on the chat serving path: translate the
+//! request into a chat body before the chat plugin rewrites it for the replica, and translate
+//! the chat plugin's normalised answer back (a response phase, so it runs after the chat
+//! plugin's). `count_tokens` is answered here without a replica. The translators themselves
+//! are pure functions in `plugins/messages/`.
+
+use async_trait::async_trait;
+use bytes::{Bytes, BytesMut};
+use pingora::http::ResponseHeader;
+use pingora::proxy::Session;
+use serde_json::{Value, json};
+
+use super::messages::{
+    ChatTranslation, MessagesStream, Purpose, ResponsesStream, chat_to_response, estimate_input_tokens, from_chat,
+    paid_extra_of, render_json, responses_to_chat, to_chat,
+};
+use crate::ctx::RequestCtx;
+use crate::error::GatewayError;
+use crate::plugin::{Flow, Plugin};
+use crate::routes::Route;
+use crate::sse::SseFramer;
+
+/// Before the chat path (200) on requests; after it on responses.
+pub const DIALECTS_PRIORITY: i16 = 300;
+
+pub struct Dialects {
+    /// Keys the opaque signature of thinking blocks.
+    signing_key: Vec<u8>,
+}
+
+impl Dialects {
+    pub fn new(signing_key: Vec<u8>) -> Self {
+        Dialects { signing_key }
+    }
+}
+
+enum Translator {
+    Messages(MessagesStream),
+    Responses(ResponsesStream),
+}
+
+/// Per-request state: what the answer must be turned into.
+struct DialectState {
+    model_id: String,
+    stream: bool,
+    framer: SseFramer,
+    body: BytesMut,
+    translator: Translator,
+}
+
+/// `vendor-version` / `anthropic-version`: echoed under the name it came with (C10).
+fn echo_version(s: &Session, cx: &mut RequestCtx) {
+    for name in ["vendor-version", "anthropic-version"] {
+        if let Some(v) = s.req_header().headers.get(name).and_then(|v| v.to_str().ok()) {
+            if crate::request::printable_ascii(v.as_bytes(), 128) {
+                cx.response_headers.push((name, v.to_string()));
+            }
+        }
+    }
+}
+
+impl Dialects {
+    fn translate(&self, cx: &mut RequestCtx, t: ChatTranslation, translator: Translator) {
+        if !t.warnings.is_empty() {
+            cx.response_headers.push(("x-service-hint-warnings", t.warnings.join(", ")));
+        }
+        let model_id = cx.model.as_ref().map(|m| m.id.clone()).unwrap_or_default();
+        cx.ext.insert(DialectState {
+            model_id,
+            stream: t.stream,
+            framer: SseFramer::default(),
+            body: BytesMut::new(),
+            translator,
+        });
+        cx.body = Some(t.body);
+    }
+}
+
+#[async_trait]
+impl Plugin for Dialects {
+    fn name(&self) -> &'static str {
+        "dialects"
+    }
+
+    fn priority(&self) -> i16 {
+        DIALECTS_PRIORITY
+    }
+
+    async fn on_request(&self, s: &mut Session, cx: &mut RequestCtx) -> Result<Flow, GatewayError> {
+        let (Some(route), Some(model)) = (cx.route, cx.model.clone()) else { return Ok(Flow::Continue) };
+        let body = cx.body.clone().unwrap_or(Value::Null);
+        match route {
+            Route::Messages => {
+                echo_version(s, cx);
+                let t = to_chat(&body, &model, Purpose::Generate)?;
+                let stream = MessagesStream::new(&model.id, &self.signing_key);
+                self.translate(cx, t, Translator::Messages(stream));
+            }
+            Route::CountTokens => {
+                echo_version(s, cx);
+                let t = to_chat(&body, &model, Purpose::CountTokens)?;
+                let answer = json!({ "input_tokens": estimate_input_tokens(&t.body) });
+                crate::responder::json(s, cx, 200, Bytes::from(render_json(&answer)), &[])
+                    .await
+                    .map_err(|e| GatewayError::internal(format!("write failed: {e}")))?;
+                return Ok(Flow::Handled);
+            }
+            Route::Responses => {
+                let t = responses_to_chat(&body, &model)?;
+                self.translate(cx, t, Translator::Responses(ResponsesStream::new(&model.id)));
+            }
+            _ => {}
+        }
+        Ok(Flow::Continue)
+    }
+
+    fn on_response_header(&self, resp: &mut ResponseHeader, cx: &mut RequestCtx) -> Result<(), GatewayError> {
+        if let Some(st) = cx.ext.get::<DialectState>() {
+            resp.remove_header("content-length");
+            let ct = if st.stream { "text/event-stream" } else { "application/json" };
+            let _ = resp.insert_header("content-type", ct);
+        }
+        Ok(())
+    }
+
+    fn on_response_chunk(&self, body: &mut Option<Bytes>, eos: bool, cx: &mut RequestCtx) -> Result<(), GatewayError> {
+        let Some(st) = cx.ext.get_mut::<DialectState>() else { return Ok(()) };
+        if !st.stream {
+            if let Some(b) = body.take() {
+                st.body.extend_from_slice(&b);
+            }
+            if eos {
+                let chat: Value = serde_json::from_slice(&st.body).unwrap_or(Value::Null);
+                let out = match &st.translator {
+                    Translator::Messages(_) => {
+                        let paid = chat.get("usage").and_then(paid_extra_of);
+                        from_chat(&chat, &st.model_id, &self.signing_key, paid.as_ref())
+                    }
+                    Translator::Responses(_) => chat_to_response(&chat),
+                };
+                *body = Some(Bytes::from(render_json(&out)));
+            }
+            return Ok(());
+        }
+        if let Some(b) = body.take() {
+            st.framer.push(&b);
+        }
+        let mut out = BytesMut::new();
+        while let Some(frame) = st.framer.next_frame() {
+            if frame.starts_with(b"event: error") {
+                // Already the messages-dialect error event (written by the chat path in the
+                // route's envelope): it ends the stream as it is.
+                out.extend_from_slice(&frame);
+                continue;
+            }
+            match &mut st.translator {
+                Translator::Messages(m) => m.on_sse_frame(&frame, &mut out),
+                Translator::Responses(r) => r.on_sse_frame(&frame, &mut out),
+            }
+        }
+        *body = (!out.is_empty()).then(|| out.freeze());
+        Ok(())
+    }
+}
+
+/// The thinking-signature key: derived from the key pepper when identity is configured (so
+/// every instance signs alike), else random for this process.
+pub fn signing_key(pepper: Option<&[u8]>) -> Vec<u8> {
+    use hmac::{Hmac, Mac};
+    match pepper.and_then(|p| <Hmac<sha2::Sha256> as Mac>::new_from_slice(p).ok()) {
+        Some(mut mac) => {
+            mac.update(b"tollgate thinking signature v1");
+            mac.finalize().into_bytes().to_vec()
+        }
+        None => {
+            let mut k = vec![0u8; 32];
+            if getrandom::fill(&mut k).is_err() {
+                log::warn!("no randomness for the thinking-signature key");
+            }
+            k
+        }
+    }
+}
