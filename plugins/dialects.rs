@@ -73,6 +73,7 @@ impl Dialects {
             translator,
         });
         cx.body = Some(t.body);
+        cx.on_chat_path = true;
     }
 }
 

@@ -60,6 +60,8 @@ pub struct RequestCtx {
     pub upstream_body: Option<Bytes>,
     pub model: Option<Arc<ModelEntry>>,
     pub pool: Option<Arc<Pool>>,
+    /// A dialect plugin translated this request onto the chat serving path.
+    pub on_chat_path: bool,
     /// The client asked for `stream: true`.
     pub stream: bool,
     /// The client asked for `stream_options.include_usage: true`.
@@ -141,6 +143,7 @@ impl RequestCtx {
             upstream_body: None,
             model: None,
             pool: None,
+            on_chat_path: false,
             stream: false,
             include_usage: false,
             prompt_estimate: 0,

@@ -23,9 +23,9 @@ use crate::routes::Route;
 
 pub struct ChatCompletions;
 
-/// The chat serving path: chat completions, and the dialects translated onto it.
+/// The chat serving path: chat completions, and the dialects a plugin translated onto it.
 fn is_chat(cx: &RequestCtx) -> bool {
-    matches!(cx.route, Some(Route::ChatCompletions | Route::Messages | Route::Responses))
+    cx.route == Some(Route::ChatCompletions) || cx.on_chat_path
 }
 
 #[async_trait]
