@@ -174,6 +174,16 @@ pub struct Gateway {
     proc: Proc,
 }
 
+impl Drop for Gateway {
+    /// Stop the process, then remove its temporary folder (store, secrets, log).
+    fn drop(&mut self) {
+        self.kill();
+        if std::env::var_os("TOLLGATE_KEEP_TEST_DIRS").is_none() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
 pub const ADMIN_TOKEN: &str = "test-admin-token-0123456789abcdef";
 
 fn replicas_yaml(addrs: &[String], concurrency: u32) -> String {
