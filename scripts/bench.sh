@@ -18,6 +18,8 @@
 #                           before every request)
 #   BENCH_PORT_BASE=19310   mock = base, nginx = base+1, gateway = base+2, its admin = base+3
 #   BENCH_PROXY_CPU=0 BENCH_BACKEND_CPU=1   cores for (gateway, nginx) and (mock, wrk)
+#   BENCH_NICE=-10          nice level of the servers and wrk (root only; 0 to leave it), so
+#                           a build running beside the bench disturbs it less
 #
 # What it does: starts the mock replica (1 thread, pinned to the backend core), the
 # gateway (threads: 1, pinned to the proxy core) and nginx (1 worker, pinned to the proxy
@@ -110,6 +112,16 @@ if [[ -n $TASKSET && ($PROXY_CPU -ge $CORES || $BACKEND_CPU -ge $CORES) ]]; then
     TASKSET=""
 fi
 CLK_TCK=$(getconf CLK_TCK)
+NICE=${BENCH_NICE:--10}
+[[ $NICE =~ ^-?[0-9]+$ ]] || die "BENCH_NICE must be a whole number"
+if [[ $EUID != 0 && $NICE -lt 0 ]]; then NICE=0; fi
+# prefix PROGRAM... : the command line with pinning to $cpu and the nice level applied.
+PREFIX=()
+prefix_for() {
+    PREFIX=()
+    if [[ $NICE != 0 ]]; then PREFIX+=(nice -n "$NICE"); fi
+    if [[ -n $TASKSET ]]; then PREFIX+=("$TASKSET" -c "$1"); fi
+}
 
 if [[ $BUILD == 1 ]]; then
     log "cargo build --release --bins"
@@ -171,11 +183,8 @@ trap 'exit 143' TERM
 start() {
     local name=$1 cpu=$2
     shift 2
-    if [[ -n $TASKSET ]]; then
-        "$TASKSET" -c "$cpu" "$@" >"$WORK/$name.log" 2>&1 &
-    else
-        "$@" >"$WORK/$name.log" 2>&1 &
-    fi
+    prefix_for "$cpu"
+    "${PREFIX[@]}" "$@" >"$WORK/$name.log" 2>&1 &
     LAST_PID=$!
     PIDS+=("$LAST_PID")
 }
@@ -366,7 +375,8 @@ run() {
     mapfile -t pids < <(proxy_pids "$target")
     local -a wrk=(wrk -t1 "-c$conns" --timeout 10s -s "$HELPERS/wrk_post.lua"
         "http://127.0.0.1:$port/v1/chat/completions")
-    if [[ -n $TASKSET ]]; then wrk=("$TASKSET" -c "$BACKEND_CPU" "${wrk[@]}"); fi
+    prefix_for "$BACKEND_CPU"
+    wrk=("${PREFIX[@]}" "${wrk[@]}")
     export BENCH_BODY_FILE=$body BENCH_TOKENS=$tokens BENCH_DELAY_MS=$delay
     if [[ $WARMUP -gt 0 ]]; then "${wrk[@]}" "-d${WARMUP}s" >/dev/null; fi
     local -a servers
@@ -430,7 +440,11 @@ run() {
     echo "wrk: $(wrk -v 2>&1 | head -1)"
     echo "nginx: $("$NGINX_BIN" -v 2>&1)"
     echo "runs: ${DURATION}s each after ${WARMUP}s warm-up; wrk -t1 -c$CONNS; paced: -c$PACED_CONNS at ~$RATE req/s"
-    echo "pinning: ${TASKSET:+proxy core $PROXY_CPU, mock+wrk core $BACKEND_CPU}${TASKSET:-none}"
+    if [[ -n $TASKSET ]]; then
+        echo "pinning: gateway and nginx on core $PROXY_CPU, mock and wrk on core $BACKEND_CPU; nice $NICE"
+    else
+        echo "pinning: none; nice $NICE"
+    fi
     echo "loadavg before: $(cut -d' ' -f1-3 /proc/loadavg)"
 } >"$OUT/env.txt"
 

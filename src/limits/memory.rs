@@ -1,0 +1,251 @@
+//! The in-process limiter: the embedded default for one node, with exactly the semantics of
+//! the Redis script (same one-second buckets, same lease rules), behind one mutex that is never
+//! held across an await.
+//!
+//! `pingora-limits` is not used here: its `Rate` and `Inflight` are count-min sketches (hash
+//! collisions over-count), read their own `Instant` clock (a check carries `now_ms`, which the
+//! tests drive and the `X-RateLimit-Reset` header needs), cannot say when the oldest request
+//! leaves a window, and `Inflight` guards cannot express leases that expire or are renewed by id.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Mutex, MutexGuard};
+
+use async_trait::async_trait;
+
+use super::buckets::{SecondBuckets, leaves_at_ms, second_of};
+use super::{ADMISSION_RETRY_CAP_MS, Check, Lease, LimiterError, LimiterStore, Renewal, Verdict, WindowState, expiry};
+
+/// Idle keys are dropped by a sweep at most this often.
+const SWEEP_EVERY_MS: i64 = 10_000;
+
+#[derive(Debug, Default)]
+pub struct InProcessLimiter {
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    windows: HashMap<String, SecondBuckets>,
+    gates: HashMap<String, LeaseSet>,
+    tokens: HashMap<String, SecondBuckets>,
+    last_sweep_ms: i64,
+}
+
+/// Live leases on one gate key, by id and by expiry.
+#[derive(Debug, Default)]
+struct LeaseSet {
+    by_id: HashMap<String, i64>,
+    by_expiry: BTreeSet<(i64, String)>,
+}
+
+impl LeaseSet {
+    /// Drop the leases expired at `now_ms` (alive while `now_ms < expiry`).
+    fn purge(&mut self, now_ms: i64) {
+        while let Some((exp, _)) = self.by_expiry.first() {
+            if *exp > now_ms {
+                break;
+            }
+            if let Some((_, id)) = self.by_expiry.pop_first() {
+                self.by_id.remove(&id);
+            }
+        }
+    }
+
+    fn live(&self, id: &str, now_ms: i64) -> bool {
+        self.by_id.get(id).is_some_and(|&exp| exp > now_ms)
+    }
+
+    fn put(&mut self, id: &str, exp: i64) {
+        if let Some(old) = self.by_id.insert(id.to_string(), exp) {
+            self.by_expiry.remove(&(old, id.to_string()));
+        }
+        self.by_expiry.insert((exp, id.to_string()));
+    }
+
+    fn remove(&mut self, id: &str) {
+        if let Some(old) = self.by_id.remove(id) {
+            self.by_expiry.remove(&(old, id.to_string()));
+        }
+    }
+}
+
+impl InProcessLimiter {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Every change below completes before the guard drops, so a poisoned lock still holds
+        // consistent state.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl State {
+    fn sweep(&mut self, now_ms: i64) {
+        if now_ms - self.last_sweep_ms < SWEEP_EVERY_MS {
+            return;
+        }
+        self.last_sweep_ms = now_ms;
+        self.windows.retain(|_, b| {
+            b.trim(now_ms);
+            !b.is_empty()
+        });
+        self.tokens.retain(|_, b| {
+            b.trim(now_ms);
+            !b.is_empty()
+        });
+        self.gates.retain(|_, s| {
+            s.purge(now_ms);
+            !s.by_id.is_empty()
+        });
+    }
+
+    fn check(&mut self, c: &Check) -> Verdict {
+        let now = c.now_ms;
+        self.sweep(now);
+        // (1) Windows, in order.
+        let mut counted = Vec::with_capacity(c.windows.len());
+        for (index, w) in c.windows.iter().enumerate() {
+            let (n, oldest, wait) = match self.windows.get_mut(&w.key) {
+                Some(b) => {
+                    let n = b.trim(now);
+                    (n, b.oldest(), b.wait_for((n + 1).saturating_sub(w.limit), now))
+                }
+                None => (0, None, u64::try_from(leaves_at_ms(second_of(now)) - now).unwrap_or(0)),
+            };
+            if n + 1 > w.limit {
+                let state = WindowState { limit: w.limit, remaining: 0, reset_at_ms: now + wait as i64 };
+                return Verdict::WindowRefused { index, state, retry_after_ms: wait };
+            }
+            counted.push((n, oldest));
+        }
+        // (2) Gates, in order.
+        let mut gates_in_use = Vec::with_capacity(c.gates.len());
+        for (index, g) in c.gates.iter().enumerate() {
+            let (n, held, oldest) = match self.gates.get_mut(&g.key) {
+                Some(s) => {
+                    s.purge(now);
+                    (s.by_id.len() as u64, s.live(&c.lease_id, now), s.by_expiry.first().map(|(e, _)| *e))
+                }
+                None => (0, false, None),
+            };
+            if held {
+                gates_in_use.push(n);
+            } else if n >= g.limit {
+                let wait = oldest.map_or(ADMISSION_RETRY_CAP_MS, |e| u64::try_from(e - now).unwrap_or(0));
+                return Verdict::GateRefused { index, in_use: n, retry_after_ms: wait.min(ADMISSION_RETRY_CAP_MS) };
+            } else {
+                gates_in_use.push(n + 1);
+            }
+        }
+        // (3) Tokens per minute.
+        if let Some(t) = &c.tpm {
+            let (used, wait) = match self.tokens.get_mut(&t.key) {
+                Some(b) => {
+                    let used = b.trim(now);
+                    (used, b.wait_for(used.saturating_add(t.tokens).saturating_sub(t.limit), now))
+                }
+                None => (0, 0),
+            };
+            if t.tokens > t.limit {
+                return Verdict::TokensRefused { used, limit: t.limit, retry_after_ms: 0, never: true };
+            }
+            if used.saturating_add(t.tokens) > t.limit {
+                let retry_after_ms = wait.min(ADMISSION_RETRY_CAP_MS);
+                return Verdict::TokensRefused { used, limit: t.limit, retry_after_ms, never: false };
+            }
+        }
+        // Everything passed: record.
+        let cur = second_of(now);
+        let mut windows = Vec::with_capacity(c.windows.len());
+        for (w, (n, oldest)) in c.windows.iter().zip(counted) {
+            self.windows.entry(w.key.clone()).or_default().add(now, 1);
+            let oldest = oldest.map_or(cur, |o| o.min(cur));
+            windows.push(WindowState {
+                limit: w.limit,
+                remaining: w.limit - (n + 1),
+                reset_at_ms: leaves_at_ms(oldest),
+            });
+        }
+        let lease = c.lease();
+        if let Some(l) = &lease {
+            for key in &l.keys {
+                self.gates.entry(key.clone()).or_default().put(&l.id, l.expires_at_ms);
+            }
+        }
+        if let Some(t) = &c.tpm {
+            self.tokens.entry(t.key.clone()).or_default().add(now, t.tokens);
+        }
+        Verdict::Admitted { windows, gates_in_use, lease }
+    }
+
+    fn renew(&mut self, lease: &Lease, ttl_ms: u64, now_ms: i64) -> Renewal {
+        let live = lease.keys.iter().all(|k| self.gates.get(k).is_some_and(|s| s.live(&lease.id, now_ms)));
+        if !live {
+            self.release(lease);
+            return Renewal::Lost;
+        }
+        let exp = expiry(now_ms, ttl_ms);
+        for key in &lease.keys {
+            if let Some(s) = self.gates.get_mut(key) {
+                s.put(&lease.id, exp);
+            }
+        }
+        Renewal::Renewed { expires_at_ms: exp }
+    }
+
+    fn release(&mut self, lease: &Lease) {
+        for key in &lease.keys {
+            if let Some(s) = self.gates.get_mut(key) {
+                s.remove(&lease.id);
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl LimiterStore for InProcessLimiter {
+    fn backend(&self) -> &'static str {
+        "in-process"
+    }
+
+    async fn check(&self, c: &Check) -> Result<Verdict, LimiterError> {
+        c.validate()?;
+        Ok(self.lock().check(c))
+    }
+
+    async fn renew(&self, lease: &Lease, ttl_ms: u64, now_ms: i64) -> Result<Renewal, LimiterError> {
+        Ok(self.lock().renew(lease, ttl_ms, now_ms))
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<(), LimiterError> {
+        self.lock().release(lease);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limits::{ConcurrencyGate, TokenBudget, WindowLimit};
+
+    #[test]
+    fn idle_keys_are_swept() {
+        let mut st = State::default();
+        let c = Check {
+            now_ms: 1_000_000,
+            windows: vec![WindowLimit { key: "k".into(), limit: 10 }],
+            gates: vec![ConcurrencyGate { scope: "m", key: "g".into(), limit: 10 }],
+            tpm: Some(TokenBudget { key: "t".into(), tokens: 5, limit: 10 }),
+            lease_id: "r".into(),
+            lease_ttl_ms: 30_000,
+        };
+        assert!(matches!(st.check(&c), Verdict::Admitted { .. }));
+        assert_eq!((st.windows.len(), st.gates.len(), st.tokens.len()), (1, 1, 1));
+        // 61 s later everything has left its window and the lease has expired.
+        let later = Check { windows: vec![], gates: vec![], tpm: None, now_ms: 1_061_000, ..c };
+        assert!(matches!(st.check(&later), Verdict::Admitted { .. }));
+        assert_eq!((st.windows.len(), st.gates.len(), st.tokens.len()), (0, 0, 0));
+    }
+}

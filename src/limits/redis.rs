@@ -1,0 +1,283 @@
+//! The Redis limiter: shared by every gateway pointed at the same Redis. A check is one
+//! `EVALSHA` of `tollgate_check_v1` (a cold script cache adds one `SCRIPT LOAD`, once per
+//! connection after a Redis restart); renew is one `EVALSHA` of `tollgate_renew_v1`; release is
+//! one pipelined round of `ZREM`s.
+//!
+//! Keys are `{<prefix>}:<kind>:<logical key>` with kind `w` (window hash), `g` (gate sorted
+//! set) or `t` (tokens hash), so a logical key reused across kinds never meets a wrong type.
+//! Every key carries the same hash tag, `{<prefix>}`: a check touches the per-key window, the
+//! workspace gate and the shared-model gate (which belongs to no workspace) in one atomic script,
+//! and Redis Cluster runs a script only on keys of one slot. The limitation: on a cluster all
+//! limiter keys live on one shard. A tag per workspace would shard them but would need a second
+//! round trip (and a compensating release) for the shared-model gate.
+//!
+//! Every call is bounded by [`RedisOptions::timeout`], connecting included, and every failure is
+//! [`LimiterError::Unavailable`]. The connection is made on first use, so a gateway can start
+//! while Redis is down. A check that timed out may still run later (e.g. Redis was stalled, not
+//! gone); its lease is then released by a compensating `ZREM` sent behind it on the same
+//! connection, so a retry must use a new lease id. Its window counts are not taken back; they
+//! leave the window within 61 s.
+
+use std::future::Future;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use tokio::sync::OnceCell;
+
+use super::buckets::leaves_at_ms;
+use super::{Check, Lease, LimiterError, LimiterStore, Renewal, Verdict, WindowState, redact};
+
+/// The check script's versioned name; see `tollgate_check_v1.lua`.
+pub const CHECK_SCRIPT: &str = "tollgate_check_v1";
+/// The renew script's versioned name; see `tollgate_renew_v1.lua`.
+pub const RENEW_SCRIPT: &str = "tollgate_renew_v1";
+const CHECK_LUA: &str = include_str!("tollgate_check_v1.lua");
+const RENEW_LUA: &str = include_str!("tollgate_renew_v1.lua");
+
+/// How long a compensating release may wait behind a stalled check.
+const COMPENSATE_TIMEOUT: Duration = Duration::from_secs(30);
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedisOptions {
+    /// Key prefix and cluster hash tag (no braces).
+    pub prefix: String,
+    /// Bound on every call, connecting included.
+    pub timeout: Duration,
+}
+
+impl Default for RedisOptions {
+    fn default() -> Self {
+        Self { prefix: "tollgate".into(), timeout: Duration::from_millis(250) }
+    }
+}
+
+pub struct RedisLimiter {
+    client: redis::Client,
+    conn: OnceCell<ConnectionManager>,
+    opts: RedisOptions,
+    tag: String,
+    check_script: redis::Script,
+    renew_script: redis::Script,
+}
+
+impl std::fmt::Debug for RedisLimiter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisLimiter").field("tag", &self.tag).field("timeout", &self.opts.timeout).finish()
+    }
+}
+
+fn unavailable(e: redis::RedisError) -> LimiterError {
+    LimiterError::Unavailable(e.to_string())
+}
+
+fn malformed(reply: &[i64]) -> LimiterError {
+    LimiterError::Unavailable(format!("{CHECK_SCRIPT} returned a malformed reply {reply:?}"))
+}
+
+impl RedisLimiter {
+    /// Parses the URL; does not connect (the first call does).
+    pub fn new(url: &str, opts: RedisOptions) -> Result<Self, LimiterError> {
+        if opts.prefix.is_empty() || opts.prefix.contains(['{', '}']) {
+            return Err(LimiterError::Invalid(format!(
+                "redis key prefix {:?} must be non-empty, no braces",
+                opts.prefix
+            )));
+        }
+        if opts.timeout.is_zero() {
+            return Err(LimiterError::Invalid("redis timeout must be above zero".into()));
+        }
+        let client =
+            redis::Client::open(url).map_err(|e| LimiterError::Invalid(format!("redis url {}: {e}", redact(url))))?;
+        Ok(Self {
+            client,
+            conn: OnceCell::new(),
+            tag: format!("{{{}}}", opts.prefix),
+            opts,
+            check_script: redis::Script::new(CHECK_LUA),
+            renew_script: redis::Script::new(RENEW_LUA),
+        })
+    }
+
+    /// Round-trips a `PING` (readiness).
+    pub async fn ping(&self) -> Result<(), LimiterError> {
+        self.bounded("ping", async {
+            let mut conn = self.conn().await?;
+            redis::cmd("PING").query_async::<String>(&mut conn).await.map(drop).map_err(unavailable)
+        })
+        .await
+    }
+
+    fn window_key(&self, key: &str) -> String {
+        format!("{}:w:{key}", self.tag)
+    }
+    fn gate_key(&self, key: &str) -> String {
+        format!("{}:g:{key}", self.tag)
+    }
+    fn tokens_key(&self, key: &str) -> String {
+        format!("{}:t:{key}", self.tag)
+    }
+
+    async fn conn(&self) -> Result<ConnectionManager, LimiterError> {
+        let conn = self
+            .conn
+            .get_or_try_init(|| async {
+                // No retries inside the manager: a failed attempt surfaces at once and the next
+                // call tries again (the fallback paces those calls).
+                let cfg = ConnectionManagerConfig::new()
+                    .set_connection_timeout(self.opts.timeout)
+                    .set_response_timeout(self.opts.timeout)
+                    .set_number_of_retries(0);
+                ConnectionManager::new_with_config(self.client.clone(), cfg).await
+            })
+            .await
+            .map_err(unavailable)?;
+        Ok(conn.clone())
+    }
+
+    async fn bounded<T>(
+        &self,
+        what: &str,
+        fut: impl Future<Output = Result<T, LimiterError>>,
+    ) -> Result<T, LimiterError> {
+        match tokio::time::timeout(self.opts.timeout, fut).await {
+            Ok(r) => r,
+            Err(_) => Err(LimiterError::Unavailable(format!("{what} timed out after {:?}", self.opts.timeout))),
+        }
+    }
+
+    async fn run_check(&self, c: &Check) -> Result<Vec<i64>, LimiterError> {
+        let mut conn = self.conn().await?;
+        let mut inv = self.check_script.prepare_invoke();
+        for w in &c.windows {
+            inv.key(self.window_key(&w.key));
+        }
+        for g in &c.gates {
+            inv.key(self.gate_key(&g.key));
+        }
+        if let Some(t) = &c.tpm {
+            inv.key(self.tokens_key(&t.key));
+        }
+        inv.arg(c.now_ms)
+            .arg(c.windows.len())
+            .arg(c.gates.len())
+            .arg(u8::from(c.tpm.is_some()))
+            .arg(&c.lease_id)
+            .arg(c.lease_ttl_ms);
+        for w in &c.windows {
+            inv.arg(w.limit);
+        }
+        for g in &c.gates {
+            inv.arg(g.limit);
+        }
+        if let Some(t) = &c.tpm {
+            inv.arg(t.tokens).arg(t.limit);
+        }
+        inv.invoke_async::<Vec<i64>>(&mut conn).await.map_err(unavailable)
+    }
+
+    /// After a failed check with gates: release its lease behind it, in the background.
+    fn compensate(&self, c: &Check) {
+        let (Some(lease), Some(conn)) = (c.lease(), self.conn.get().cloned()) else { return };
+        let keys: Vec<String> = lease.keys.iter().map(|k| self.gate_key(k)).collect();
+        tokio::spawn(async move {
+            let mut conn = conn;
+            let mut pipe = redis::pipe();
+            for k in &keys {
+                pipe.zrem(k, &lease.id).ignore();
+            }
+            if let Ok(Err(e)) = tokio::time::timeout(COMPENSATE_TIMEOUT, pipe.query_async::<()>(&mut conn)).await {
+                log::debug!("limiter: compensating release of lease {} failed: {e}", lease.id);
+            }
+        });
+    }
+}
+
+/// Turn the script's integer reply into a verdict.
+fn verdict(c: &Check, r: &[i64]) -> Result<Verdict, LimiterError> {
+    let at = |i: usize| r.get(i).copied().ok_or_else(|| malformed(r));
+    let index = |i: usize, len: usize| usize::try_from(at(i)?).ok().filter(|&x| x < len).ok_or_else(|| malformed(r));
+    let unsigned = |i: usize| at(i).map(|v| u64::try_from(v).unwrap_or(0));
+    match at(0)? {
+        0 => {
+            let mut windows = Vec::with_capacity(c.windows.len());
+            for (i, w) in c.windows.iter().enumerate() {
+                let counted = unsigned(1 + 2 * i)?;
+                let oldest = at(2 + 2 * i)?;
+                let remaining = w.limit.saturating_sub(counted + 1);
+                windows.push(WindowState { limit: w.limit, remaining, reset_at_ms: leaves_at_ms(oldest) });
+            }
+            let base = 1 + 2 * c.windows.len();
+            let gates_in_use = (0..c.gates.len()).map(|j| unsigned(base + j)).collect::<Result<Vec<_>, _>>()?;
+            Ok(Verdict::Admitted { windows, gates_in_use, lease: c.lease() })
+        }
+        1 => {
+            let index = index(1, c.windows.len())?;
+            let retry_after_ms = unsigned(3)?;
+            let limit = c.windows[index].limit;
+            let state = WindowState { limit, remaining: 0, reset_at_ms: c.now_ms.saturating_add(at(3)?) };
+            Ok(Verdict::WindowRefused { index, state, retry_after_ms })
+        }
+        2 => Ok(Verdict::GateRefused {
+            index: index(1, c.gates.len())?,
+            in_use: unsigned(2)?,
+            retry_after_ms: unsigned(3)?,
+        }),
+        3 => {
+            let limit = c.tpm.as_ref().map(|t| t.limit).ok_or_else(|| malformed(r))?;
+            Ok(Verdict::TokensRefused { used: unsigned(1)?, limit, retry_after_ms: unsigned(2)?, never: at(3)? == 1 })
+        }
+        _ => Err(malformed(r)),
+    }
+}
+
+#[async_trait]
+impl LimiterStore for RedisLimiter {
+    fn backend(&self) -> &'static str {
+        "redis"
+    }
+
+    async fn check(&self, c: &Check) -> Result<Verdict, LimiterError> {
+        c.validate()?;
+        match self.bounded(CHECK_SCRIPT, self.run_check(c)).await {
+            Ok(reply) => verdict(c, &reply),
+            Err(e) => {
+                self.compensate(c);
+                Err(e)
+            }
+        }
+    }
+
+    async fn renew(&self, lease: &Lease, ttl_ms: u64, now_ms: i64) -> Result<Renewal, LimiterError> {
+        if lease.keys.is_empty() {
+            return Ok(Renewal::Renewed { expires_at_ms: super::expiry(now_ms, ttl_ms) });
+        }
+        let expires_at_ms = self
+            .bounded(RENEW_SCRIPT, async {
+                let mut conn = self.conn().await?;
+                let mut inv = self.renew_script.prepare_invoke();
+                for k in &lease.keys {
+                    inv.key(self.gate_key(k));
+                }
+                inv.arg(now_ms).arg(ttl_ms).arg(&lease.id);
+                inv.invoke_async::<i64>(&mut conn).await.map_err(unavailable)
+            })
+            .await?;
+        Ok(if expires_at_ms < 0 { Renewal::Lost } else { Renewal::Renewed { expires_at_ms } })
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<(), LimiterError> {
+        if lease.keys.is_empty() {
+            return Ok(());
+        }
+        self.bounded("release", async {
+            let mut conn = self.conn().await?;
+            let mut pipe = redis::pipe();
+            for k in &lease.keys {
+                pipe.zrem(self.gate_key(k), &lease.id).ignore();
+            }
+            pipe.query_async::<()>(&mut conn).await.map_err(unavailable)
+        })
+        .await
+    }
+}
