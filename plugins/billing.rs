@@ -83,7 +83,7 @@ impl Billing {
             "currency": "usd",
             "period": { "start": iso(month_start), "spent_cents": spent },
             "spend_cap": { "limit_cents": null, "hard": false, "used_cents": null, "remaining_cents": null, "gates_inference": false },
-            "plan_tier": principal.rate_tier.as_str(),
+            "plan_tier": principal.tier().as_str(),
             "as_of": iso(now),
         });
         crate::responder::json(s, cx, 200, Bytes::from(body.to_string()), &[("cache-control", "no-store".into())])

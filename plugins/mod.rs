@@ -7,12 +7,15 @@ pub mod auth;
 pub mod billing;
 pub mod chat;
 pub mod dialects;
+pub mod gate;
+pub mod limits;
 pub mod messages;
 
 use std::sync::Arc;
 
 use crate::config::{Config, ConfigErrors, ConfigProblem};
 use crate::identity::service::Identity;
+use crate::limits::{FallbackLimiter, FallbackOptions};
 use crate::plugin::{Chain, Plugin};
 use crate::store::ledger::LedgerStore;
 
@@ -23,12 +26,27 @@ pub struct Services {
     pub ledger: Option<Arc<dyn LedgerStore>>,
 }
 
-const KNOWN: &str = "auth, billing, chat_completions, dialects";
+const KNOWN: &str = "auth, billing, chat_completions, connection_gate, dialects, limits";
 
 /// Build the chain named in `tollgate.yaml`.
 pub fn build(config: &Config, services: &Services) -> Result<Chain, ConfigErrors> {
     let mut plugins: Vec<Arc<dyn Plugin>> = Vec::new();
     let mut problems = Vec::new();
+    // One limiter store shared by the gate and the limits plugin (opening it never connects).
+    let mut limiter: Option<Arc<FallbackLimiter>> = None;
+    let mut open_limiter = |problems: &mut Vec<ConfigProblem>| -> Option<Arc<FallbackLimiter>> {
+        if limiter.is_none() {
+            match crate::limits::open_limiter(&config.gateway.limits.store) {
+                Ok(store) => limiter = Some(Arc::new(FallbackLimiter::new(store, FallbackOptions::default()))),
+                Err(e) => problems.push(ConfigProblem {
+                    file: config.source.clone(),
+                    path: "limits.store".into(),
+                    problem: e.to_string(),
+                }),
+            }
+        }
+        limiter.clone()
+    };
     for (i, spec) in config.gateway.plugins.iter().enumerate() {
         let mut problem = |msg: String| {
             problems.push(ConfigProblem {
@@ -39,6 +57,17 @@ pub fn build(config: &Config, services: &Services) -> Result<Chain, ConfigErrors
         };
         match spec.name.as_str() {
             "chat_completions" => plugins.push(Arc::new(chat::ChatCompletions)),
+            "connection_gate" => {
+                if let Some(store) = open_limiter(&mut problems) {
+                    plugins.push(Arc::new(gate::ConnectionGate::new(config.gateway.limits.gate, store)));
+                }
+            }
+            "limits" => {
+                if let Some(store) = open_limiter(&mut problems) {
+                    let settings = config.gateway.limits.clone();
+                    plugins.push(Arc::new(limits::Limits::new(settings, store, &config.catalog.models)));
+                }
+            }
             "dialects" => {
                 let pepper = config.gateway.identity.as_ref().map(|i| i.key_pepper.as_slice());
                 plugins.push(Arc::new(dialects::Dialects::new(dialects::signing_key(pepper))))
@@ -79,5 +108,9 @@ mod tests {
         assert_eq!(super::billing::BILLING_PRIORITY, 100);
         // dialects translate before the chat path, and after it on the way back.
         assert_eq!(super::dialects::DIALECTS_PRIORITY, 300);
+        // The connection gate runs before the key is looked up; the per-key window and
+        // admission after the token estimate (chat 200) and before the hold (billing 100).
+        assert_eq!(super::gate::GATE_PRIORITY, 600);
+        assert_eq!(super::limits::LIMITS_PRIORITY, 150);
     }
 }

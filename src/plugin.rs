@@ -10,7 +10,9 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use pingora::http::ResponseHeader;
 use pingora::proxy::Session;
+use serde_json::{Map, Value};
 
+use crate::config::ModelEntry;
 use crate::ctx::RequestCtx;
 use crate::error::GatewayError;
 
@@ -59,6 +61,10 @@ pub trait Plugin: Send + Sync {
 
     /// Once per request, on every path (success, refusal, failure, client gone).
     async fn on_log(&self, _cx: &mut RequestCtx) {}
+
+    /// Add the values this plugin enforces to a model object of `GET /v1/models` (the caller
+    /// is `cx.principal`), so what is published is what the gates apply.
+    fn describe_model(&self, _model: &ModelEntry, _object: &mut Map<String, Value>, _cx: &RequestCtx) {}
 }
 
 /// The plugins of one server, sorted by priority.
@@ -110,6 +116,18 @@ impl Chain {
         cx: &mut RequestCtx,
     ) -> Result<(), GatewayError> {
         self.plugins.iter().rev().try_for_each(|p| p.on_response_chunk(body, eos, cx))
+    }
+
+    /// The model object as this caller sees it.
+    pub fn model_object(&self, model: &ModelEntry, cx: &RequestCtx) -> Value {
+        let mut object = match model.to_json() {
+            Value::Object(o) => o,
+            _ => Map::new(),
+        };
+        for p in &self.plugins {
+            p.describe_model(model, &mut object, cx);
+        }
+        Value::Object(object)
     }
 
     pub async fn on_log(&self, cx: &mut RequestCtx) {

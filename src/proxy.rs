@@ -42,11 +42,11 @@ impl Gateway {
         }
         match route {
             Route::ListModels => {
-                responder::models_list(s, cx).await?;
+                responder::models_list(s, cx, &self.chain).await?;
                 return Ok(Flow::Handled);
             }
             Route::GetModel => {
-                responder::model_get(s, cx).await?;
+                responder::model_get(s, cx, &self.chain).await?;
                 return Ok(Flow::Handled);
             }
             Route::Credits | Route::Usage => {

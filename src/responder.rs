@@ -9,6 +9,7 @@ use serde_json::{Value, json};
 use crate::ctx::RequestCtx;
 use crate::envelope::{self, Envelope};
 use crate::error::{ErrorKind, GatewayError};
+use crate::plugin::Chain;
 use crate::routes;
 
 /// Headers on every response: the request id (both spellings on messages routes), the
@@ -66,14 +67,14 @@ fn to_bytes(v: &Value) -> Bytes {
 }
 
 /// `GET /v1/models`: every public model, available or paused.
-pub async fn models_list(s: &mut Session, cx: &mut RequestCtx) -> Result<(), GatewayError> {
-    let data: Vec<Value> = cx.config.catalog.models.iter().map(|m| m.to_json()).collect();
+pub async fn models_list(s: &mut Session, cx: &mut RequestCtx, chain: &Chain) -> Result<(), GatewayError> {
+    let data: Vec<Value> = cx.config.catalog.models.iter().map(|m| chain.model_object(m, cx)).collect();
     let body = to_bytes(&json!({ "object": "list", "data": data }));
     json(s, cx, 200, body, &[]).await.map_err(|e| GatewayError::internal(format!("write failed: {e}")))
 }
 
 /// `GET /v1/models/{model}`.
-pub async fn model_get(s: &mut Session, cx: &mut RequestCtx) -> Result<(), GatewayError> {
+pub async fn model_get(s: &mut Session, cx: &mut RequestCtx, chain: &Chain) -> Result<(), GatewayError> {
     let path = s.req_header().uri.path().to_string();
     let id = routes::model_id_from_path(&path).unwrap_or_default();
     let model = cx.config.catalog.get(id).cloned().ok_or_else(|| {
@@ -83,6 +84,6 @@ pub async fn model_get(s: &mut Session, cx: &mut RequestCtx) -> Result<(), Gatew
         )
         .with_param("model")
     })?;
-    let body = to_bytes(&model.to_json());
+    let body = to_bytes(&chain.model_object(&model, cx));
     json(s, cx, 200, body, &[]).await.map_err(|e| GatewayError::internal(format!("write failed: {e}")))
 }

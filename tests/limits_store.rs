@@ -4,11 +4,14 @@
 //! test stalls, kills and restarts. Redis tests never skip: an unreachable `REDIS_URL` fails them.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod common;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use common::redis::RedisChild;
 use tollgate::identity::now_ms;
 use tollgate::limits::{
     Check, ConcurrencyGate, Counting, DisabledLimiter, FallbackLimiter, FallbackOptions, InProcessLimiter, Lease,
@@ -450,61 +453,6 @@ async fn a_store_that_is_not_configured_is_never_papered_over() {
     let c = windows(t0(), vec![window("k", 10)]);
     assert_eq!(f.check(&c).await, Err(LimiterError::NotConfigured));
     assert_eq!(DisabledLimiter.check(&c).await, Err(LimiterError::NotConfigured));
-}
-
-/// A redis-server of this test's own on a free port, stopped by its pid (never the shared one).
-struct RedisChild {
-    child: Option<std::process::Child>,
-    port: u16,
-}
-
-impl RedisChild {
-    fn free_port() -> u16 {
-        std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-    }
-
-    async fn start(port: u16) -> Self {
-        let child = std::process::Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start redis-server ({e}); install it with scripts/services.sh"));
-        let me = Self { child: Some(child), port };
-        let client = redis::Client::open(me.url()).unwrap();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if let Ok(mut c) = client.get_multiplexed_async_connection().await
-                && redis::cmd("PING").query_async::<String>(&mut c).await.is_ok()
-            {
-                return me;
-            }
-            assert!(Instant::now() < deadline, "redis-server on port {port} did not come up");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-
-    fn signal(&self, sig: libc::c_int) {
-        let pid = self.child.as_ref().expect("running").id();
-        assert_eq!(unsafe { libc::kill(pid as libc::pid_t, sig) }, 0);
-    }
-
-    fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-impl Drop for RedisChild {
-    fn drop(&mut self) {
-        self.kill();
-    }
 }
 
 #[derive(Default)]

@@ -52,6 +52,8 @@ struct RawModel {
     paused_until: Option<String>,
     max_concurrent_requests_per_api_key: Option<u64>,
     max_tokens_per_minute_per_workspace: Option<u64>,
+    /// Shared-model concurrency across every gateway instance (default: the pool's capacity).
+    max_concurrent_requests: Option<u64>,
     /// Promotional free window: requests inside it are priced at zero and carry no hold.
     free_window: Option<RawFreeWindow>,
 }
@@ -118,6 +120,12 @@ pub struct ModelEntry {
     pub shared_cache: bool,
     /// Promotional free window `[start, end)` in Unix milliseconds.
     pub free_window: Option<(i64, i64)>,
+    /// Declared per-key concurrency once the model is busy (else derived from the pool).
+    pub max_concurrent_requests_per_api_key: Option<u64>,
+    /// Declared tokens per minute per workspace (the model default of the lowest tier).
+    pub max_tokens_per_minute_per_workspace: Option<u64>,
+    /// Shared-model concurrency (else the pool's capacity).
+    pub max_concurrent_requests: Option<u64>,
     /// The object of `GET /v1/models` without the availability fields.
     object: Map<String, Value>,
     /// `Some(t)`: paused, next availability check at `t`. Changed by operators at run time.
@@ -235,6 +243,7 @@ fn check_model(p: &mut Problems, i: usize, m: RawModel, settings: &GatewaySettin
         ("context_window", m.context_window),
         ("max_concurrent_requests_per_api_key", m.max_concurrent_requests_per_api_key),
         ("max_tokens_per_minute_per_workspace", m.max_tokens_per_minute_per_workspace),
+        ("max_concurrent_requests", m.max_concurrent_requests),
     ] {
         if v == Some(0) {
             p.add(at(name), "must be at least 1 (leave it out when undeclared)");
@@ -345,6 +354,9 @@ fn check_model(p: &mut Problems, i: usize, m: RawModel, settings: &GatewaySettin
         pricing,
         shared_cache,
         free_window,
+        max_concurrent_requests_per_api_key: m.max_concurrent_requests_per_api_key,
+        max_tokens_per_minute_per_workspace: m.max_tokens_per_minute_per_workspace,
+        max_concurrent_requests: m.max_concurrent_requests,
         object: o,
         paused_until: RwLock::new(paused_until),
     }

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use super::limits::{LimitSettings, RawLimits};
 use super::{ConfigProblem, Problems, parse_yaml, sibling};
 
 #[derive(Deserialize)]
@@ -114,19 +115,6 @@ struct RawAdmin {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RawLimits {
-    #[serde(default = "default_max_request_bytes")]
-    max_request_bytes: u64,
-}
-
-impl Default for RawLimits {
-    fn default() -> Self {
-        RawLimits { max_request_bytes: default_max_request_bytes() }
-    }
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
 struct RawBudgets {
     #[serde(default = "default_first_token")]
     first_token_seconds: f64,
@@ -193,9 +181,6 @@ fn default_upstreams_file() -> String {
 }
 fn default_owned_by() -> String {
     "tollgate".into()
-}
-fn default_max_request_bytes() -> u64 {
-    3_500_000
 }
 fn default_first_token() -> f64 {
     180.0
@@ -336,6 +321,8 @@ pub struct GatewaySettings {
     pub upstreams_file: PathBuf,
     pub owned_by: String,
     pub max_request_bytes: u64,
+    /// Rate-limit layers and the limiter store.
+    pub limits: LimitSettings,
     pub budgets: Budgets,
     pub grace_period_seconds: u64,
     pub graceful_shutdown_timeout_seconds: u64,
@@ -380,6 +367,7 @@ pub(super) fn load(file: &Path, out: &mut Vec<ConfigProblem>) -> Option<GatewayS
     if raw.limits.max_request_bytes == 0 || raw.limits.max_request_bytes > 64 * 1024 * 1024 {
         p.add("limits.max_request_bytes", "must be between 1 and 67108864");
     }
+    let limits = super::limits::check(&mut p, &raw.limits);
     let first_token = budget(&mut p, "budgets.first_token_seconds", raw.budgets.first_token_seconds);
     let response = budget(&mut p, "budgets.response_seconds", raw.budgets.response_seconds);
     let mut seen = std::collections::HashSet::new();
@@ -416,6 +404,7 @@ pub(super) fn load(file: &Path, out: &mut Vec<ConfigProblem>) -> Option<GatewayS
         upstreams_file: sibling(file, &raw.upstreams_file),
         owned_by: raw.owned_by,
         max_request_bytes: raw.limits.max_request_bytes,
+        limits,
         budgets: Budgets {
             first_token,
             response,

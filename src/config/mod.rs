@@ -8,10 +8,12 @@
 
 mod catalog;
 mod gateway;
+mod limits;
 mod upstreams;
 
 pub use catalog::{Catalog, ModelEntry, Pricing};
 pub use gateway::{Budgets, GatewaySettings, IdentitySettings, PluginSpec, Secret};
+pub use limits::{GateSettings, LimitSettings, Tiers};
 pub use upstreams::{Pool, Pools, Replica};
 
 use std::fmt;

@@ -180,4 +180,18 @@ pub struct Principal {
     pub rate_limit_rpm: Option<i64>,
     pub frozen: Option<String>,
     pub legacy_format: bool,
+    /// Credit purchases over the workspace's life (promotional credit excluded), in cents.
+    pub lifetime_purchases_cents: i64,
+}
+
+impl Principal {
+    /// The tier in force: enterprise when so marked, else core once anything was purchased
+    /// (spec "Limits": 10,000 requests a minute before the first purchase, 50,000 after).
+    pub fn tier(&self) -> RateTier {
+        match self.rate_tier {
+            RateTier::Enterprise => RateTier::Enterprise,
+            _ if self.lifetime_purchases_cents > 0 => RateTier::Core,
+            t => t,
+        }
+    }
 }

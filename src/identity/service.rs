@@ -116,6 +116,7 @@ impl Identity {
             rate_limit_rpm: key.rate_limit_rpm,
             frozen: ws.frozen.clone(),
             legacy_format: key.legacy_format(),
+            lifetime_purchases_cents: ws.lifetime_purchases_cents,
         }
     }
 

@@ -3,6 +3,7 @@
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 pub mod pg;
+pub mod redis;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -127,6 +128,11 @@ models:
     supported_endpoints: [chat_completions]
   - id: unserved-model
     supported_endpoints: [chat_completions]
+  - id: limited-model
+    supported_endpoints: [chat_completions, messages]
+    max_concurrent_requests_per_api_key: 1
+    max_concurrent_requests: 3
+    max_tokens_per_minute_per_workspace: 3000
 "#;
 
 /// Gateway settings a test may change.
@@ -145,6 +151,9 @@ pub struct Opts {
     pub hold_margin_seconds: u64,
     /// Leave the dialects plugin out of the chain.
     pub without_dialects: bool,
+    /// Lines of the `limits` section (indented two spaces); when given, the
+    /// `connection_gate` and `limits` plugins join the chain.
+    pub limits: Option<String>,
 }
 
 impl Default for Opts {
@@ -159,6 +168,7 @@ impl Default for Opts {
             no_admin_token: false,
             hold_margin_seconds: 120,
             without_dialects: false,
+            limits: None,
         }
     }
 }
@@ -219,8 +229,11 @@ impl Gateway {
         std::fs::write(
             dir.join("tollgate.yaml"),
             format!(
-                "listen: 127.0.0.1:{port}\nadmin_listen: 127.0.0.1:{admin_port}\nthreads: 1\nlimits:\n  max_request_bytes: {}\nbudgets:\n  first_token_seconds: {}\n  response_seconds: {}\nshutdown:\n  grace_period_seconds: 1\n  graceful_shutdown_timeout_seconds: 1\nidentity:\n  store: {store}\n  key_pepper: {{ file: pepper }}\n  key_encryption_key: {{ file: enc }}\n{admin}billing:\n  topup_url: https://pay.example.com/top-up\n  hold_margin_seconds: {}\n  sweep_interval_seconds: 1\nplugins:\n  - name: auth\n{}  - name: chat_completions\n  - name: billing\n",
-                opts.max_request_bytes, opts.first_token_seconds, opts.response_seconds, opts.hold_margin_seconds, if opts.without_dialects { "" } else { "  - name: dialects\n" }
+                "listen: 127.0.0.1:{port}\nadmin_listen: 127.0.0.1:{admin_port}\nthreads: 1\nlimits:\n  max_request_bytes: {}\n{}budgets:\n  first_token_seconds: {}\n  response_seconds: {}\nshutdown:\n  grace_period_seconds: 1\n  graceful_shutdown_timeout_seconds: 1\nidentity:\n  store: {store}\n  key_pepper: {{ file: pepper }}\n  key_encryption_key: {{ file: enc }}\n{admin}billing:\n  topup_url: https://pay.example.com/top-up\n  hold_margin_seconds: {}\n  sweep_interval_seconds: 1\nplugins:\n{}  - name: auth\n{}  - name: chat_completions\n  - name: billing\n{}",
+                opts.max_request_bytes, opts.limits.clone().unwrap_or_default(), opts.first_token_seconds, opts.response_seconds, opts.hold_margin_seconds,
+                if opts.limits.is_some() { "  - name: connection_gate\n" } else { "" },
+                if opts.without_dialects { "" } else { "  - name: dialects\n" },
+                if opts.limits.is_some() { "  - name: limits\n" } else { "" }
             ),
         )
         .unwrap();
@@ -238,6 +251,7 @@ impl Gateway {
             ("ended-free-model", "", &m, 64),
             ("tiny-pool-model", "", &m, opts.tiny_pool_concurrency),
             ("dead-model", "    connect_timeout_ms: 300\n", &dead, 4),
+            ("limited-model", "", &m, 4),
         ];
         let mut upstreams = String::from("pools:\n");
         for (model, extra, replicas, concurrency) in pools {

@@ -1,0 +1,257 @@
+//! Rate limits and hosted admission (spec "Rate limit layers" (2) and (3)).
+//!
+//! Every authenticated request counts in its key's sliding 60-second window. On the routes
+//! that reach a replica (chat completions, Responses, messages) the window is checked together
+//! with the admission gates, after the dialect has validated the request and estimated its
+//! tokens: one limiter call, one Redis round trip. Other routes (model reads, credits, usage,
+//! count_tokens) are counted when their headers arrive. A generation request refused before
+//! admission (a 400, a 402) is counted in the log phase, so every request spends quota.
+//!
+//! Admission order: per-key concurrency (enforced only while the model is busy), workspace
+//! concurrency, large-prompt shed, shared-model concurrency, workspace tokens per minute.
+//! The lease taken is renewed while the request runs and released in the log phase.
+
+mod leases;
+pub mod policy;
+mod refusals;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use async_trait::async_trait;
+use pingora::proxy::Session;
+use serde_json::{Map, Value, json};
+
+use crate::config::{LimitSettings, ModelEntry};
+use crate::ctx::RequestCtx;
+use crate::error::{ErrorKind, GatewayError};
+use crate::identity::{Principal, now_ms};
+use crate::limits::{Check, ConcurrencyGate, FallbackLimiter, LimiterError, TokenBudget, Verdict, WindowLimit};
+use crate::plugin::{Flow, Plugin};
+use crate::routes::Route;
+
+use leases::Held;
+pub use leases::LeaseKeeper;
+use policy::{BusyReadings, in_force};
+use refusals::Scope;
+pub use refusals::gate_refused;
+
+/// After authentication (500) and the dialects (300, 200: the token estimate is known),
+/// before billing places its hold (100): a refused request never holds credit.
+pub const LIMITS_PRIORITY: i16 = 150;
+
+pub struct Limits {
+    settings: LimitSettings,
+    store: Arc<FallbackLimiter>,
+    keeper: Arc<LeaseKeeper>,
+    busy: BusyReadings,
+    pending: AtomicU64,
+}
+
+/// The key's window has been checked for this request.
+struct Counted;
+
+/// The concurrency lease of an admitted request.
+struct Admission(Option<Held>);
+
+/// Routes placed on a replica, checked by admission.
+fn admitted_route(route: Route) -> bool {
+    matches!(route, Route::ChatCompletions | Route::Responses | Route::Messages)
+}
+
+fn store_error(e: LimiterError, admission: bool, request_id: &str) -> GatewayError {
+    match e {
+        LimiterError::NotConfigured => {
+            GatewayError::new(ErrorKind::LimiterUnavailable, "No rate-limit store is configured on this gateway.")
+        }
+        LimiterError::Unavailable(m) => {
+            log::warn!("{request_id}: limiter store unavailable: {m}");
+            if admission {
+                GatewayError::new(ErrorKind::HostedAdmissionUnavailable, "Capacity admission could not complete.")
+            } else {
+                GatewayError::new(ErrorKind::LimiterUnavailable, "The rate limit could not be evaluated.")
+            }
+        }
+        LimiterError::Invalid(m) => GatewayError::internal(format!("invalid limiter check: {m}")),
+    }
+}
+
+/// Decrements the in-flight admission count however the check ends.
+struct Pending<'a>(&'a AtomicU64);
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl Limits {
+    pub fn new(settings: LimitSettings, store: Arc<FallbackLimiter>, models: &[Arc<ModelEntry>]) -> Self {
+        let keeper = LeaseKeeper::new(store.clone(), settings.lease_ttl);
+        let busy = BusyReadings::new(models.iter().map(|m| m.id.as_str()));
+        Limits { settings, store, keeper, busy, pending: AtomicU64::new(0) }
+    }
+
+    fn key_window(&self, p: &Principal) -> WindowLimit {
+        WindowLimit { key: format!("k:{}", p.key_id), limit: policy::requests_per_minute(&self.settings, p) }
+    }
+
+    /// The window-only check of routes without admission.
+    async fn count_window(&self, cx: &mut RequestCtx, route: Route) -> Result<(), GatewayError> {
+        let Some(p) = cx.principal.as_ref() else { return Ok(()) };
+        let mut windows = vec![self.key_window(p)];
+        if matches!(route, Route::Credits | Route::Usage) {
+            windows.push(WindowLimit { key: format!("r:{}", p.key_id), limit: self.settings.reads_per_minute });
+        }
+        let check =
+            Check { now_ms: now_ms(), windows, gates: Vec::new(), tpm: None, lease_id: String::new(), lease_ttl_ms: 0 };
+        let tier = p.tier();
+        cx.ext.insert(Counted);
+        let outcome = self.store.check(&check).await.map_err(|e| store_error(e, false, &cx.request_id))?;
+        match outcome.verdict {
+            Verdict::Admitted { windows, .. } => {
+                if let Some(w) = windows.first() {
+                    cx.response_headers.extend(refusals::window_headers(w, tier));
+                }
+                Ok(())
+            }
+            Verdict::WindowRefused { index, state, retry_after_ms } => {
+                Err(refusals::window_refused(&state, tier, retry_after_ms, index == 1))
+            }
+            other => Err(GatewayError::internal(format!("unexpected limiter verdict {other:?}"))),
+        }
+    }
+
+    async fn admit(&self, cx: &mut RequestCtx) -> Result<(), GatewayError> {
+        let (Some(p), Some(model), Some(pool)) = (cx.principal.as_ref(), cx.model.clone(), cx.pool.clone()) else {
+            return Ok(());
+        };
+        if self.pending.fetch_add(1, Ordering::AcqRel) >= self.settings.max_pending_admissions {
+            self.pending.fetch_sub(1, Ordering::AcqRel);
+            return Err(refusals::congested());
+        }
+        let _pending = Pending(&self.pending);
+        let now = now_ms();
+        let f = in_force(&self.settings, &model, &pool, p);
+        let busy = self.busy.is_busy(&model.id, f.busy_at, now);
+        let shared_key = format!("m:{}", model.id);
+        let mut gates = vec![
+            (
+                Scope::PerKey,
+                format!("pk:{}:{}", model.id, p.key_id),
+                if busy { f.per_key_concurrency } else { u64::MAX },
+            ),
+            (Scope::Workspace, format!("w:{}", p.workspace_id), f.workspace_concurrency),
+        ];
+        if cx.prompt_estimate >= self.settings.large_prompt_tokens {
+            let shed_at = (f.shared_concurrency * self.settings.large_prompt_shed_percent / 100).max(1);
+            gates.push((Scope::LargePrompt, shared_key.clone(), shed_at));
+        }
+        gates.push((Scope::SharedModel, shared_key, f.shared_concurrency));
+        let tokens = cx.prompt_estimate.saturating_add(cx.output_ceiling.unwrap_or(0));
+        let check = Check {
+            now_ms: now,
+            windows: vec![self.key_window(p)],
+            gates: gates
+                .iter()
+                .map(|(scope, key, limit)| ConcurrencyGate { scope: scope.name(), key: key.clone(), limit: *limit })
+                .collect(),
+            tpm: f.tokens_per_minute.map(|limit| TokenBudget {
+                key: format!("t:{}:{}", model.id, p.workspace_id),
+                tokens,
+                limit,
+            }),
+            lease_id: cx.request_id.clone(),
+            lease_ttl_ms: self.keeper.ttl_ms(),
+        };
+        let tier = p.tier();
+        let outcome = self.store.check(&check).await.map_err(|e| store_error(e, true, &cx.request_id))?;
+        let shared_index = gates.len() - 1;
+        match outcome.verdict {
+            Verdict::Admitted { windows, gates_in_use, lease } => {
+                cx.ext.insert(Counted);
+                if let Some(w) = windows.first() {
+                    cx.response_headers.extend(refusals::window_headers(w, tier));
+                }
+                if let Some(&n) = gates_in_use.get(shared_index) {
+                    self.busy.record(&model.id, n, now);
+                }
+                cx.ext.insert(Admission(lease.map(|l| self.keeper.hold(l))));
+                Ok(())
+            }
+            Verdict::WindowRefused { state, retry_after_ms, .. } => {
+                cx.ext.insert(Counted);
+                Err(refusals::window_refused(&state, tier, retry_after_ms, false))
+            }
+            Verdict::GateRefused { index, in_use, retry_after_ms } => {
+                let (scope, _, limit) =
+                    gates.get(index).cloned().ok_or_else(|| GatewayError::internal("gate index"))?;
+                if index == shared_index {
+                    self.busy.record(&model.id, in_use, now);
+                }
+                Err(refusals::admission_refused(scope, limit, Some(retry_after_ms)))
+            }
+            Verdict::TokensRefused { limit, retry_after_ms, never, .. } => Err(if never {
+                refusals::tpm_never(limit, tokens)
+            } else {
+                refusals::admission_refused(Scope::WorkspaceTpm, limit, Some(retry_after_ms))
+            }),
+        }
+    }
+
+    /// Leases held by this instance now.
+    pub fn live_leases(&self) -> usize {
+        self.keeper.live_count()
+    }
+}
+
+#[async_trait]
+impl Plugin for Limits {
+    fn name(&self) -> &'static str {
+        "limits"
+    }
+
+    fn priority(&self) -> i16 {
+        LIMITS_PRIORITY
+    }
+
+    async fn on_request_headers(&self, _s: &mut Session, cx: &mut RequestCtx) -> Result<Flow, GatewayError> {
+        match cx.route {
+            Some(route) if !admitted_route(route) => self.count_window(cx, route).await.map(|()| Flow::Continue),
+            _ => Ok(Flow::Continue),
+        }
+    }
+
+    async fn on_request(&self, _s: &mut Session, cx: &mut RequestCtx) -> Result<Flow, GatewayError> {
+        if cx.route.is_some_and(admitted_route) {
+            self.admit(cx).await?;
+        }
+        Ok(Flow::Continue)
+    }
+
+    async fn on_log(&self, cx: &mut RequestCtx) {
+        if let Some(Admission(held)) = cx.ext.get_mut::<Admission>() {
+            if let Some(held) = held.take() {
+                held.release().await;
+            }
+        }
+        // A request refused before admission still spends quota (see the module comment).
+        if let Some(route) = cx.route.filter(|&r| admitted_route(r)) {
+            if cx.principal.is_some() && cx.ext.get::<Counted>().is_none() {
+                if let Err(e) = self.count_window(cx, route).await {
+                    log::debug!("{}: window count after refusal: {e}", cx.request_id);
+                }
+            }
+        }
+    }
+
+    fn describe_model(&self, model: &ModelEntry, object: &mut Map<String, Value>, cx: &RequestCtx) {
+        let (Some(p), Some(pool)) = (cx.principal.as_ref(), cx.config.pools.get(&model.id)) else { return };
+        let f = in_force(&self.settings, model, pool, p);
+        object.insert("max_concurrent_requests_per_api_key".into(), json!(f.per_key_concurrency));
+        match f.tokens_per_minute {
+            Some(t) => object.insert("max_tokens_per_minute_per_workspace".into(), json!(t)),
+            None => object.remove("max_tokens_per_minute_per_workspace"),
+        };
+    }
+}

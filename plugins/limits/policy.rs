@@ -1,0 +1,144 @@
+//! The limit values in force for one caller on one model: read by the admission gates and
+//! by the model object of `GET /v1/models`, so what is published is what is enforced.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+
+use crate::config::{LimitSettings, ModelEntry, Pool};
+use crate::identity::{Principal, RateTier};
+
+/// Lifetime purchases (cents) from which tokens per minute rise to at least 20 million.
+const TPM_MIDDLE_TIER_CENTS: i64 = 5_000;
+/// Lifetime purchases (cents) from which tokens per minute have no practical limit.
+const TPM_TOP_TIER_CENTS: i64 = 20_000;
+const TPM_MIDDLE_TIER_FLOOR: u64 = 20_000_000;
+
+/// How long this instance trusts the model's shared in-flight count read at its last
+/// admission when deciding whether the model is busy (decision 37).
+pub const BUSY_READING_TTL_MS: i64 = 2_000;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InForce {
+    /// Requests per minute for the key (tier default, or its custom limit clamped to it).
+    pub requests_per_minute: u64,
+    /// Per-key concurrency once the model is busy.
+    pub per_key_concurrency: u64,
+    pub workspace_concurrency: u64,
+    /// Shared-model concurrency across every instance.
+    pub shared_concurrency: u64,
+    /// In-flight count at which the model is busy (clarification 5).
+    pub busy_at: u64,
+    /// Tokens per minute per workspace on this model; `None`: no practical limit.
+    pub tokens_per_minute: Option<u64>,
+}
+
+/// The requests-per-minute limit of a key: its tier's, or its own custom limit when lower.
+pub fn requests_per_minute(settings: &LimitSettings, p: &Principal) -> u64 {
+    let tier_max = settings.requests_per_minute.get(p.tier());
+    match p.rate_limit_rpm.and_then(|r| u64::try_from(r).ok()).filter(|&r| r > 0) {
+        Some(custom) => custom.min(tier_max),
+        None => tier_max,
+    }
+}
+
+pub fn in_force(settings: &LimitSettings, model: &ModelEntry, pool: &Pool, p: &Principal) -> InForce {
+    let capacity = u64::from(pool.capacity()).max(1);
+    let per_key = model.max_concurrent_requests_per_api_key.unwrap_or(match p.tier() {
+        // Spec "Limits": a quarter of capacity before the first purchase, most of it after.
+        RateTier::Free => (capacity / 4).max(1),
+        RateTier::Core | RateTier::Enterprise => (capacity * 3 / 4).max(1),
+    });
+    let tokens_per_minute = model.max_tokens_per_minute_per_workspace.and_then(|default| {
+        let bought = p.lifetime_purchases_cents;
+        if p.tier() == RateTier::Enterprise || bought >= TPM_TOP_TIER_CENTS {
+            None
+        } else if bought >= TPM_MIDDLE_TIER_CENTS {
+            Some(default.max(TPM_MIDDLE_TIER_FLOOR))
+        } else {
+            Some(default)
+        }
+    });
+    InForce {
+        requests_per_minute: requests_per_minute(settings, p),
+        per_key_concurrency: per_key,
+        workspace_concurrency: settings.workspace_concurrency.get(p.tier()),
+        shared_concurrency: model.max_concurrent_requests.unwrap_or(capacity),
+        busy_at: (capacity * u64::from(pool.busy_threshold_percent)).div_ceil(100).max(1),
+        tokens_per_minute,
+    }
+}
+
+/// The shared in-flight count of each model as the last admission on this instance saw it.
+#[derive(Default)]
+pub struct BusyReadings {
+    by_model: HashMap<String, (AtomicU64, AtomicI64)>,
+}
+
+impl BusyReadings {
+    pub fn new<'a>(models: impl Iterator<Item = &'a str>) -> Self {
+        BusyReadings {
+            by_model: models.map(|m| (m.to_string(), (AtomicU64::new(0), AtomicI64::new(i64::MIN)))).collect(),
+        }
+    }
+
+    pub fn record(&self, model: &str, in_flight: u64, now_ms: i64) {
+        if let Some((count, at)) = self.by_model.get(model) {
+            count.store(in_flight, Ordering::Relaxed);
+            at.store(now_ms, Ordering::Relaxed);
+        }
+    }
+
+    /// Busy when the last reading (not older than [`BUSY_READING_TTL_MS`]), plus this
+    /// request, reaches `busy_at`. Without a fresh reading the model counts as not busy:
+    /// spare capacity admits more, and the admission's reply brings a fresh reading.
+    pub fn is_busy(&self, model: &str, busy_at: u64, now_ms: i64) -> bool {
+        self.by_model.get(model).is_some_and(|(count, at)| {
+            now_ms.saturating_sub(at.load(Ordering::Relaxed)) <= BUSY_READING_TTL_MS
+                && count.load(Ordering::Relaxed) + 1 >= busy_at
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn principal(tier: RateTier, bought: i64, custom: Option<i64>) -> Principal {
+        Principal {
+            workspace_id: "ws".into(),
+            key_id: "k".into(),
+            scope: crate::identity::KeyScope::Workspace,
+            rate_tier: tier,
+            credits_only: false,
+            monthly_spend_limit_cents: None,
+            rate_limit_rpm: custom,
+            frozen: None,
+            legacy_format: false,
+            lifetime_purchases_cents: bought,
+        }
+    }
+
+    fn settings() -> LimitSettings {
+        LimitSettings::default()
+    }
+
+    #[test]
+    fn request_limits_follow_the_tier_and_clamp_custom_limits() {
+        let s = settings();
+        assert_eq!(requests_per_minute(&s, &principal(RateTier::Free, 0, None)), 10_000);
+        assert_eq!(requests_per_minute(&s, &principal(RateTier::Free, 500, None)), 50_000, "purchase lifts the tier");
+        assert_eq!(requests_per_minute(&s, &principal(RateTier::Enterprise, 0, None)), 200_000);
+        assert_eq!(requests_per_minute(&s, &principal(RateTier::Free, 0, Some(5))), 5);
+        assert_eq!(requests_per_minute(&s, &principal(RateTier::Free, 0, Some(1_000_000))), 10_000, "clamped");
+    }
+
+    #[test]
+    fn busy_readings_expire() {
+        let b = BusyReadings::new(["m"].into_iter());
+        assert!(!b.is_busy("m", 3, 0), "no reading: not busy");
+        b.record("m", 2, 1_000);
+        assert!(b.is_busy("m", 3, 1_500), "2 in flight + this one reaches 3");
+        assert!(!b.is_busy("m", 4, 1_500));
+        assert!(!b.is_busy("m", 3, 1_000 + BUSY_READING_TTL_MS + 1), "stale reading");
+    }
+}

@@ -1,0 +1,151 @@
+//! Rate limits shared through Redis by several gateway instances (issue: limits on Redis):
+//! global accuracy under concurrent load, a Redis outage in the middle of traffic, and a
+//! killed instance's concurrency slots freeing within the lease time. Real Redis at
+//! `REDIS_URL` (default 127.0.0.1:6379) and a redis-server child of the test's own for the
+//! outage; identity on PostgreSQL so the instances share keys. Never skipped.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::redis::RedisChild;
+use common::{Gateway, Mock, Opts, chat_body, pg};
+use serde_json::json;
+
+fn redis_url() -> String {
+    std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+}
+
+/// A key prefix no other test run shares.
+fn prefix() -> String {
+    format!("tgtest{}x{}", std::process::id(), common::free_port())
+}
+
+fn redis_limits(url: &str, prefix: &str, extra: &str) -> String {
+    format!("  store: {{ backend: redis, url: \"{url}\", prefix: {prefix}, timeout_ms: 300 }}\n{extra}")
+}
+
+async fn two_gateways(mock: &Mock, limits: String) -> (Gateway, Gateway) {
+    let db = pg::fresh_database().await;
+    let opts = Opts { postgres_url: Some(db), limits: Some(limits), ..Opts::default() };
+    let a = Gateway::start_with(mock, opts.clone());
+    let b = Gateway::start_with(mock, opts);
+    (a, b)
+}
+
+#[tokio::test]
+async fn two_instances_admit_exactly_the_window_and_never_exceed_a_gate() {
+    let mock = Mock::start();
+    let limits = redis_limits(
+        &redis_url(),
+        &prefix(),
+        "  requests_per_minute: { free: 20, core: 20, enterprise: 20 }\n  workspace_concurrency: { free: 3, core: 3, enterprise: 3 }\n",
+    );
+    let (a, b) = two_gateways(&mock, limits).await;
+    let auth = a.bearer();
+    let key_header = [("authorization", auth.as_str())];
+    let mut calls = Vec::new();
+    for i in 0..40 {
+        let gw = if i % 2 == 0 { &a } else { &b };
+        calls.push(gw.get_as("/v1/models", &key_header));
+    }
+    let replies = futures::future::join_all(calls).await;
+    let ok = replies.iter().filter(|r| r.status == 200).count();
+    let limited = replies.iter().filter(|r| r.status == 429).count();
+    assert_eq!((ok, limited), (20, 20), "exactly the window across both instances");
+
+    // Concurrency: a second key of the workspace (its own window), ten slow requests at once.
+    let second = a.mint_key(&a.workspace, json!({}))["key"].as_str().unwrap().to_string();
+    let auth = format!("Bearer {second}");
+    let headers = [("authorization", auth.as_str()), ("x-mock-ttft-ms", "1500")];
+    let body = chat_body("chat-model", false);
+    let mut calls = Vec::new();
+    for i in 0..10 {
+        let gw = if i % 2 == 0 { &a } else { &b };
+        calls.push(gw.post_as("/v1/chat/completions", &body, &headers));
+    }
+    let replies = futures::future::join_all(calls).await;
+    let ok = replies.iter().filter(|r| r.status == 200).count();
+    for r in replies.iter().filter(|r| r.status != 200) {
+        r.assert_error(429, "hosted_workspace_concurrency_limit");
+    }
+    assert_eq!(ok, 3, "never more than the workspace's 3 in flight across instances");
+}
+
+#[tokio::test]
+async fn a_redis_outage_answers_quickly_and_shared_counting_resumes() {
+    let mock = Mock::start();
+    let port = RedisChild::free_port();
+    let mut redis = RedisChild::start(port).await;
+    let limits = redis_limits(&redis.url(), &prefix(), "");
+    let db = pg::fresh_database().await;
+    let gw = Gateway::start_with(&mock, Opts { postgres_url: Some(db), limits: Some(limits), ..Opts::default() });
+    let body = chat_body("chat-model", false);
+    assert_eq!(gw.post("/v1/chat/completions", &body, &[]).await.status, 200);
+
+    redis.kill();
+    for _ in 0..5 {
+        let started = Instant::now();
+        let r = gw.post("/v1/chat/completions", &body, &[]).await;
+        assert!(started.elapsed() < Duration::from_secs(2), "no hung request during the outage");
+        r.assert_error(503, "hosted_admission_unavailable");
+        let s: u64 = r.header("retry-after").unwrap().parse().unwrap();
+        assert!((1..=4).contains(&s), "randomized 1-4 s, got {s}");
+        // Window-only routes count in this instance's own window meanwhile.
+        let r = gw.get("/v1/models").await;
+        assert_eq!(r.status, 200, "{}", r.text);
+        assert!(r.header("x-ratelimit-remaining").is_some());
+    }
+
+    let _redis = RedisChild::start(port).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = gw.post("/v1/chat/completions", &body, &[]).await;
+        if r.status == 200 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "admission did not resume after Redis came back: {}", r.text);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(!gw.log().contains("panicked"), "no panic: {}", gw.log());
+}
+
+#[tokio::test]
+async fn a_killed_instance_frees_its_slots_within_the_lease_time() {
+    let mock = Mock::start();
+    let limits = redis_limits(
+        &redis_url(),
+        &prefix(),
+        "  lease_ttl_seconds: 2\n  workspace_concurrency: { free: 2, core: 2, enterprise: 2 }\n",
+    );
+    let (mut a, b) = two_gateways(&mock, limits).await;
+    let url = a.url("/v1/chat/completions");
+    let auth = a.bearer();
+    for _ in 0..2 {
+        let (url, auth) = (url.clone(), auth.clone());
+        tokio::spawn(async move {
+            let _ = reqwest::Client::new()
+                .post(url)
+                .header("authorization", auth)
+                .header("x-mock-ttft-ms", "20000")
+                .json(&chat_body("chat-model", false))
+                .send()
+                .await;
+        });
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let r = b.post_as("/v1/chat/completions", &chat_body("chat-model", false), &[("authorization", &auth)]).await;
+    r.assert_error(429, "hosted_workspace_concurrency_limit");
+    a.kill();
+    let killed = Instant::now();
+    loop {
+        let r = b.post_as("/v1/chat/completions", &chat_body("chat-model", false), &[("authorization", &auth)]).await;
+        if r.status == 200 {
+            break;
+        }
+        r.assert_error(429, "hosted_workspace_concurrency_limit");
+        assert!(killed.elapsed() < Duration::from_secs(5), "slots still held 5 s after the kill (lease 2 s)");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
