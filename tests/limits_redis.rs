@@ -149,3 +149,29 @@ async fn a_killed_instance_frees_its_slots_within_the_lease_time() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+#[tokio::test]
+async fn admissions_piling_up_on_a_stalled_store_are_shed_as_congested() {
+    let mock = Mock::start();
+    let port = RedisChild::free_port();
+    let redis = RedisChild::start(port).await;
+    let limits = redis_limits(&redis.url(), &prefix(), "  max_pending_admissions: 1\n");
+    let db = pg::fresh_database().await;
+    let gw = Gateway::start_with(&mock, Opts { postgres_url: Some(db), limits: Some(limits), ..Opts::default() });
+    let body = chat_body("chat-model", false);
+    assert_eq!(gw.post("/v1/chat/completions", &body, &[]).await.status, 200);
+    redis.signal(libc::SIGSTOP); // stalled, not gone: checks wait for the store's timeout
+    let replies = futures::future::join_all((0..5).map(|_| gw.post("/v1/chat/completions", &body, &[]))).await;
+    redis.signal(libc::SIGCONT);
+    let congested: Vec<_> = replies.iter().filter(|r| r.status == 429).collect();
+    assert!(!congested.is_empty(), "{:?}", replies.iter().map(|r| r.status).collect::<Vec<_>>());
+    for r in congested {
+        let v = r.assert_error(429, "hosted_admission_congested");
+        assert!(v["error"].get("limit").is_none(), "no limit field");
+        assert!(r.header("x-hosted-limit-scope").is_none(), "no scope header");
+        assert!(r.header("retry-after").is_some());
+    }
+    for r in replies.iter().filter(|r| r.status != 429) {
+        r.assert_error(503, "hosted_admission_unavailable");
+    }
+}

@@ -16,10 +16,10 @@ pub mod policy;
 mod refusals;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use async_trait::async_trait;
 use pingora::proxy::Session;
+use pingora_limits::inflight::Inflight;
 use serde_json::{Map, Value, json};
 
 use crate::config::{LimitSettings, ModelEntry};
@@ -45,7 +45,8 @@ pub struct Limits {
     store: Arc<FallbackLimiter>,
     keeper: Arc<LeaseKeeper>,
     busy: BusyReadings,
-    pending: AtomicU64,
+    /// `pingora-limits` in-flight counter of admission checks waiting on the store.
+    pending: Inflight,
 }
 
 /// The key's window has been checked for this request.
@@ -76,20 +77,14 @@ fn store_error(e: LimiterError, admission: bool, request_id: &str) -> GatewayErr
     }
 }
 
-/// Decrements the in-flight admission count however the check ends.
-struct Pending<'a>(&'a AtomicU64);
-
-impl Drop for Pending<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
-    }
-}
+/// The one key of the pending-admissions counter.
+const PENDING: &str = "admissions";
 
 impl Limits {
     pub fn new(settings: LimitSettings, store: Arc<FallbackLimiter>, models: &[Arc<ModelEntry>]) -> Self {
         let keeper = LeaseKeeper::new(store.clone(), settings.lease_ttl);
         let busy = BusyReadings::new(models.iter().map(|m| m.id.as_str()));
-        Limits { settings, store, keeper, busy, pending: AtomicU64::new(0) }
+        Limits { settings, store, keeper, busy, pending: Inflight::new() }
     }
 
     fn key_window(&self, p: &Principal) -> WindowLimit {
@@ -126,11 +121,11 @@ impl Limits {
         let (Some(p), Some(model), Some(pool)) = (cx.principal.as_ref(), cx.model.clone(), cx.pool.clone()) else {
             return Ok(());
         };
-        if self.pending.fetch_add(1, Ordering::AcqRel) >= self.settings.max_pending_admissions {
-            self.pending.fetch_sub(1, Ordering::AcqRel);
+        // Admission checks waiting on the store on this instance (the guard leaves on drop).
+        let (_pending, waiting) = self.pending.incr(PENDING, 1);
+        if u64::try_from(waiting).unwrap_or(0) > self.settings.max_pending_admissions {
             return Err(refusals::congested());
         }
-        let _pending = Pending(&self.pending);
         let now = now_ms();
         let f = in_force(&self.settings, &model, &pool, p);
         let busy = self.busy.is_busy(&model.id, f.busy_at, now);
