@@ -1,0 +1,93 @@
+//! PostgreSQL stopped in the middle of billed traffic (issue: credits ledger, "Faults"): the
+//! database is cut by a TCP switch between the gateway and the machine's PostgreSQL. A request
+//! that needs a hold while it is down gets a catalogued error fast and is charged nothing; a
+//! request whose settlement failed is settled exactly once when the database returns; the
+//! ledger stays consistent (stored balance == sum of entries) throughout.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::tcp_switch::{TcpSwitch, authority, with_port};
+use common::{Gateway, Mock, Opts, chat_body, pg};
+use serde_json::{Value, json};
+
+fn ledger(gw: &Gateway) -> Value {
+    let (s, v) = gw.admin("GET", &format!("/admin/v1/workspaces/{}/ledger", gw.workspace), None);
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["check"]["consistent"], true, "stored balance == sum of entries: {v}");
+    v
+}
+
+fn settlements(l: &Value) -> Vec<i64> {
+    l["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"] == "settlement")
+        .map(|e| e["cost_microcents"].as_i64().unwrap())
+        .collect()
+}
+
+#[tokio::test]
+async fn postgres_stopped_mid_traffic_charges_nothing_twice_and_settles_when_it_returns() {
+    let mock = Mock::start();
+    let db = pg::fresh_database().await;
+    let switch = TcpSwitch::start(&authority(&db));
+    let gw = Gateway::start_with(&mock, Opts { postgres_url: Some(with_port(&db, switch.port)), ..Opts::default() });
+    let (s, v) = gw.admin(
+        "POST",
+        &format!("/admin/v1/workspaces/{}/credits", gw.workspace),
+        Some(json!({"amount_cents": 500, "source": "purchase"})),
+    );
+    assert_eq!(s, 201, "{v}");
+    // pricey-model: output at a cent a token; three tokens cost 3 cents, the hold is 10.
+    let mut body = chat_body("pricey-model", false);
+    body["max_tokens"] = json!(10);
+    let r = gw.post("/v1/chat/completions", &body, &[("x-mock-tokens", "3")]).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+
+    // A request generating while the database goes away: the client still gets its answer.
+    let (slow, ()) = tokio::join!(
+        gw.post("/v1/chat/completions", &body, &[("x-mock-tokens", "3"), ("x-mock-ttft-ms", "800")]),
+        async {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            switch.off();
+        }
+    );
+    assert_eq!(slow.status, 200, "{}", slow.text);
+    assert_eq!(slow.json()["usage"]["service"]["cost_microcents"], 3_000_000);
+
+    // While it is down, a request that needs a hold is refused fast, with a catalogued error.
+    let started = Instant::now();
+    let r = gw.post("/v1/chat/completions", &body, &[("x-mock-tokens", "3")]).await;
+    assert!(started.elapsed() < Duration::from_secs(7), "bounded by the store's call timeout");
+    let code = r.json()["error"]["code"].as_str().unwrap_or_default().to_string();
+    assert!(
+        (r.status == 500 && code == "credit_reservation_failed")
+            || (r.status == 503 && code == "datastore_unavailable"),
+        "{} {}",
+        r.status,
+        r.text
+    );
+    assert!(r.header("retry-after").is_some(), "retryable");
+
+    switch.on();
+    // The failed settlement is retried in the background (1 s, then doubling).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let l = loop {
+        let (s, l) = gw.admin("GET", &format!("/admin/v1/workspaces/{}/ledger", gw.workspace), None);
+        if s == 200 && settlements(&l).len() == 2 && l["held_cents"] == 0 {
+            break ledger(&gw);
+        }
+        assert!(Instant::now() < deadline, "the settlement was not retried: {l}\n{}", gw.log());
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert_eq!(settlements(&l), vec![3_000_000, 3_000_000], "each billed request settled exactly once: {l}");
+    // $5 purchase + $1 grant - 6 cents; the refused request charged nothing.
+    assert_eq!(l["balance_cents"], 594, "{l}");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(settlements(&ledger(&gw)).len(), 2, "a later retry does not settle twice");
+    assert_eq!(gw.post("/v1/chat/completions", &body, &[("x-mock-tokens", "3")]).await.status, 200, "back to normal");
+}
