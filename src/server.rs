@@ -57,8 +57,8 @@ pub fn run(config: Config, chain: Chain, services: Services, pid_dir: &std::path
     server.run_forever()
 }
 
-/// Every `every` (30 s by default), release holds whose request outlived its hold (a gateway died mid-request).
-/// They are released, never charged; each release is logged.
+/// Every `every` (30 s by default), release holds whose request outlived its hold (a gateway died mid-request;
+/// released, never charged, each release logged) and remove the unspent part of expired top-ups.
 fn spawn_hold_sweeper(ledger: Arc<dyn crate::store::ledger::LedgerStore>, every: std::time::Duration) {
     let run = move || {
         let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
@@ -72,6 +72,15 @@ fn spawn_hold_sweeper(ledger: Arc<dyn crate::store::ledger::LedgerStore>, every:
                     Ok(ids) if !ids.is_empty() => log::warn!("released {} expired holds: {ids:?}", ids.len()),
                     Ok(_) => {}
                     Err(e) => log::warn!("hold sweep failed: {e}"),
+                }
+                // Credit past its expiry (purchase balance lasts one year).
+                match ledger.sweep_expired_credit(crate::identity::now_ms()).await {
+                    Ok(gone) => {
+                        for (ws, cents) in gone {
+                            log::info!("workspace {ws}: {cents} cents of credit expired");
+                        }
+                    }
+                    Err(e) => log::warn!("credit expiry sweep failed: {e}"),
                 }
             }
         });

@@ -66,7 +66,39 @@ both_backends!(
     releases_and_the_expiry_sweep_charge_nothing,
     concurrent_holds_never_overdraw,
     freezing,
+    expired_credit_is_removed_once_and_spending_uses_it_first,
 );
+
+async fn expired_credit_is_removed_once_and_spending_uses_it_first(s: Stores) {
+    let ws = workspace(&s).await;
+    let l = &s.ledger;
+    let t0 = now_ms();
+    let (soon, later) = (t0 + 1_000, t0 + 10_000);
+    l.top_up(&ws, 100, "grant", None, t0).await.unwrap();
+    l.top_up(&ws, 1_000, "purchase", Some(soon), t0).await.unwrap();
+    l.top_up(&ws, 500, "promo", Some(later), t0).await.unwrap();
+    // Spend $3 and keep 50 cents held by a running request.
+    l.settle(&settlement(&ws, "r1", 300 * 1_000_000)).await.unwrap();
+    assert!(matches!(l.place_hold("r2", &ws, None, 50, later, t0).await.unwrap(), HoldOutcome::Placed { .. }));
+    assert_eq!(l.balance(&ws).await.unwrap().unwrap().balance_cents, 1_250);
+    assert!(l.sweep_expired_credit(soon - 1).await.unwrap().is_empty(), "nothing is due before the expiry");
+    // Balance 1,250 belongs to the grant (100), the promo (500) and 650 of the purchase.
+    assert_eq!(l.sweep_expired_credit(soon).await.unwrap(), vec![(ws.clone(), 650)]);
+    let b = l.balance(&ws).await.unwrap().unwrap();
+    assert_eq!((b.balance_cents, b.held_cents), (600, 50), "held credit does not expire under a request");
+    assert_eq!(l.derived_balance(&ws).await.unwrap(), 600, "the expiry is an entry");
+    assert!(l.sweep_expired_credit(soon + 5).await.unwrap().is_empty(), "a top-up expires once");
+    let entries = l.entries(&ws, 50).await.unwrap();
+    assert_eq!(entries.iter().filter(|e| e.kind == "expiry").map(|e| e.amount_cents).collect::<Vec<_>>(), vec![-650]);
+    // The hold settles for 20 of its 50 cents; then the promo expires whole. The 30 cents the
+    // hold gave back belong to no live top-up and stay, with the never-expiring grant.
+    l.settle(&settlement(&ws, "r2", 20 * 1_000_000)).await.unwrap();
+    assert_eq!(l.balance(&ws).await.unwrap().unwrap().balance_cents, 630);
+    assert_eq!(l.sweep_expired_credit(later).await.unwrap(), vec![(ws.clone(), 500)]);
+    let b = l.balance(&ws).await.unwrap().unwrap();
+    assert_eq!(b.balance_cents, 130);
+    assert_eq!(l.derived_balance(&ws).await.unwrap(), 130);
+}
 
 async fn top_ups_and_lifetime_purchases(s: Stores) {
     let ws = workspace(&s).await;

@@ -118,6 +118,39 @@ pub trait LedgerStore: Send + Sync {
 
     /// Freeze (`Some(reason)`) or unfreeze (`None`). `false` when there is no such workspace.
     async fn set_frozen(&self, workspace_id: &str, reason: Option<&str>) -> Result<bool, StoreError>;
+
+    /// Remove the unspent part of top-ups whose expiry has passed (see [`expiring_credit`]),
+    /// once per top-up, as one `expiry` entry per workspace. Returns (workspace, cents removed)
+    /// for each workspace that lost credit.
+    async fn sweep_expired_credit(&self, now: Millis) -> Result<Vec<(String, i64)>, StoreError>;
+}
+
+/// A top-up not yet swept: (entry id, amount in cents, expiry).
+pub type LiveTopUp = (i64, i64, Option<Millis>);
+
+/// What expires now: (cents to remove, top-ups to mark swept).
+///
+/// Spending is taken from the credit that expires soonest (it would be lost first), so what
+/// remains of the balance belongs to the credit that expires last: the balance is assigned to
+/// the live top-ups from the never-expiring grant and the latest expiry down, and the part
+/// assigned to a top-up whose expiry has passed is what expires. Holds are already deducted
+/// from the balance, so credit reserved by running requests never expires under them; a
+/// negative balance has nothing left to expire.
+pub fn expiring_credit(balance_cents: i64, live: &[LiveTopUp], now: Millis) -> (i64, Vec<i64>) {
+    let mut order: Vec<&LiveTopUp> = live.iter().collect();
+    // Never-expiring first, then the latest expiry; among equals the newest first.
+    order.sort_by_key(|&&(id, _, exp)| (std::cmp::Reverse(exp.unwrap_or(Millis::MAX)), std::cmp::Reverse(id)));
+    let mut left = balance_cents.max(0);
+    let (mut expired, mut swept) = (0, Vec::new());
+    for &&(id, amount, exp) in &order {
+        let share = amount.max(0).min(left);
+        left -= share;
+        if exp.is_some_and(|e| e <= now) {
+            expired += share;
+            swept.push(id);
+        }
+    }
+    (expired, swept)
 }
 
 /// Whole cents to debit for `cost` given the carried remainder: (debit, new carry).
@@ -129,6 +162,23 @@ pub fn debit_with_carry(carry_microcents: i64, cost_microcents: i64) -> (i64, i6
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn spending_uses_the_soonest_expiring_credit_first() {
+        let year = 365 * 86_400_000;
+        // $1 grant (never expires), $10 bought at 0 (expires at `year`), $5 bought later.
+        let live = [(1, 100, None), (2, 1_000, Some(year)), (3, 500, Some(year + 1_000))];
+        // $3 spent: balance 1,300. At `year` the first purchase has 700 left of its 1,000.
+        assert_eq!(expiring_credit(1_300, &live, year), (700, vec![2]));
+        // Before its expiry nothing goes.
+        assert_eq!(expiring_credit(1_300, &live, year - 1), (0, vec![]));
+        // Spent down to 400: the grant and the later purchase hold it; nothing of #2 is left.
+        assert_eq!(expiring_credit(400, &live, year), (0, vec![2]));
+        // Both purchases expired: only the grant's dollar stays.
+        assert_eq!(expiring_credit(1_300, &live, year + 1_000), (1_200, vec![3, 2]));
+        // A negative balance has nothing to expire.
+        assert_eq!(expiring_credit(-50, &live, year), (0, vec![2]));
+    }
 
     #[test]
     fn sub_cent_costs_carry_until_a_cent_is_due() {

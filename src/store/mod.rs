@@ -109,10 +109,12 @@ pub type Migration = (i64, &'static str, &'static str);
 pub const SQLITE_MIGRATIONS: &[Migration] = &[
     (1, "identity", include_str!("../../migrations/sqlite/001_identity.sql")),
     (2, "ledger", include_str!("../../migrations/sqlite/002_ledger.sql")),
+    (3, "credit_expiry", include_str!("../../migrations/sqlite/003_credit_expiry.sql")),
 ];
 pub const POSTGRES_MIGRATIONS: &[Migration] = &[
     (1, "identity", include_str!("../../migrations/postgres/001_identity.sql")),
     (2, "ledger", include_str!("../../migrations/postgres/002_ledger.sql")),
+    (3, "credit_expiry", include_str!("../../migrations/postgres/003_credit_expiry.sql")),
 ];
 
 /// Which backend a config names.

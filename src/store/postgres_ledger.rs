@@ -6,7 +6,10 @@ use async_trait::async_trait;
 use deadpool_postgres::GenericClient;
 
 use super::StoreError;
-use super::ledger::{Balance, HoldOutcome, LedgerEntry, LedgerStore, SettleOutcome, Settlement, debit_with_carry};
+use super::ledger::{
+    Balance, HoldOutcome, LedgerEntry, LedgerStore, LiveTopUp, SettleOutcome, Settlement, debit_with_carry,
+    expiring_credit,
+};
 use super::postgres::PostgresStore;
 use crate::identity::Millis;
 
@@ -277,6 +280,55 @@ impl LedgerStore for PostgresStore {
         let (ws, reason) = (workspace_id.to_string(), reason.map(str::to_string));
         self.read(move |c| async move {
             c.execute("UPDATE workspaces SET frozen = $2 WHERE id = $1", &[&ws, &reason]).await.map(|n| n > 0)
+        })
+        .await
+    }
+
+    async fn sweep_expired_credit(&self, now: Millis) -> Result<Vec<(String, i64)>, StoreError> {
+        self.read(move |mut c| async move {
+            let due: Vec<String> = c
+                .query(
+                    "SELECT DISTINCT workspace_id FROM ledger_entries \
+                     WHERE kind = 'topup' AND expired_at IS NULL AND expires_at <= $1",
+                    &[&now],
+                )
+                .await?
+                .iter()
+                .map(|r| r.try_get(0))
+                .collect::<Result<_, _>>()?;
+            let mut removed = Vec::new();
+            for ws in due {
+                let tx = c.transaction().await?;
+                // The workspace row lock orders this against holds and settlements.
+                let balance: i64 =
+                    tx.query_one("SELECT balance_cents FROM workspaces WHERE id = $1 FOR UPDATE", &[&ws]).await?.try_get(0)?;
+                let live: Vec<LiveTopUp> = tx
+                    .query(
+                        "SELECT id, amount_cents, expires_at FROM ledger_entries \
+                         WHERE workspace_id = $1 AND kind = 'topup' AND expired_at IS NULL",
+                        &[&ws],
+                    )
+                    .await?
+                    .iter()
+                    .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?)))
+                    .collect::<Result<_, tokio_postgres::Error>>()?;
+                let (cents, swept) = expiring_credit(balance, &live, now);
+                if !swept.is_empty() {
+                    tx.execute("UPDATE ledger_entries SET expired_at = $2 WHERE id = ANY($1)", &[&swept, &now]).await?;
+                }
+                if cents > 0 {
+                    tx.execute("UPDATE workspaces SET balance_cents = balance_cents - $2 WHERE id = $1", &[&ws, &cents])
+                        .await?;
+                    tx.execute(
+                        "INSERT INTO ledger_entries (workspace_id, kind, amount_cents, created_at) VALUES ($1, 'expiry', $2, $3)",
+                        &[&ws, &-cents, &now],
+                    )
+                    .await?;
+                    removed.push((ws, cents));
+                }
+                tx.commit().await?;
+            }
+            Ok(removed)
         })
         .await
     }

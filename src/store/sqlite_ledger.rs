@@ -5,7 +5,10 @@ use async_trait::async_trait;
 use rusqlite::{OptionalExtension, TransactionBehavior, params};
 
 use super::StoreError;
-use super::ledger::{Balance, HoldOutcome, LedgerEntry, LedgerStore, SettleOutcome, Settlement, debit_with_carry};
+use super::ledger::{
+    Balance, HoldOutcome, LedgerEntry, LedgerStore, LiveTopUp, SettleOutcome, Settlement, debit_with_carry,
+    expiring_credit,
+};
 use super::sqlite::SqliteStore;
 use crate::identity::Millis;
 
@@ -236,6 +239,46 @@ impl LedgerStore for SqliteStore {
         let (ws, reason) = (workspace_id.to_string(), reason.map(str::to_string));
         self.read(move |c| {
             c.execute("UPDATE workspaces SET frozen = ?2 WHERE id = ?1", params![ws, reason]).map(|n| n > 0)
+        })
+        .await
+    }
+
+    async fn sweep_expired_credit(&self, now: Millis) -> Result<Vec<(String, i64)>, StoreError> {
+        self.read(move |c| {
+            let due: Vec<String> = {
+                let mut st = c.prepare(
+                    "SELECT DISTINCT workspace_id FROM ledger_entries \
+                     WHERE kind = 'topup' AND expired_at IS NULL AND expires_at <= ?1",
+                )?;
+                st.query_map([now], |r| r.get(0))?.collect::<Result<_, _>>()?
+            };
+            let mut removed = Vec::new();
+            for ws in due {
+                let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+                let balance: i64 =
+                    tx.query_row("SELECT balance_cents FROM workspaces WHERE id = ?1", [&ws], |r| r.get(0))?;
+                let live: Vec<LiveTopUp> = {
+                    let mut st = tx.prepare(
+                        "SELECT id, amount_cents, expires_at FROM ledger_entries \
+                         WHERE workspace_id = ?1 AND kind = 'topup' AND expired_at IS NULL",
+                    )?;
+                    st.query_map([&ws], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?.collect::<Result<_, _>>()?
+                };
+                let (cents, swept) = expiring_credit(balance, &live, now);
+                for id in &swept {
+                    tx.execute("UPDATE ledger_entries SET expired_at = ?2 WHERE id = ?1", params![id, now])?;
+                }
+                if cents > 0 {
+                    tx.execute("UPDATE workspaces SET balance_cents = balance_cents - ?2 WHERE id = ?1", params![ws, cents])?;
+                    tx.execute(
+                        "INSERT INTO ledger_entries (workspace_id, kind, amount_cents, created_at) VALUES (?1, 'expiry', ?2, ?3)",
+                        params![ws, -cents, now],
+                    )?;
+                    removed.push((ws, cents));
+                }
+                tx.commit()?;
+            }
+            Ok(removed)
         })
         .await
     }
