@@ -1,0 +1,98 @@
+//! What billing costs the ledger per request: one hold (before the replica) and one settlement
+//! (in the log phase) on SQLite and on PostgreSQL at `DATABASE_URL`, one request at a time and
+//! 16 at once (the settlements per second one workspace sustains; every request of one
+//! workspace serialises on its balance row, which is the worst case).
+//!
+//!   cargo bench --bench ledger
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use futures::StreamExt;
+use tollgate::identity::{RateTier, Workspace, now_ms};
+use tollgate::store::StoreConfig;
+use tollgate::store::ledger::{LedgerStore, Settlement};
+
+static N: AtomicU64 = AtomicU64::new(0);
+
+async fn ledger(config: StoreConfig) -> Option<(Arc<dyn LedgerStore>, String)> {
+    let s = tollgate::store::open_stores(&config).await.ok()?;
+    s.identity.migrate().await.ok()?;
+    let ws = Workspace {
+        id: uuid::Uuid::new_v4().to_string(),
+        name: "bench".into(),
+        rate_tier: RateTier::Free,
+        created_at: now_ms(),
+        frozen: None,
+        lifetime_purchases_cents: 0,
+    };
+    s.identity.create_workspace(&ws).await.ok()?;
+    s.ledger.top_up(&ws.id, 1_000_000_000, "grant", None, now_ms()).await.ok()?;
+    Some((s.ledger, ws.id))
+}
+
+/// One billed request's ledger work: hold 10 cents, settle 3.
+async fn billed_request(l: &dyn LedgerStore, ws: &str) {
+    let rid = format!("bench-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed));
+    let now = now_ms();
+    l.place_hold(&rid, ws, Some("k"), 10, now + 900_000, now).await.unwrap();
+    let s = Settlement {
+        request_id: rid,
+        workspace_id: ws.into(),
+        key_id: Some("k".into()),
+        cost_microcents: 3_000_000,
+        now,
+        month: "2026-11".into(),
+    };
+    l.settle(&s).await.unwrap();
+}
+
+fn bench_database(rt: &tokio::runtime::Runtime) -> Option<String> {
+    let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+    let (base, _) = url.rsplit_once('/')?;
+    rt.block_on(async {
+        let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.ok()?;
+        tokio::spawn(conn);
+        client.batch_execute("DROP DATABASE IF EXISTS tollgate_bench_ledger WITH (FORCE)").await.ok()?;
+        client.batch_execute("CREATE DATABASE tollgate_bench_ledger").await.ok()?;
+        Some(format!("{base}/tollgate_bench_ledger"))
+    })
+}
+
+fn bench(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let dir = std::env::temp_dir().join(format!("tollgate-bench-ledger-{}", std::process::id()));
+    let mut stores = vec![("sqlite", StoreConfig::Sqlite { path: dir.join("ledger.db") })];
+    match bench_database(&rt) {
+        Some(url) => stores.push(("postgres", StoreConfig::Postgres { url })),
+        None => eprintln!("ledger: PostgreSQL not reachable, its rows are not measured"),
+    }
+    let mut g = c.benchmark_group("ledger");
+    g.measurement_time(Duration::from_secs(5));
+    for (name, config) in stores {
+        let (l, ws) = rt.block_on(ledger(config)).unwrap();
+        g.bench_function(format!("hold_and_settle/{name}"), |b| b.iter(|| rt.block_on(billed_request(&*l, &ws))));
+        // Wall time per request with 16 in flight: 1 / settlements per second.
+        g.bench_function(format!("hold_and_settle_16_concurrent/{name}"), |b| {
+            b.iter_custom(|iters| {
+                let started = Instant::now();
+                rt.block_on(
+                    futures::stream::iter(0..iters)
+                        .for_each_concurrent(16, |_| {
+                            let (l, ws) = (l.clone(), ws.clone());
+                            async move { billed_request(&*l, &ws).await }
+                        }),
+                );
+                started.elapsed()
+            })
+        });
+    }
+    g.finish();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
