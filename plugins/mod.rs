@@ -62,6 +62,9 @@ pub fn build(config: &Config, services: &Services) -> Result<Chain, ConfigErrors
                     plugins.push(Arc::new(gate::ConnectionGate::new(config.gateway.limits.gate, store)));
                 }
             }
+            "limits" if !config.gateway.plugins.iter().any(|p| p.name == "auth") => {
+                problem("`limits` counts per API key and needs `auth` in the chain".into())
+            }
             "limits" => {
                 if let Some(store) = open_limiter(&mut problems) {
                     let settings = config.gateway.limits.clone();

@@ -337,5 +337,14 @@ fn bad_limit_values_are_refused_with_their_field_path() {
     for path in ["limits.reads_per_minute", "limits.workspace_concurrency.free", "limits.store.url"] {
         assert!(err.contains(&format!("tollgate.yaml: {path}:")), "{path} listed: {err}");
     }
+    // Limits without authentication would limit nothing: refused.
+    let err = check_config(
+        &dir,
+        "  reads_per_minute: 5
+plugins:
+  - name: limits
+",
+    );
+    assert!(err.contains("plugins[0].name: `limits` counts per API key and needs `auth`"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
