@@ -20,19 +20,29 @@
 #   BENCH_PROXY_CPU=0 BENCH_BACKEND_CPU=1   cores for (gateway, nginx) and (mock, wrk)
 #   BENCH_NICE=-10          nice level of the servers and wrk (root only; 0 to leave it), so
 #                           a build running beside the bench disturbs it less
+#   BENCH_LIMITS=0          1: also run the rate-limit comparison (three more gateways, see
+#                           below) for the non-streamed cases; only: that comparison and the
+#                           direct baseline, without the nginx/gateway/stream runs
+#   REDIS_URL=redis://127.0.0.1:6379   Redis of gw-limits-redis (BENCH_LIMITS only; must
+#                           answer PING, else the bench stops: eval "$(scripts/services.sh)")
 #
 # What it does: starts the mock replica (1 thread, pinned to the backend core), the
 # gateway (threads: 1, pinned to the proxy core) and nginx (1 worker, pinned to the proxy
 # core), then for a non-streamed answer (16 tokens) and a 64-token SSE stream runs wrk
 # (-t1 -c32) against the mock directly, through nginx and through the gateway, and a
-# paced run (~500 requests/s) for the non-streamed case. CPU time of the gateway and of
-# nginx (master + worker) comes from utime+stime in /proc/PID/stat around each run,
-# divided by the requests wrk completed. The table goes to stdout; everything raw (wrk
+# paced run (~500 requests/s) for the non-streamed case. With BENCH_LIMITS three more
+# gateways (ports base+4..base+9, same pinning) share one SQLite identity store and one API
+# key: gw-auth (auth + chat_completions), gw-limits-mem (plus connection_gate and limits on
+# the in-process store) and gw-limits-redis (the same on Redis, a fresh key prefix per run);
+# limits are set so high that every request is admitted (any non-2xx is reported), and the
+# Redis commands of each measured run are read from INFO commandstats. CPU time of the
+# gateway and of nginx (master + worker) comes from utime+stime in /proc/PID/stat around
+# each run, divided by the requests wrk completed. The table goes to stdout; everything raw (wrk
 # output, process logs, configs, the table) to target/bench/load-<time>/. See
 # docs/benchmarks.md for what each figure means.
 set -euo pipefail
 
-usage() { sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0" | sed 's/^# \{0,1\}//'; }
 
 QUICK=0
 BUILD=1
@@ -70,6 +80,13 @@ ADMIN_PORT=$((PORT_BASE + 3))
 PROXY_CPU=${BENCH_PROXY_CPU:-0}
 BACKEND_CPU=${BENCH_BACKEND_CPU:-1}
 TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
+LIMITS=${BENCH_LIMITS:-0}
+REDIS_URL=${REDIS_URL:-redis://127.0.0.1:6379}
+# The rate-limit comparison: name, listen port, admin port of each extra gateway.
+LIMIT_TARGETS=(gw-auth gw-limits-mem gw-limits-redis)
+declare -A LT_PORT=([gw-auth]=$((PORT_BASE + 4)) [gw-limits-mem]=$((PORT_BASE + 6)) [gw-limits-redis]=$((PORT_BASE + 8)))
+declare -A LT_ADMIN=([gw-auth]=$((PORT_BASE + 5)) [gw-limits-mem]=$((PORT_BASE + 7)) [gw-limits-redis]=$((PORT_BASE + 9)))
+declare -A LT_PID=()
 
 log() { printf '[bench] %s\n' "$*" >&2; }
 die() {
@@ -81,6 +98,7 @@ die() {
 [[ $RATE =~ ^[0-9]+$ && $RATE -ge 1 ]] || die "BENCH_RATE must be a whole number >= 1"
 [[ $ROUNDS =~ ^[0-9]+$ && $ROUNDS -ge 1 ]] || die "BENCH_ROUNDS must be a whole number >= 1"
 [[ $(uname -s) == Linux ]] || die "needs Linux (/proc/PID/stat for CPU time)"
+[[ $LIMITS == 0 || $LIMITS == 1 || $LIMITS == only ]] || die "BENCH_LIMITS must be 0, 1 or only"
 
 # ---- tools ------------------------------------------------------------------------------
 apt_install() {
@@ -102,6 +120,14 @@ if [[ -z $NGINX_BIN ]]; then
 fi
 [[ -x $NGINX_BIN ]] || die "nginx not found after install"
 command -v curl >/dev/null || apt_install curl
+if [[ $LIMITS != 0 ]]; then
+    command -v redis-cli >/dev/null || apt_install redis-tools
+    command -v jq >/dev/null || apt_install jq
+    [[ $REDIS_URL == redis://* ]] || die "REDIS_URL must be a redis:// URL (got $REDIS_URL)"
+    pong=$(redis-cli -u "$REDIS_URL" PING 2>&1) || true
+    [[ $pong == PONG ]] ||
+        die "Redis at $REDIS_URL is not reachable (redis-cli PING: ${pong:-no answer}); start it with: eval \"\$(scripts/services.sh)\""
+fi
 TASKSET=$(command -v taskset || true)
 if [[ -z $TASKSET ]]; then
     log "taskset not found: processes are not pinned (install util-linux for pinning)"
@@ -139,9 +165,13 @@ port_listening() {
         (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
     fi
 }
-for p in $MOCK_PORT $NGINX_PORT $GW_PORT $ADMIN_PORT; do
+ALL_PORTS=("$MOCK_PORT" "$NGINX_PORT" "$GW_PORT" "$ADMIN_PORT")
+if [[ $LIMITS != 0 ]]; then
+    for t in "${LIMIT_TARGETS[@]}"; do ALL_PORTS+=("${LT_PORT[$t]}" "${LT_ADMIN[$t]}"); done
+fi
+for p in "${ALL_PORTS[@]}"; do
     if port_listening "$p"; then
-        die "port $p is already in use (set BENCH_PORT_BASE to move all four ports)"
+        die "port $p is already in use (set BENCH_PORT_BASE to move all ${#ALL_PORTS[@]} ports)"
     fi
 done
 
@@ -170,6 +200,11 @@ cleanup() {
         kill -KILL "$pid" 2>/dev/null || true
     done
     wait 2>/dev/null || true
+    if [[ -n ${REDIS_PREFIX:-} ]]; then
+        # The run's limiter keys (they would expire within a minute or the lease TTL anyway).
+        redis-cli -u "$REDIS_URL" --scan --pattern "{$REDIS_PREFIX}:*" 2>/dev/null |
+            xargs -r -n 500 redis-cli -u "$REDIS_URL" UNLINK >/dev/null 2>&1 || true
+    fi
     cp "$WORK"/*.log "$WORK"/nginx/error.log "$OUT"/ 2>/dev/null || true
     rm -rf "$WORK"
     exit "$rc"
@@ -265,6 +300,89 @@ start nginx "$PROXY_CPU" "$NGINX_BIN" -p "$WORK/nginx" -e "$WORK/nginx/error.log
 NGINX_PID=$LAST_PID
 wait_listening nginx "$NGINX_PID" "$NGINX_PORT"
 
+# ---- the rate-limit comparison (BENCH_LIMITS) -------------------------------------------
+# Three gateways like the one above plus an identity store (one SQLite file and one set of
+# secrets, shared) and the auth plugin; two of them also run connection_gate and limits,
+# with limits so high that nothing is refused, on the in-process store and on Redis.
+API_KEY=""
+REDIS_PREFIX=""
+if [[ $LIMITS != 0 ]]; then
+    ID=$WORK/identity
+    "$GW_BIN" init-secrets --dir "$ID/secrets" >"$WORK/init-secrets.log" 2>&1 ||
+        die "tollgate init-secrets failed: $(cat "$WORK/init-secrets.log")"
+    REDIS_PREFIX=tgbench-$STAMP-$$
+    for t in "${LIMIT_TARGETS[@]}"; do
+        d=$WORK/$t
+        mkdir -p "$d"
+        cp "$WORK/gw/models.yaml" "$WORK/gw/upstreams.yaml" "$d/"
+        {
+            cat <<EOF
+listen: 127.0.0.1:${LT_PORT[$t]}
+admin_listen: 127.0.0.1:${LT_ADMIN[$t]}
+threads: 1
+models_file: models.yaml
+upstreams_file: upstreams.yaml
+shutdown:
+  grace_period_seconds: 1
+  graceful_shutdown_timeout_seconds: 1
+identity:
+  store: { backend: sqlite, path: $ID/tollgate.db }
+  migrate_on_start: true
+  key_pepper: { file: $ID/secrets/key_pepper }
+  key_encryption_key: { file: $ID/secrets/key_encryption_key }
+admin:
+  token_file: $ID/secrets/admin_token
+EOF
+            case $t in
+            gw-auth)
+                printf 'plugins:\n  - name: auth\n  - name: chat_completions\n'
+                ;;
+            gw-limits-*)
+                if [[ $t == gw-limits-redis ]]; then
+                    store="{ backend: redis, url_env: REDIS_URL, prefix: $REDIS_PREFIX }"
+                else
+                    store="{ backend: in_process }"
+                fi
+                cat <<EOF
+limits:
+  store: $store
+  connection_gate: { per_address_per_minute: 100000000, service_per_minute: 100000000 }
+  requests_per_minute: { free: 100000000, core: 100000000, enterprise: 100000000 }
+  workspace_concurrency: { free: 100000, core: 100000, enterprise: 100000 }
+plugins:
+  - name: connection_gate
+  - name: auth
+  - name: chat_completions
+  - name: limits
+EOF
+                ;;
+            esac
+        } >"$d/tollgate.yaml"
+        cp "$d/tollgate.yaml" "$OUT/tollgate-$t.yaml"
+        log "$t on 127.0.0.1:${LT_PORT[$t]} (threads: 1, core $PROXY_CPU)"
+        start "$t" "$PROXY_CPU" env RUST_LOG=warn TMPDIR="$d" REDIS_URL="$REDIS_URL" "$GW_BIN" serve \
+            --config "$d/tollgate.yaml"
+        LT_PID[$t]=$LAST_PID
+        wait_listening "$t" "$LAST_PID" "${LT_PORT[$t]}"
+        wait_listening "$t" "$LAST_PID" "${LT_ADMIN[$t]}"
+        if [[ $t == gw-auth ]]; then
+            # The first gateway has migrated the store: a workspace and a key, once.
+            admin() {
+                curl -sS --max-time 10 -H "authorization: Bearer $(<"$ID/secrets/admin_token")" \
+                    -H 'content-type: application/json' --data-binary "$2" \
+                    "http://127.0.0.1:${LT_ADMIN[gw-auth]}$1"
+            }
+            ans=$(admin /admin/v1/workspaces '{"name":"bench"}') || die "admin API: $ans"
+            ws=$(jq -r '.id // empty' <<<"$ans")
+            [[ -n $ws ]] || die "workspace not created: $ans"
+            ans=$(admin "/admin/v1/workspaces/$ws/keys" '{"name":"bench"}') || die "admin API: $ans"
+            API_KEY=$(jq -r '.key // empty' <<<"$ans")
+            [[ -n $API_KEY ]] || die "key not created: $ans"
+            log "workspace $ws and one API key created through the admin API"
+        fi
+    done
+fi
+
 # ---- request bodies and a correctness check ---------------------------------------------
 MESSAGES='[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"Write one short sentence about gateways."}]'
 printf '{"model":"llama-3.1-8b-instruct","messages":%s,"max_tokens":512}' "$MESSAGES" >"$WORK/body-json.json"
@@ -276,6 +394,7 @@ port_of() {
     direct) echo "$MOCK_PORT" ;;
     nginx) echo "$NGINX_PORT" ;;
     gateway) echo "$GW_PORT" ;;
+    *) echo "${LT_PORT[$1]}" ;;
     esac
 }
 
@@ -285,25 +404,42 @@ check() {
     port=$(port_of "$target")
     f=$WORK/check-$target-$case.out
     if [[ $case == json ]]; then body=$WORK/body-json.json tokens=16; else body=$WORK/body-sse.json tokens=64; fi
-    code=$(curl -sS -o "$f" -w '%{http_code}' --max-time 10 -H 'content-type: application/json' \
-        -H "x-mock-tokens: $tokens" --data-binary "@$body" "http://127.0.0.1:$port/v1/chat/completions") ||
+    local -a auth=()
+    if [[ $target == gw-* ]]; then
+        # Without a key: refused by auth (so the key below is what lets the request in).
+        code=$(curl -sS -o "$f" -w '%{http_code}' --max-time 10 -H 'content-type: application/json' \
+            --data-binary "@$body" "http://127.0.0.1:$port/v1/chat/completions") ||
+            die "$target ($case): request failed"
+        [[ $code == 401 ]] || die "$target ($case): HTTP $code without a key (expected 401): $(head -c 400 "$f")"
+        auth=(-H "authorization: Bearer $API_KEY")
+    fi
+    code=$(curl -sS -D "$f.headers" -o "$f" -w '%{http_code}' --max-time 10 -H 'content-type: application/json' \
+        "${auth[@]}" -H "x-mock-tokens: $tokens" --data-binary "@$body" \
+        "http://127.0.0.1:$port/v1/chat/completions") ||
         die "$target ($case): request failed"
     [[ $code == 200 ]] || die "$target ($case): HTTP $code: $(head -c 400 "$f")"
+    if [[ $target == gw-limits-* ]]; then
+        grep -qi '^x-ratelimit-remaining:' "$f.headers" ||
+            die "$target ($case): no X-RateLimit-* headers (limits plugin not active?)"
+    fi
     if [[ $case == json ]]; then
         grep -q '"usage"' "$f" || die "$target ($case): no usage in $(head -c 400 "$f")"
     else
         grep -q '^data: \[DONE\]' "$f" || die "$target ($case): stream without [DONE]"
     fi
-    if [[ $target == gateway ]]; then
-        grep -q '"model":"llama-3.1-8b-instruct"' "$f" || die "gateway ($case): model not renamed"
-        grep -q '"cost"' "$f" || die "gateway ($case): no priced usage"
+    if [[ $target == gateway || $target == gw-* ]]; then
+        grep -q '"model":"llama-3.1-8b-instruct"' "$f" || die "$target ($case): model not renamed"
+        grep -q '"cost"' "$f" || die "$target ($case): no priced usage"
     fi
-    cp "$f" "$OUT/"
+    cp "$f" "$f.headers" "$OUT/"
 }
 for t in direct nginx gateway; do
     check "$t" json
     check "$t" sse
 done
+if [[ $LIMITS != 0 ]]; then
+    for t in "${LIMIT_TARGETS[@]}"; do check "$t" json; done
+fi
 SSE_FRAMES=$(grep -c '^data: ' "$WORK/check-gateway-sse.out")
 log "responses check out (the 64-token stream is $SSE_FRAMES SSE frames, [DONE] included)"
 
@@ -356,7 +492,59 @@ proxy_pids() {
     direct) ;;
     nginx) nginx_pids ;;
     gateway) echo "$GW_PID" ;;
+    *) echo "${LT_PID[$1]}" ;;
     esac
+}
+
+# Redis figures of a run against gw-limits-redis. redis_info FILE: INFO all of $REDIS_URL
+# into FILE (its commandstats, command and read counts and CPU).
+redis_info() { redis-cli -u "$REDIS_URL" INFO all | tr -d '\r' >"$1" || die "Redis INFO failed"; }
+# redis_delta BEFORE AFTER REQUESTS NAME: "evalsha_req zrem_req other_client_req total_req
+# reads_req cpu_us_req commands" per completed request. commandstats also counts the commands
+# a script runs (ZADD, ZCARD, ... inside EVALSHA): the ones a client sends itself, each a
+# round trip or part of a pipelined one, are EVALSHA/EVAL, ZREM (the lease release; the renew
+# script's rare ZREM is counted with it), SCRIPT and PING; other_client is those besides
+# EVALSHA and ZREM. commands lists every command (calls per request, the INFO of the
+# before-snapshot left out); the deltas go to $OUT/redis-NAME.txt.
+redis_delta() {
+    awk -v n="$3" -v out="$OUT/redis-$4.txt" -F: '
+    FNR == 1 { f++ }
+    /^cmdstat_/ { split($2, kv, /[=,]/); c[f, substr($1, 9)] = kv[2]; names[substr($1, 9)] = 1 }
+    /^total_commands_processed:/ { tc[f] = $2 }
+    /^total_reads_processed:/ { tr[f] = $2 }
+    /^used_cpu_(sys|user):/ { cpu[f] += $2 }
+    END {
+        other = 0; list = ""
+        for (k in names) {
+            d = c[2, k] - c[1, k]
+            if (k == "info") d -= 1
+            if (d <= 0) continue
+            printf "%s calls=%d per_request=%.4f\n", k, d, d / n > out
+            list = list (list == "" ? "" : ",") k ":" sprintf("%.3f", d / n)
+            if (k ~ /^(eval|eval_ro|evalsha_ro|script\|.*|ping)$/) other += d
+        }
+        total = tc[2] - tc[1] - 1
+        printf "total_commands=%d reads=%d cpu_s=%.3f requests=%d\n", total, tr[2] - tr[1],
+            cpu[2] - cpu[1], n > out
+        printf "%.3f %.3f %.3f %.3f %.3f %.1f %s\n", (c[2, "evalsha"] - c[1, "evalsha"]) / n,
+            (c[2, "zrem"] - c[1, "zrem"]) / n, other / n, total / n, (tr[2] - tr[1]) / n,
+            (cpu[2] - cpu[1]) * 1e6 / n, (list == "" ? "none" : list)
+    }' "$1" "$2"
+}
+# redis_foreign PID: Redis clients other than PID's connections that ran a command in the
+# last BENCH_SECONDS (another test or tool using the same Redis skews the counts).
+redis_foreign() {
+    local ports
+    ports=$(ss -Htnp 2>/dev/null | awk -v pid="pid=$1," 'index($0, pid) { n = split($4, a, ":"); print a[n] }' |
+        tr '\n' ' ')
+    redis-cli -u "$REDIS_URL" CLIENT LIST | tr -d '\r' | awk -v ports=" $ports" -v d="$DURATION" '
+    {
+        for (i = 1; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = substr($i, length(kv[1]) + 2) }
+        n = split(v["addr"], a, ":")
+        if (v["cmd"] == "client|list" || v["cmd"] == "info" || index(ports " ", " " a[n] " ")) next
+        if (v["idle"] + 0 <= d) foreign++
+    }
+    END { print foreign + 0 }'
 }
 
 # field NAME LINE : value of NAME=... in a BENCH line.
@@ -377,10 +565,19 @@ run() {
         "http://127.0.0.1:$port/v1/chat/completions")
     prefix_for "$BACKEND_CPU"
     wrk=("${PREFIX[@]}" "${wrk[@]}")
-    export BENCH_BODY_FILE=$body BENCH_TOKENS=$tokens BENCH_DELAY_MS=$delay
+    local key=""
+    if [[ $target == gw-* ]]; then key=$API_KEY; fi
+    export BENCH_BODY_FILE=$body BENCH_TOKENS=$tokens BENCH_DELAY_MS=$delay BENCH_API_KEY=$key
     if [[ $WARMUP -gt 0 ]]; then "${wrk[@]}" "-d${WARMUP}s" >/dev/null; fi
     local -a servers
-    mapfile -t servers < <(echo "$MOCK_PID"; echo "$GW_PID"; nginx_pids)
+    mapfile -t servers < <(echo "$MOCK_PID"; echo "$GW_PID"; nginx_pids
+        if [[ ${#LT_PID[@]} -gt 0 ]]; then printf '%s\n' "${LT_PID[@]}"; fi)
+    local redis=0
+    if [[ $target == gw-limits-redis ]]; then
+        redis=1
+        sleep 0.3 # the warm-up's last lease releases
+        redis_info "$WORK/redis-before.txt"
+    fi
     local p0 m0 p1 m1 n0=0 n1=0 busy0 steal0 busy1 steal1 s0 s1 c0 c1 t0 t1
     read -r busy0 steal0 < <(machine_ticks)
     s0=$(cpu_ticks "${servers[@]}")
@@ -405,6 +602,8 @@ run() {
     alive mock "$MOCK_PID"
     alive gateway "$GW_PID"
     alive nginx "$NGINX_PID"
+    local lt
+    for lt in "${!LT_PID[@]}"; do alive "$lt" "${LT_PID[$lt]}"; done
     local line
     line=$(grep '^BENCH ' "$raw") || die "no summary from wrk for $name"
     local req dur errs
@@ -428,8 +627,23 @@ run() {
         -v n="$CORES" 'BEGIN{x = 100 * b / (ns / 1e9 * hz * n); printf "%.0f", (x < 0 ? 0 : x)}')
     steal=$(awk -v b=$((steal1 - steal0)) -v ns=$((t1 - t0)) -v hz="$CLK_TCK" -v n="$CORES" \
         'BEGIN{printf "%.0f", 100 * b / (ns / 1e9 * hz * n)}')
-    RESULTS+=("$ROUND $case $target $rps $(field p50_us "$line") $(field p99_us "$line") $proxy_us $mock_us $errs $req $proxy_sched_us $other $steal")
+    # Redis: the lease releases of the last requests (log phase, after the response) land
+    # just after wrk stops; wait for them before reading the counters.
+    local rstats="- - - - - - - -" status_errs
+    status_errs=$(field err_status "$line")
+    if [[ $redis == 1 ]]; then
+        sleep 0.5
+        redis_info "$WORK/redis-after.txt"
+        rstats="$(redis_delta "$WORK/redis-before.txt" "$WORK/redis-after.txt" "$req" "$name") $(redis_foreign "${LT_PID[$target]}")"
+        if [[ ${rstats##* } != 0 ]]; then
+            log "WARNING: $name: ${rstats##* } other Redis client(s) ran commands during the run: the command counts include theirs"
+        fi
+    fi
+    RESULTS+=("$ROUND $case $target $rps $(field p50_us "$line") $(field p99_us "$line") $proxy_us $mock_us $errs $req $proxy_sched_us $other $steal $status_errs $rstats")
     if [[ $errs -gt 0 ]]; then log "WARNING: $name had $errs errors (see $raw)"; fi
+    if [[ $target == gw-* && $status_errs != 0 ]]; then
+        log "WARNING: $name: $status_errs answers were not 2xx/3xx: the figures are not for admitted requests only"
+    fi
 }
 
 {
@@ -445,15 +659,27 @@ run() {
     else
         echo "pinning: none; nice $NICE"
     fi
+    if [[ $LIMITS != 0 ]]; then
+        echo "redis: ${REDIS_URL/\/\/*@/\/\/***@}, $(redis-cli -u "$REDIS_URL" INFO server | tr -d '\r' | grep -m1 '^redis_version:'), key prefix {$REDIS_PREFIX}"
+    fi
     echo "loadavg before: $(cut -d' ' -f1-3 /proc/loadavg)"
 } >"$OUT/env.txt"
 
+JSON_TARGETS=(direct nginx gateway)
+SSE_TARGETS=(direct nginx gateway)
+case $LIMITS in
+1) JSON_TARGETS+=("${LIMIT_TARGETS[@]}") ;;
+only)
+    JSON_TARGETS=(direct "${LIMIT_TARGETS[@]}")
+    SSE_TARGETS=()
+    ;;
+esac
 PACED_DELAY=$(awk -v c="$PACED_CONNS" -v r="$RATE" 'BEGIN{d=c*1000/r; printf "%d", (d<1?1:d)}')
 for ROUND in $(seq "$ROUNDS"); do
     if [[ $ROUNDS -gt 1 ]]; then log "round $ROUND of $ROUNDS"; fi
-    for t in direct nginx gateway; do run json16 "$t" "$CONNS" 0; done
-    for t in direct nginx gateway; do run sse64 "$t" "$CONNS" 0; done
-    for t in direct nginx gateway; do run "json16@${RATE}rps" "$t" "$PACED_CONNS" "$PACED_DELAY"; done
+    for t in "${JSON_TARGETS[@]}"; do run json16 "$t" "$CONNS" 0; done
+    for t in "${SSE_TARGETS[@]}"; do run sse64 "$t" "$CONNS" 0; done
+    for t in "${JSON_TARGETS[@]}"; do run "json16@${RATE}rps" "$t" "$PACED_CONNS" "$PACED_DELAY"; done
 done
 echo "loadavg after: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$OUT/env.txt"
 
@@ -487,16 +713,16 @@ report() {
         ratio_in[$1, c, t] = $7
     }
     END {
-        fmt = "%-14s %-7s %7s %8s %8s %8s %8s %10s %11s %9s %6s %6s %6s\n"
+        fmt = "%-14s %-15s %7s %8s %8s %8s %8s %10s %11s %9s %6s %6s %6s\n"
         if (rounds > 1) printf "median of %d rounds per cell (errors: total)\n", rounds
         printf fmt, "case", "target", "req/s", "p50 ms", "p99 ms", "+p50 ms", "+p99 ms",
             "proxy CPU", "proxy CPU", "mock CPU", "errors", "other", "steal"
         printf fmt, "", "", "", "", "", "", "", "us/req", "us/req", "us/req", "", "CPU %", "%"
         printf fmt, "", "", "", "", "", "", "", "(stat)", "(schedstat)", "(stat)", "", "", ""
-        split("direct nginx gateway", ts, " ")
+        nts = split("direct nginx gateway gw-auth gw-limits-mem gw-limits-redis", ts, " ")
         for (i = 1; i <= n; i++) {
             c = order[i]
-            for (j = 1; j <= 3; j++) {
+            for (j = 1; j <= nts; j++) {
                 t = ts[j]
                 if (!((c, t) in cnt)) continue
                 rps = med(c, t, 4); p50 = med(c, t, 5); p99 = med(c, t, 6)
@@ -541,8 +767,51 @@ report() {
             if (c !~ /@/) continue
             g = (P99[c, "gateway"] - P99[c, "direct"]) / 1000
             x = (P99[c, "nginx"] - P99[c, "direct"]) / 1000
+            if (!((c, "nginx") in cnt)) continue
             printf "added p99 at %s: gateway %+.3f ms (target < 1 ms: %s), nginx %+.3f ms\n",
                 substr(c, index(c, "@") + 1), g, (g < 1 ? "met" : "NOT met"), x
+        }
+        # The rate-limit comparison (BENCH_LIMITS): each limits variant against gw-auth, and
+        # Redis against the in-process store.
+        split("gw-auth gw-limits-mem gw-limits-redis", lt, " ")
+        lfmt = "%-15s %7s %8s %8s %9s %9s %8s %8s %8s %8s\n"
+        for (i = 1; i <= n; i++) {
+            c = order[i]
+            if (!((c, "gw-auth") in cnt)) continue
+            print ""
+            printf "rate limits, %s (CPU: gateway us/req, stat; schedstat in brackets)\n", c
+            printf lfmt, "target", "req/s", "p50 ms", "p99 ms", "CPU", "", "+p50 ms", "+p99 ms", "+CPU us", "non-2xx"
+            for (j = 1; j <= 3; j++) {
+                t = lt[j]
+                if (!((c, t) in cnt)) continue
+                base = (t == "gw-auth") ? "" : "gw-auth"
+                d50 = base == "" ? "-" : plus(P50[c, t] - P50[c, base])
+                d99 = base == "" ? "-" : plus(P99[c, t] - P99[c, base])
+                dcpu = base == "" ? "-" : sprintf("%+.1f", cpu[c, t] - cpu[c, base])
+                ss = (sched[c, t] == "-") ? "" : sprintf("[%.1f]", sched[c, t])
+                nerr = 0
+                for (k = 1; k <= cnt[c, t]; k++) nerr += v[c, t, 14, k]
+                printf lfmt, t, sprintf("%.0f", med(c, t, 4)), ms(P50[c, t]), ms(P99[c, t]),
+                    sprintf("%.1f", cpu[c, t]), ss, d50, d99, dcpu, nerr
+            }
+            if (((c, "gw-limits-mem") in cnt) && ((c, "gw-limits-redis") in cnt)) {
+                m = "gw-limits-mem"; r = "gw-limits-redis"
+                printf "redis - mem: %s p50, %s p99 ms, %+.1f us CPU per request (stat%s)\n",
+                    plus(P50[c, r] - P50[c, m]), plus(P99[c, r] - P99[c, m]), cpu[c, r] - cpu[c, m],
+                    (sched[c, r] == "-") ? "" : sprintf("; schedstat %+.1f", sched[c, r] - sched[c, m])
+            }
+            if ((c, "gw-limits-redis") in cnt) {
+                t = "gw-limits-redis"; k = cnt[c, t]
+                e = med(c, t, 15); z = med(c, t, 16); o = med(c, t, 17)
+                printf "Redis per request: sent by the gateway: EVALSHA %.3f + other %.3f before the response (hot path), ZREM %.3f after it (lease release: one pipelined round); run inside the scripts: %.3f; all commands %.3f; read events %.3f; Redis CPU %.1f us\n",
+                    e, o, z, med(c, t, 18) - e - z - o, med(c, t, 18), med(c, t, 19), med(c, t, 20)
+                printf "  round trips per request: hot path %.3f, total %.3f (the release counted as one round per request)\n",
+                    e + o, e + o + (z > 0 ? 1 : 0)
+                printf "  commands (calls per request%s): %s", (rounds > 1 ? ", last round" : ""), v[c, t, 21, k]
+                fr = 0
+                for (q = 1; q <= k; q++) fr += v[c, t, 22, q]
+                printf "; other Redis clients active: %d%s\n", fr, (fr > 0 ? " (counts include theirs)" : "")
+            }
         }
     }' "$OUT/results.tsv"
 }

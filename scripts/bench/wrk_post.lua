@@ -6,6 +6,8 @@
 --                    C connections that paces the load at about C*1000/BENCH_DELAY_MS
 --                    requests/s (wrk itself has no rate option; latency is measured from
 --                    the write of each request, so the wait is not counted).
+--   BENCH_API_KEY    if set, sent as `Authorization: Bearer <key>` (the gateway runs with
+--                    the auth plugin)
 local path = os.getenv("BENCH_BODY_FILE")
 if path == nil then
   error("BENCH_BODY_FILE is not set")
@@ -16,6 +18,10 @@ wrk.body = f:read("*a")
 f:close()
 wrk.headers["Content-Type"] = "application/json"
 wrk.headers["x-mock-tokens"] = os.getenv("BENCH_TOKENS") or "16"
+local api_key = os.getenv("BENCH_API_KEY")
+if api_key ~= nil and api_key ~= "" then
+  wrk.headers["Authorization"] = "Bearer " .. api_key
+end
 
 local delay_ms = tonumber(os.getenv("BENCH_DELAY_MS") or "0") or 0
 if delay_ms > 0 then
