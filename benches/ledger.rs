@@ -79,13 +79,10 @@ fn bench(c: &mut Criterion) {
         g.bench_function(format!("hold_and_settle_16_concurrent/{name}"), |b| {
             b.iter_custom(|iters| {
                 let started = Instant::now();
-                rt.block_on(
-                    futures::stream::iter(0..iters)
-                        .for_each_concurrent(16, |_| {
-                            let (l, ws) = (l.clone(), ws.clone());
-                            async move { billed_request(&*l, &ws).await }
-                        }),
-                );
+                rt.block_on(futures::stream::iter(0..iters).for_each_concurrent(16, |_| {
+                    let (l, ws) = (l.clone(), ws.clone());
+                    async move { billed_request(&*l, &ws).await }
+                }));
                 started.elapsed()
             })
         });
