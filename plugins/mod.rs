@@ -8,6 +8,7 @@ pub mod billing;
 pub mod chat;
 pub mod dialects;
 pub mod messages;
+pub mod shared;
 
 use std::sync::Arc;
 
