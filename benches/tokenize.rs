@@ -34,7 +34,11 @@ fn large() -> Value {
     while text.len() < 100 * 1024 {
         text.push_str(prose);
     }
-    text.truncate(text.floor_char_boundary(100 * 1024));
+    let mut cut = 100 * 1024;
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    text.truncate(cut);
     json!({"messages": [{"role": "user", "content": text}]})
 }
 
