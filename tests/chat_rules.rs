@@ -258,6 +258,19 @@ async fn the_context_window_refuses_long_prompts_and_clamps_ceilings() {
     )
     .await;
     assert_eq!(v["error"]["context_window"], 300, "an integer inside `error`");
+    let schema = json!({"response_format": {"type": "json_object"}, "reasoning_effort": "low"});
+    refused(
+        &gw,
+        &with(body("rules-model", json!([{"role": "user", "content": "hi"}])), schema),
+        "hosted_parameter_not_supported",
+        "response_format",
+    )
+    .await;
+    // Refused before generation and uncharged: no replica call, the grant untouched.
+    assert_eq!(mock.stats().await["requests"], 0);
+    let credits = gw.get("/v1/credits").await.json();
+    assert_eq!(credits["balance_cents"], 100, "{credits}");
+    assert_eq!(credits["held_cents"], 0, "{credits}");
 
     // "Say hello": 3 + 4 + ceil(9 / 4) = 10 tokens, so 290 remain.
     let b = with(body("rules-model", json!([{"role": "user", "content": "Say hello"}])), json!({"max_tokens": 1000}));
