@@ -236,6 +236,7 @@ fn check_model(
             json_format_refused_efforts: &m.json_format_refused_efforts,
             refused_efforts: &m.refused_efforts,
             tokenizer: m.tokenizer.as_deref(),
+            reasoning_efforts: &m.reasoning_efforts,
         },
         models_dir,
         EFFORTS,

@@ -41,6 +41,8 @@ pub(super) struct RawChatRules<'a> {
     pub json_format_refused_efforts: &'a [String],
     pub refused_efforts: &'a [String],
     pub tokenizer: Option<&'a str>,
+    /// The published honored efforts, which a refused one may not be among.
+    pub reasoning_efforts: &'a [String],
 }
 
 pub(super) fn check(
@@ -71,6 +73,11 @@ pub(super) fn check(
     }
     for (j, e) in raw.refused_efforts.iter().enumerate() {
         effort_ok(at(&format!("refused_efforts[{j}]")), e);
+    }
+    for (j, e) in raw.refused_efforts.iter().enumerate() {
+        if raw.reasoning_efforts.contains(e) {
+            p.add(at(&format!("refused_efforts[{j}]")), format!("`{e}` is also listed in reasoning_efforts"));
+        }
     }
     match raw.json_format_effort {
         // The refusal names the effort to use instead, so there must be one that works.
@@ -149,6 +156,7 @@ mod tests {
             ("json_format_effort: high\n    json_format_refused_efforts: [high]\n", "models[0].json_format_effort"),
             ("tokenizer: missing.json\n", "models[0].tokenizer"),
             ("tokenizer: models.yaml\n", "models[0].tokenizer"),
+            ("reasoning_efforts: [none, low]\n    refused_efforts: [none]\n", "models[0].refused_efforts[0]"),
         ] {
             let e = load(&format!("{BASE}    {extra}")).err().unwrap_or_default();
             assert!(e.contains("models.yaml") && e.contains(path), "{extra}: {e}");
