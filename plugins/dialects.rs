@@ -11,9 +11,10 @@ use pingora::proxy::Session;
 use serde_json::{Value, json};
 
 use super::messages::{
-    ChatTranslation, MessagesStream, Purpose, ResponsesStream, chat_to_response, estimate_input_tokens, from_chat,
-    paid_extra_of, render_json, responses_to_chat, to_chat,
+    ChatTranslation, MessagesStream, Purpose, ResponsesStream, chat_to_response, from_chat, paid_extra_of, render_json,
+    responses_to_chat, to_chat,
 };
+use super::shared::prompt_tokens::count_prompt_tokens;
 use crate::ctx::RequestCtx;
 use crate::error::GatewayError;
 use crate::plugin::{Flow, Plugin};
@@ -100,7 +101,8 @@ impl Plugin for Dialects {
             Route::CountTokens => {
                 echo_version(s, cx);
                 let t = to_chat(&body, &model, Purpose::CountTokens)?;
-                let answer = json!({ "input_tokens": estimate_input_tokens(&t.body) });
+                let tokens = count_prompt_tokens(&t.body, model.chat.tokenizer.as_deref());
+                let answer = json!({ "input_tokens": tokens });
                 crate::responder::json(s, cx, 200, Bytes::from(render_json(&answer)), &[])
                     .await
                     .map_err(|e| GatewayError::internal(format!("write failed: {e}")))?;

@@ -10,6 +10,7 @@ pub mod dialects;
 pub mod gate;
 pub mod limits;
 pub mod messages;
+pub mod shared;
 
 use std::sync::Arc;
 

@@ -2,8 +2,14 @@
 //! normalisation on the way back (reasoning on `reasoning`, `service.output_status`, the
 //! hosted Usage object with cost), streamed or not.
 
+mod capability;
+mod context;
+mod effort;
+mod images;
+mod messages;
 mod request;
 mod response;
+mod schema;
 mod stream;
 
 // The pure phases, public for the benches.

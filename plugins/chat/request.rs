@@ -1,12 +1,20 @@
 //! Chat request -> replica request (clarification 4): only the fields the gateway handles,
 //! the rule-1 allowlist and the sampling fields are forwarded; `model` becomes the upstream
 //! name and usage is always requested on streams so billing can settle.
+//!
+//! The rule groups live beside this file and run in this order (DECISIONS.md 1): message
+//! shapes (`messages.rs`), rules 4 and the candidate count (here), capabilities (rule 5,
+//! `capability.rs`), content parts (rule 8, `images.rs`), system messages (rule 6), schemas
+//! (rule 7, `schema.rs`), efforts (rules 9-10, `effort.rs`), then the prompt is counted and
+//! fitted to the context window (rule 11, `context.rs`).
 
 use bytes::Bytes;
 use serde_json::{Map, Value, json};
 
+use super::{capability, context, effort, images, messages, schema};
 use crate::ctx::RequestCtx;
 use crate::error::{ErrorKind, GatewayError};
+use crate::plugins::shared::prompt_tokens::count_prompt_tokens;
 
 /// Forwarded as they are (spec rule 1, plus the fields of clarification 4).
 const FORWARDED: &[&str] = &[
@@ -46,35 +54,6 @@ const FORWARDED: &[&str] = &[
 /// Candidate-count fields: at most four (rule 2 reads them, then most are removed).
 const CANDIDATE_FIELDS: &[&str] = &["n", "best_of", "num_return_sequences", "num_beams", "beam_width"];
 
-const ROLES: &[&str] = &["system", "developer", "user", "assistant", "tool"];
-
-fn check_messages(messages: Option<&Value>) -> Result<&Vec<Value>, GatewayError> {
-    let list = match messages {
-        None | Some(Value::Null) => return Err(GatewayError::missing_field("messages")),
-        Some(Value::Array(list)) if !list.is_empty() => list,
-        Some(_) => {
-            return Err(GatewayError::invalid_request(
-                "messages",
-                "`messages` must be a non-empty array of message objects.",
-            ));
-        }
-    };
-    for (i, m) in list.iter().enumerate() {
-        let role = m.get("role").and_then(Value::as_str);
-        match role {
-            Some(r) if ROLES.contains(&r) => {}
-            Some(r) => {
-                return Err(GatewayError::invalid_request(
-                    &format!("messages[{i}].role"),
-                    format!("Role `{}` is not one of {}.", crate::request::truncate(r, 64), ROLES.join(", ")),
-                ));
-            }
-            None => return Err(GatewayError::missing_field(&format!("messages[{i}].role"))),
-        }
-    }
-    Ok(list)
-}
-
 fn positive_int(body: &Map<String, Value>, field: &str) -> Result<Option<u64>, GatewayError> {
     match body.get(field) {
         None | Some(Value::Null) => Ok(None),
@@ -90,7 +69,8 @@ pub fn rewrite(cx: &mut RequestCtx) -> Result<(), GatewayError> {
     let Some(Value::Object(body)) = cx.body.take() else {
         return Err(GatewayError::internal("chat body missing"));
     };
-    check_messages(body.get("messages"))?;
+    let model = cx.model.clone().ok_or_else(|| GatewayError::internal("no model resolved"))?;
+    let list = messages::check(body.get("messages"))?;
     for field in ["prompt_cache_options", "prompt_cache_retention"] {
         if body.contains_key(field) {
             return Err(GatewayError::new(
@@ -129,10 +109,18 @@ pub fn rewrite(cx: &mut RequestCtx) -> Result<(), GatewayError> {
     let include_usage =
         body.get("stream_options").and_then(|o| o.get("include_usage")).and_then(Value::as_bool).unwrap_or(false);
 
+    let json_format = capability::check(&body, &model)?;
+    images::check(list, model.input_modalities.iter().any(|m| m == "image"))?;
+    let mut body = body;
+    if let Some(Value::Array(list)) = body.get_mut("messages") {
+        messages::repair_system(list, model.chat.system_messages)?;
+    }
+    schema::sanitize_body(&mut body)?;
+    let applied_effort = effort::apply(&mut body, &model.chat, json_format)?;
+
     let pool = cx.pool.clone().ok_or_else(|| GatewayError::internal("no pool resolved"))?;
     let mut out = Map::with_capacity(body.len() + 2);
     out.insert("model".into(), Value::String(pool.upstream_model.clone()));
-    let mut body = body;
     for field in FORWARDED {
         if let Some(v) = body.remove(*field) {
             out.insert((*field).to_string(), v);
@@ -144,27 +132,27 @@ pub fn rewrite(cx: &mut RequestCtx) -> Result<(), GatewayError> {
         // when it asked (see stream.rs).
         out.insert("stream_options".into(), json!({ "include_usage": true }));
     }
+    let out = Value::Object(out);
+    let prompt_tokens = count_prompt_tokens(&out, model.chat.tokenizer.as_deref());
+    let Value::Object(mut out) = out else { return Err(GatewayError::internal("body is an object")) };
+    let clamped = context::fit(&mut out, model.context_window, prompt_tokens)?;
     let bytes = serde_json::to_vec(&Value::Object(out))
         .map_err(|e| GatewayError::internal(format!("could not serialize the body: {e}")))?;
-    // Fallback prompt estimate (about four bytes a token) until a tokenizer is declared.
-    cx.prompt_estimate = (bytes.len() as u64).div_ceil(4);
+    if let Some(e) = applied_effort {
+        cx.response_headers.push((effort::APPLIED_HEADER, e));
+    }
+    if let Some(c) = clamped {
+        cx.response_headers.push((context::CLAMPED_HEADER, "true".into()));
+        cx.response_headers.push((context::CEILING_HEADER, c.to_string()));
+    }
+    // The same counter as the context check (tokenizer or bytes/4 rule; DECISIONS.md 8).
+    cx.prompt_estimate = prompt_tokens;
     cx.stream = stream;
     cx.include_usage = include_usage;
-    cx.output_ceiling = max_completion_tokens.or(max_tokens);
+    cx.output_ceiling = match clamped {
+        Some(c) => Some(max_completion_tokens.or(max_tokens).map_or(c, |v| v.min(c))),
+        None => max_completion_tokens.or(max_tokens),
+    };
     cx.upstream_body = Some(Bytes::from(bytes));
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn roles_are_checked_with_param() {
-        let msgs = json!([{"role": "user", "content": "hi"}, {"role": "robot", "content": "x"}]);
-        let e = check_messages(Some(&msgs)).err();
-        assert_eq!(e.and_then(|e| e.param), Some("messages[1].role".to_string()));
-        assert_eq!(check_messages(None).err().map(|e| e.kind), Some(ErrorKind::MissingRequiredField));
-        assert!(check_messages(Some(&json!([]))).is_err());
-    }
 }

@@ -8,44 +8,7 @@
 use serde_json::Value;
 
 use crate::config::ModelEntry;
-
-/// A reasoning effort, in the spec's order (`none` < ... < `max`); the order is what
-/// "nearest supported value" is measured in.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Effort {
-    None,
-    Minimal,
-    Low,
-    Medium,
-    High,
-    Xhigh,
-    Max,
-}
-
-impl Effort {
-    pub const ALL: [Effort; 7] =
-        [Effort::None, Effort::Minimal, Effort::Low, Effort::Medium, Effort::High, Effort::Xhigh, Effort::Max];
-
-    pub fn parse(s: &str) -> Option<Effort> {
-        Effort::ALL.into_iter().find(|e| e.as_str() == s)
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Effort::None => "none",
-            Effort::Minimal => "minimal",
-            Effort::Low => "low",
-            Effort::Medium => "medium",
-            Effort::High => "high",
-            Effort::Xhigh => "xhigh",
-            Effort::Max => "max",
-        }
-    }
-
-    fn rank(self) -> i32 {
-        self as i32
-    }
-}
+pub use crate::plugins::shared::effort::Effort;
 
 /// The effort to forward for a requested one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

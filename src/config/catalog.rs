@@ -10,6 +10,7 @@ use jiff::Timestamp;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
+use super::chat_rules::{self, ChatRules, RawChatRules};
 use super::{ConfigProblem, GatewaySettings, Problems, parse_yaml};
 
 #[derive(Deserialize)]
@@ -56,6 +57,18 @@ struct RawModel {
     max_concurrent_requests: Option<u64>,
     /// Promotional free window: requests inside it are priced at zero and carry no hold.
     free_window: Option<RawFreeWindow>,
+    // Chat request rules and token counting (`chat_rules.rs`); never published.
+    /// `any` (default) or `first_only` (spec rule 6).
+    system_message: Option<String>,
+    /// Effort forwarded when a JSON format comes without `reasoning_effort` (rule 9).
+    json_format_effort: Option<String>,
+    #[serde(default)]
+    json_format_refused_efforts: Vec<String>,
+    /// Efforts refused outright (rule 10).
+    #[serde(default)]
+    refused_efforts: Vec<String>,
+    /// A Hugging Face `tokenizer.json`, relative to `models.yaml`.
+    tokenizer: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -126,6 +139,8 @@ pub struct ModelEntry {
     pub max_tokens_per_minute_per_workspace: Option<u64>,
     /// Shared-model concurrency (else the pool's capacity).
     pub max_concurrent_requests: Option<u64>,
+    /// Chat request rules and the tokenizer (not part of the published object).
+    pub chat: ChatRules,
     /// The object of `GET /v1/models` without the availability fields.
     object: Map<String, Value>,
     /// `Some(t)`: paused, next availability check at `t`. Changed by operators at run time.
@@ -211,8 +226,29 @@ fn one_of(p: &mut Problems, path: &str, value: &str, allowed: &[&str]) {
     }
 }
 
-fn check_model(p: &mut Problems, i: usize, m: RawModel, settings: &GatewaySettings, loaded_at: i64) -> ModelEntry {
+fn check_model(
+    p: &mut Problems,
+    i: usize,
+    m: RawModel,
+    settings: &GatewaySettings,
+    loaded_at: i64,
+    models_dir: &Path,
+) -> ModelEntry {
     let at = |f: &str| format!("models[{i}].{f}");
+    let chat = chat_rules::check(
+        p,
+        &at,
+        RawChatRules {
+            system_message: m.system_message.as_deref(),
+            json_format_effort: m.json_format_effort.as_deref(),
+            json_format_refused_efforts: &m.json_format_refused_efforts,
+            refused_efforts: &m.refused_efforts,
+            tokenizer: m.tokenizer.as_deref(),
+            reasoning_efforts: &m.reasoning_efforts,
+        },
+        models_dir,
+        EFFORTS,
+    );
     if m.id.is_empty() || m.id.len() > 256 || m.id.chars().any(|c| c.is_control() || c == ' ') {
         p.add(at("id"), "must be 1 to 256 characters without spaces or control characters");
     }
@@ -357,6 +393,7 @@ fn check_model(p: &mut Problems, i: usize, m: RawModel, settings: &GatewaySettin
         max_concurrent_requests_per_api_key: m.max_concurrent_requests_per_api_key,
         max_tokens_per_minute_per_workspace: m.max_tokens_per_minute_per_workspace,
         max_concurrent_requests: m.max_concurrent_requests,
+        chat,
         object: o,
         paused_until: RwLock::new(paused_until),
     }
@@ -367,12 +404,13 @@ pub(super) fn load(file: &Path, settings: &GatewaySettings, out: &mut Vec<Config
     let before = out.len();
     let mut p = Problems::new(file, out);
     let loaded_at = Timestamp::now().as_second();
+    let models_dir = file.parent().unwrap_or(Path::new("."));
     let mut catalog = Catalog::default();
     for (i, m) in raw.models.into_iter().enumerate() {
         let names: Vec<(String, String)> = std::iter::once((format!("models[{i}].id"), m.id.clone()))
             .chain(m.aliases.iter().enumerate().map(|(j, a)| (format!("models[{i}].aliases[{j}]"), a.clone())))
             .collect();
-        let entry = check_model(&mut p, i, m, settings, loaded_at);
+        let entry = check_model(&mut p, i, m, settings, loaded_at, models_dir);
         let idx = catalog.models.len();
         for (path, name) in names {
             if catalog.by_name.insert(name.clone(), idx).is_some() {

@@ -82,6 +82,15 @@ pub fn models_yaml() -> String {
         now + day,
         now - day * 3,
         now - day
+    ) + &chat_rules_models_yaml()
+}
+
+/// Models for the chat request rules (`tests/chat_rules.rs`): one with every per-model rule
+/// and a small window, one with image input and the test tokenizer.
+pub fn chat_rules_models_yaml() -> String {
+    let tokenizer = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/tokenizers/tiny-bpe.json");
+    format!(
+        "  - id: rules-model\n    supported_endpoints: [chat_completions, messages]\n    json_mode: true\n    reasoning_efforts: [none, low, medium, high]\n    context_window: 300\n    system_message: first_only\n    json_format_effort: none\n    json_format_refused_efforts: [low, medium, high]\n    refused_efforts: [minimal]\n  - id: vision-model\n    supported_endpoints: [chat_completions, messages]\n    tool_calling: true\n    json_mode: true\n    input_modalities: [text, image]\n    context_window: 4096\n    tokenizer: \"{tokenizer}\"\n"
     )
 }
 
@@ -253,6 +262,8 @@ impl Gateway {
             ("tiny-pool-model", "", &m, opts.tiny_pool_concurrency),
             ("dead-model", "    connect_timeout_ms: 300\n", &dead, 4),
             ("limited-model", "", &m, 4),
+            ("rules-model", "", &m, 64),
+            ("vision-model", "", &m, 64),
         ];
         let mut upstreams = String::from("pools:\n");
         for (model, extra, replicas, concurrency) in pools {
