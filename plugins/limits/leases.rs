@@ -117,8 +117,12 @@ fn keep(
                         match store.renew(&lease, ttl_ms, now_ms()).await {
                             Ok(Renewal::Renewed { .. }) => {}
                             Ok(Renewal::Lost) => {
-                                log::warn!("lease {} had expired before renewal; its slots were freed", lease.id);
-                                live.lock().unwrap_or_else(|e| e.into_inner()).remove(&lease.id);
+                                // Released while this round ran (the request ended): not a loss.
+                                let still_live =
+                                    live.lock().unwrap_or_else(|e| e.into_inner()).remove(&lease.id).is_some();
+                                if still_live {
+                                    log::warn!("lease {} had expired before renewal; its slots were freed", lease.id);
+                                }
                             }
                             Err(e) => log::warn!("lease {} not renewed: {e}", lease.id),
                         }
