@@ -2,6 +2,7 @@
 //! normalisation on the way back (reasoning on `reasoning`, `service.output_status`, the
 //! hosted Usage object with cost), streamed or not.
 
+mod raw;
 mod request;
 mod response;
 mod stream;
