@@ -7,6 +7,7 @@
 use std::sync::atomic::Ordering;
 
 use bytes::{BufMut, BytesMut};
+use serde::Deserialize;
 use serde_json::Value;
 use serde_json::value::RawValue;
 
@@ -218,6 +219,14 @@ pub fn json_body(raw: &[u8], cx: &mut RequestCtx) -> Option<Vec<u8>> {
 /// (`frame` itself when nothing changed), or `None` for the `Value` path (error frames and
 /// the usage frame take it).
 pub fn stream_frame(data: &[u8], frame: &[u8], cx: &mut RequestCtx, out: &mut BytesMut) -> Option<()> {
+    // A payload spread over several `data:` lines holds line breaks that copied text would
+    // carry into one line: leave those to the `Value` path, which re-serializes everything.
+    if memchr::memchr2(b'\n', b'\r', data).is_some() {
+        return None;
+    }
+    if plain_frame(data, frame, cx, out) {
+        return Some(());
+    }
     let top = Members::parse(data)?;
     if top.get("error").is_some() && top.get("choices").is_none() {
         return None;
@@ -264,6 +273,127 @@ pub fn stream_frame(data: &[u8], frame: &[u8], cx: &mut RequestCtx, out: &mut By
     write_top(out, &top, model, list.as_deref(), "delta", None);
     out.extend_from_slice(b"\n\n");
     Some(())
+}
+
+/// The members of a frame this module reads, in one pass (everything else is skipped).
+#[derive(Deserialize)]
+struct FrameView<'a> {
+    #[serde(borrow)]
+    model: Option<&'a RawValue>,
+    #[serde(borrow)]
+    choices: Option<Vec<ChoiceView<'a>>>,
+    #[serde(borrow)]
+    usage: Option<&'a RawValue>,
+    #[serde(borrow)]
+    error: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct ChoiceView<'a> {
+    #[serde(borrow)]
+    index: Option<&'a RawValue>,
+    #[serde(borrow)]
+    delta: Option<DeltaView<'a>>,
+    #[serde(borrow)]
+    finish_reason: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct DeltaView<'a> {
+    #[serde(borrow)]
+    content: Option<&'a RawValue>,
+    #[serde(borrow)]
+    reasoning: Option<&'a RawValue>,
+    #[serde(borrow)]
+    reasoning_content: Option<&'a RawValue>,
+    #[serde(borrow)]
+    tool_calls: Option<&'a RawValue>,
+}
+
+/// The common frame, read in one pass: no error, no usage, no reasoning to move and no
+/// choice ending without an answer. Its only possible change is the model name, spliced
+/// into the text as it arrived. `false` (nothing in `cx` changed) for any other frame.
+fn plain_frame(data: &[u8], frame: &[u8], cx: &mut RequestCtx, out: &mut BytesMut) -> bool {
+    let Ok(view) = serde_json::from_slice::<FrameView<'_>>(data) else {
+        return false;
+    };
+    if view.error.is_some() || view.usage.is_some() {
+        return false;
+    }
+    let choices = view.choices.unwrap_or_default();
+    // `index`, else the position (as `on_frame_value` reads it).
+    let idxs: Vec<usize> = choices
+        .iter()
+        .enumerate()
+        .map(|(pos, c)| {
+            c.index.and_then(|r| serde_json::from_str::<u64>(r.get()).ok()).map_or(pos, |i| i as usize).min(64)
+        })
+        .collect();
+    let mut outputs: Vec<Option<ChoiceOutput>> = Vec::with_capacity(choices.len());
+    for (pos, c) in choices.iter().enumerate() {
+        let idx = idxs[pos];
+        let o = match &c.delta {
+            Some(d) if d.reasoning_content.is_some() => return false,
+            Some(d) => {
+                let content = str_len(d.content);
+                let reasoning = str_len(d.reasoning);
+                let answer = content > 0 || d.tool_calls.is_some_and(non_empty_array);
+                Some(ChoiceOutput {
+                    changed: false,
+                    answer,
+                    output: answer || reasoning > 0,
+                    text_bytes: content + reasoning,
+                })
+            }
+            None => None,
+        };
+        if c.finish_reason.is_some_and(|f| f.get().starts_with('"')) {
+            // Needs `service` unless this choice (here or in an earlier frame) answered.
+            let answered = cx.response.answered.get(idx).copied().unwrap_or(false)
+                || idxs[..=pos]
+                    .iter()
+                    .zip(outputs.iter().chain(std::iter::once(&o)))
+                    .any(|(&i, o)| i == idx && o.is_some_and(|o| o.answer));
+            if !answered {
+                return false;
+            }
+        }
+        outputs.push(o);
+    }
+    // Nothing can fail from here on.
+    for (&idx, o) in idxs.iter().zip(&outputs) {
+        if cx.response.answered.len() <= idx {
+            cx.response.answered.resize(idx + 1, false);
+        }
+        if let Some(o) = o {
+            if o.output {
+                cx.response.delivered_frames += 1;
+                cx.response.delivered_text_bytes += o.text_bytes as u64;
+                cx.first_token_seen.store(true, Ordering::Release);
+            }
+            cx.response.answered[idx] |= o.answer;
+        }
+    }
+    let renamed = view.model.and_then(|m| {
+        let (model, pool) = (cx.model.as_ref()?, cx.pool.as_ref()?);
+        let current = json_raw::as_str(m)?;
+        (model.id != pool.upstream_model && current.0 == pool.upstream_model.as_str()).then_some((m, model))
+    });
+    match renamed {
+        None => out.extend_from_slice(frame),
+        Some((m, model)) => {
+            // `m` borrows from `data`: its offset there is where the name goes.
+            let start = (m.get().as_ptr() as usize).saturating_sub(data.as_ptr() as usize);
+            let end = start + m.get().len();
+            out.reserve(data.len() + model.id.len() + 8);
+            out.extend_from_slice(b"data: ");
+            out.extend_from_slice(&data[..start]);
+            json_raw::write_string(out, &model.id);
+            out.extend_from_slice(&data[end..]);
+            out.extend_from_slice(b"\n\n");
+        }
+    }
+    true
 }
 
 #[cfg(test)]
@@ -392,6 +522,7 @@ mod tests {
                 on_frame_value(&frame, &data, &mut cx, &mut out);
             }
             let text = out.strip_prefix(b"data: ").unwrap().strip_suffix(b"\n\n").unwrap();
+            assert!(!text.contains(&b'\n'), "one data line: {}", String::from_utf8_lossy(&out));
             let mut v = json(text);
             if let Some(o) = v.as_object_mut() {
                 o.remove("request_id"); // differs between the two contexts
@@ -413,8 +544,18 @@ mod tests {
             r#""choices":[],"usage":{"prompt_tokens":4,"total_tokens":10,"completion_tokens":6}"#,
         ];
         let mut frames: Vec<String> = deltas.iter().map(|d| format!("data: {head}{d}}}\n\n")).collect();
+        frames.push(format!("data: {head}\"choices\":[{{\"index\":3,\"delta\":{{\"content\":\"a\"}}}},{{\"index\":3,\"delta\":{{}},\"finish_reason\":\"stop\"}},{{\"delta\":{{\"content\":\"\"}},\"finish_reason\":\"stop\"}}]}}\n\n"));
+        frames
+            .push(format!("data: {head}\"choices\":[{{\"index\":0,\"delta\":{{}},\"finish_reason\":\"stop\"}}]}}\n\n"));
+        frames.push(format!("data: {head}\ndata: \"choices\":[{{\"index\":5,\"delta\":{{\"content\":\"b\"}}}}]}}\n\n"));
         frames.push("data: {\"model\":\"other\",\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\n".into());
         frames.push("data: {\"error\":{\"message\":\"boom\"}}\n\n".into());
         assert_eq!(run(&frames, true), run(&frames, false));
+        // The content frames take the one-pass path.
+        let mut cx = ctx();
+        let mut out = BytesMut::new();
+        let f = frames[3].as_bytes();
+        assert!(super::plain_frame(&f[6..f.len() - 2], f, &mut cx, &mut out));
+        assert!(out.starts_with(b"data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"llama-3.1-8b-instruct\",\"choices\""));
     }
 }
