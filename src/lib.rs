@@ -13,6 +13,7 @@ pub mod ctx;
 pub mod envelope;
 pub mod error;
 pub mod identity;
+pub mod json_raw;
 pub mod limits;
 pub mod placement;
 pub mod plugin;

@@ -7,6 +7,7 @@ mod context;
 mod effort;
 mod images;
 mod messages;
+mod raw;
 mod request;
 mod response;
 mod schema;

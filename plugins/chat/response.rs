@@ -102,7 +102,17 @@ pub fn on_chunk(body: &mut Option<Bytes>, eos: bool, cx: &mut RequestCtx) -> Res
         return Ok(());
     }
     let raw = cx.response.body_buf.split().freeze();
-    let mut v: Value = serde_json::from_slice(&raw).map_err(|_| malformed())?;
+    let out = match super::raw::json_body(&raw, cx) {
+        Some(out) => out,
+        None => rewrite_value(&raw, cx)?,
+    };
+    *body = Some(Bytes::from(out));
+    Ok(())
+}
+
+/// The whole body rewritten through a `Value` (bodies `raw::json_body` does not take).
+pub(super) fn rewrite_value(raw: &[u8], cx: &mut RequestCtx) -> Result<Vec<u8>, GatewayError> {
+    let mut v: Value = serde_json::from_slice(raw).map_err(|_| malformed())?;
     let obj = v.as_object_mut().ok_or_else(malformed)?;
     rename_model(obj, cx);
     let mut choices_seen = 0;
@@ -142,8 +152,7 @@ pub fn on_chunk(body: &mut Option<Bytes>, eos: bool, cx: &mut RequestCtx) -> Res
         // Never synthesized: no usage reported, none sent.
         None => serde_json::to_vec(&v).map_err(|e| GatewayError::internal(format!("serialize: {e}")))?,
     };
-    *body = Some(Bytes::from(out));
-    Ok(())
+    Ok(out)
 }
 
 /// In `logging`: when no usage report arrived but output was delivered, bill the prompt

@@ -61,13 +61,20 @@ fn on_frame(frame: Bytes, cx: &mut RequestCtx, out: &mut BytesMut) {
         out.extend_from_slice(b"data: [DONE]\n\n");
         return;
     }
-    let Ok(mut v) = serde_json::from_slice::<Value>(&data) else {
+    if super::raw::stream_frame(&data, &frame, cx, out).is_none() {
+        on_frame_value(&frame, &data, cx, out);
+    }
+}
+
+/// One frame through a `Value` (frames `raw::stream_frame` does not take).
+pub(super) fn on_frame_value(frame: &[u8], data: &[u8], cx: &mut RequestCtx, out: &mut BytesMut) {
+    let Ok(mut v) = serde_json::from_slice::<Value>(data) else {
         // Not ours to judge: pass it on unchanged.
-        out.extend_from_slice(&frame);
+        out.extend_from_slice(frame);
         return;
     };
     let Some(obj) = v.as_object_mut() else {
-        out.extend_from_slice(&frame);
+        out.extend_from_slice(frame);
         return;
     };
     if obj.contains_key("error") && !obj.contains_key("choices") {
@@ -136,6 +143,6 @@ fn on_frame(frame: Bytes, cx: &mut RequestCtx, out: &mut BytesMut) {
     if changed {
         emit_json(&v, out);
     } else {
-        out.extend_from_slice(&frame);
+        out.extend_from_slice(frame);
     }
 }

@@ -1,0 +1,204 @@
+#!/usr/bin/env bash
+# Count the gateway's CPU cost per request on the plain proxy path, deterministically.
+#
+# Usage: scripts/profile.sh [--bin PATH] [--mock PATH] [--case json|sse] [--tool callgrind|strace]
+#                           [--requests N] [--base M] [--keep DIR]
+#
+#   --bin       gateway binary (default target/release/tollgate under $CARGO_TARGET_DIR or ./target)
+#   --mock      mock replica binary (default: tollgate-mock-replica next to --bin)
+#   --case      json: non-streamed, 16 tokens (default); sse: `"stream": true`, 64 tokens
+#   --tool      callgrind (default): instructions per request; strace: syscalls per request
+#   --requests  requests in the measured run (default 2000)
+#   --base      requests in the baseline run subtracted from it (default 200): startup,
+#               shutdown and first-request warm-up cancel out, so the figure is
+#               (cost(N) - cost(M)) / (N - M)
+#   --keep      keep the callgrind/strace outputs in DIR (default: a temp dir, removed)
+#
+# The gateway runs with the config scripts/bench.sh writes (one model pool on a mock
+# replica, only the `chat_completions` plugin, no identity, threads: 1) under valgrind
+# (callgrind) or strace -f -c. One client connection with keep-alive sends the same request
+# (bench.sh's bodies and headers) N times, one after another; the gateway is then stopped
+# with SIGTERM (grace period 1 s) so callgrind writes its counts.
+#
+# Prints e.g. `json callgrind: 2000 vs 200 requests: 412345.6 instructions/request` and, with
+# --keep, leaves callgrind.out.N / callgrind.out.M for `callgrind_annotate --inclusive=yes`.
+set -euo pipefail
+
+BIN="" MOCK="" CASE=json TOOL=callgrind N=2000 M=200 KEEP=""
+while [[ $# -gt 0 ]]; do
+    case $1 in
+    --bin) BIN=$2; shift 2 ;;
+    --mock) MOCK=$2; shift 2 ;;
+    --case) CASE=$2; shift 2 ;;
+    --tool) TOOL=$2; shift 2 ;;
+    --requests) N=$2; shift 2 ;;
+    --base) M=$2; shift 2 ;;
+    --keep) KEEP=$2; shift 2 ;;
+    -h | --help) sed -n '2,25p' "$0"; exit 0 ;;
+    *) echo "unknown argument $1" >&2; exit 2 ;;
+    esac
+done
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+BIN=${BIN:-${CARGO_TARGET_DIR:-$ROOT/target}/release/tollgate}
+MOCK=${MOCK:-$(dirname "$BIN")/tollgate-mock-replica}
+[[ -x $BIN ]] || { echo "no gateway binary at $BIN" >&2; exit 1; }
+[[ -x $MOCK ]] || { echo "no mock replica at $MOCK" >&2; exit 1; }
+case $CASE in json | sse) ;; *) echo "--case json|sse" >&2; exit 2 ;; esac
+case $TOOL in callgrind | strace) ;; *) echo "--tool callgrind|strace" >&2; exit 2 ;; esac
+
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/tollgate-profile.XXXXXX")
+OUTDIR=${KEEP:-$WORK}
+mkdir -p "$OUTDIR"
+PIDS=()
+cleanup() {
+    for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_port() {
+    local port=$1 pid=$2
+    for _ in $(seq 600); do
+        kill -0 "$pid" 2>/dev/null || { echo "process $pid died" >&2; return 1; }
+        python3 -c "import socket,sys; s=socket.socket(); sys.exit(s.connect_ex(('127.0.0.1',$port)))" && return 0
+        sleep 0.1
+    done
+    echo "port $port not listening" >&2
+    return 1
+}
+
+MOCK_PORT=$(free_port)
+"$MOCK" --listen "127.0.0.1:$MOCK_PORT" --threads 1 >"$WORK/mock.log" 2>&1 &
+PIDS+=($!)
+wait_port "$MOCK_PORT" "${PIDS[0]}"
+
+mkdir -p "$WORK/gw"
+cat >"$WORK/gw/models.yaml" <<'EOF'
+models:
+  - id: llama-3.1-8b-instruct
+    display_name: Llama 3.1 8B Instruct
+    created: 1721692800
+    supported_endpoints: [chat_completions]
+    max_output_tokens: 8192
+    context_window: 131072
+    pricing: { input: 0.10, output: 0.30 }
+EOF
+cat >"$WORK/gw/upstreams.yaml" <<EOF
+pools:
+  llama-3.1-8b-instruct:
+    upstream_model: meta-llama/Llama-3.1-8B-Instruct
+    replicas:
+      - { address: "127.0.0.1:$MOCK_PORT", max_concurrency: 4096 }
+EOF
+
+MESSAGES='[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"Write one short sentence about gateways."}]'
+if [[ $CASE == json ]]; then
+    printf '{"model":"llama-3.1-8b-instruct","messages":%s,"max_tokens":512}' "$MESSAGES" >"$WORK/body.json"
+    TOKENS=16
+else
+    printf '{"model":"llama-3.1-8b-instruct","messages":%s,"max_tokens":512,"stream":true,"stream_options":{"include_usage":true}}' \
+        "$MESSAGES" >"$WORK/body.json"
+    TOKENS=64
+fi
+
+# client PORT COUNT: COUNT identical POSTs on one keep-alive connection; fails on any non-200.
+client() {
+    python3 - "$1" "$2" "$WORK/body.json" "$TOKENS" "$CASE" <<'PY'
+import http.client, sys
+port, count, body_file, tokens, case = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+body = open(body_file, "rb").read()
+conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+for i in range(count):
+    conn.putrequest("POST", "/v1/chat/completions", skip_accept_encoding=True)
+    conn.putheader("Content-Type", "application/json")
+    conn.putheader("x-mock-tokens", tokens)
+    conn.putheader("Content-Length", str(len(body)))
+    conn.endheaders(body)
+    r = conn.getresponse()
+    data = r.read()
+    if r.status != 200 or (case == "sse" and b"data: [DONE]" not in data) or b'"cost"' not in data:
+        sys.exit(f"request {i}: HTTP {r.status}: {data[:300]!r}")
+conn.close()
+PY
+}
+
+# run COUNT: one gateway under the tool, COUNT requests, stopped; prints the tool's output file.
+run() {
+    local count=$1 port admin out pid
+    port=$(free_port)
+    admin=$(free_port)
+    cat >"$WORK/gw/tollgate.yaml" <<EOF
+listen: 127.0.0.1:$port
+admin_listen: 127.0.0.1:$admin
+threads: 1
+models_file: models.yaml
+upstreams_file: upstreams.yaml
+shutdown:
+  grace_period_seconds: 1
+  graceful_shutdown_timeout_seconds: 1
+plugins:
+  - name: chat_completions
+EOF
+    if [[ $TOOL == callgrind ]]; then
+        out=$OUTDIR/callgrind.$CASE.$count
+        env RUST_LOG=warn TMPDIR="$WORK/gw" valgrind --tool=callgrind --callgrind-out-file="$out" \
+            "$BIN" serve --config "$WORK/gw/tollgate.yaml" >"$WORK/gw.$count.log" 2>&1 &
+    else
+        out=$OUTDIR/strace.$CASE.$count
+        env RUST_LOG=warn TMPDIR="$WORK/gw" strace -f -c -o "$out" \
+            "$BIN" serve --config "$WORK/gw/tollgate.yaml" >"$WORK/gw.$count.log" 2>&1 &
+    fi
+    pid=$!
+    wait_port "$port" "$pid" || { tail -20 "$WORK/gw.$count.log" >&2; return 1; }
+    # Signal the gateway itself (under strace, $! is strace, which would only detach).
+    local gw=$pid
+    if [[ $TOOL == strace ]]; then gw=$(pgrep -P "$pid" | head -n 1); fi
+    if [[ $count -gt 0 ]] && ! client "$port" "$count" >&2; then
+        kill -TERM "$gw"
+        wait "$pid" || true
+        return 1
+    fi
+    kill -TERM "$gw"
+    wait "$pid" || true
+    echo "$out"
+}
+
+total_ir() { awk '/^summary:/{print $2}' "$1"; }
+total_calls() { awk '$NF=="total"{print $(NF-1)}' "$1"; }
+
+A=$(run "$M") || exit 1
+B=$(run "$N") || exit 1
+if [[ $TOOL == callgrind ]]; then
+    ia=$(total_ir "$A")
+    ib=$(total_ir "$B")
+    awk -v a="$ia" -v b="$ib" -v n="$N" -v m="$M" -v c="$CASE" \
+        'BEGIN{printf "%s callgrind: %d vs %d requests: %.1f instructions/request (totals %d, %d)\n", c, n, m, (b-a)/(n-m), b, a}'
+else
+    # per syscall: (calls in N run - calls in M run) / (N - M)
+    python3 - "$A" "$B" "$N" "$M" "$CASE" <<'PY'
+import sys
+def parse(path):
+    calls = {}
+    for line in open(path):
+        f = line.split()
+        if len(f) < 5 or not f[0][0].isdigit():
+            continue
+        name = f[-1]
+        if name == "total":
+            continue
+        # columns: %time seconds usecs/call calls [errors] syscall
+        calls[name] = int(f[3])
+    return calls
+a, b = parse(sys.argv[1]), parse(sys.argv[2])
+n, m, case = int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+rows = sorted(((b.get(k, 0) - a.get(k, 0)) / (n - m), k) for k in set(a) | set(b))
+total = sum(r for r, _ in rows)
+print(f"{case} strace: {n} vs {m} requests: {total:.2f} syscalls/request")
+for r, k in reversed(rows):
+    if abs(r) >= 0.005:
+        print(f"  {k:<16} {r:6.2f}")
+PY
+fi
+if [[ -n $KEEP ]]; then echo "outputs in $OUTDIR" >&2; fi
