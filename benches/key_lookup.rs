@@ -7,6 +7,9 @@
 
 use std::time::Duration;
 
+#[path = "support/mod.rs"]
+mod support;
+
 use criterion::{Criterion, criterion_group, criterion_main};
 use tollgate::identity::RateTier;
 use tollgate::identity::cache::KeyCache;
@@ -22,19 +25,6 @@ fn identity(rt: &tokio::runtime::Runtime, config: StoreConfig, cache: KeyCache) 
         let ws = id.create_workspace("bench", RateTier::Free).await.ok()?;
         let (_, key) = id.create_key(&ws.id, NewKey::default()).await.ok()?;
         Some((id, key))
-    })
-}
-
-/// A database of its own (`tollgate_bench`, recreated) on the server of `DATABASE_URL`.
-fn bench_database(rt: &tokio::runtime::Runtime) -> Option<String> {
-    let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
-    let (base, _) = url.rsplit_once('/')?;
-    rt.block_on(async {
-        let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.ok()?;
-        tokio::spawn(conn);
-        client.batch_execute("DROP DATABASE IF EXISTS tollgate_bench WITH (FORCE)").await.ok()?;
-        client.batch_execute("CREATE DATABASE tollgate_bench").await.ok()?;
-        Some(format!("{base}/tollgate_bench"))
     })
 }
 
@@ -54,7 +44,9 @@ fn bench(c: &mut Criterion) {
 
     g.bench_function("malformed_key_rejected", |b| b.iter(|| rt.block_on(hit.authenticate("rp_short")).unwrap_err()));
 
-    match bench_database(&rt).and_then(|url| identity(&rt, StoreConfig::Postgres { url }, never_fresh())) {
+    match support::bench_database(&rt, "tollgate_bench")
+        .and_then(|url| identity(&rt, StoreConfig::Postgres { url }, never_fresh()))
+    {
         Some((pg, key)) => {
             g.bench_function("cache_miss_postgres", |b| b.iter(|| rt.block_on(pg.authenticate(&key)).unwrap()));
         }

@@ -10,6 +10,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+#[path = "support/mod.rs"]
+mod support;
+
 use criterion::{Criterion, criterion_group, criterion_main};
 use futures::StreamExt;
 use tollgate::identity::{RateTier, Workspace, now_ms};
@@ -50,23 +53,11 @@ async fn billed_request(l: &dyn LedgerStore, ws: &str) {
     l.settle(&s).await.unwrap();
 }
 
-fn bench_database(rt: &tokio::runtime::Runtime) -> Option<String> {
-    let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
-    let (base, _) = url.rsplit_once('/')?;
-    rt.block_on(async {
-        let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.ok()?;
-        tokio::spawn(conn);
-        client.batch_execute("DROP DATABASE IF EXISTS tollgate_bench_ledger WITH (FORCE)").await.ok()?;
-        client.batch_execute("CREATE DATABASE tollgate_bench_ledger").await.ok()?;
-        Some(format!("{base}/tollgate_bench_ledger"))
-    })
-}
-
 fn bench(c: &mut Criterion) {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let dir = std::env::temp_dir().join(format!("tollgate-bench-ledger-{}", std::process::id()));
     let mut stores = vec![("sqlite", StoreConfig::Sqlite { path: dir.join("ledger.db") })];
-    match bench_database(&rt) {
+    match support::bench_database(&rt, "tollgate_bench_ledger") {
         Some(url) => stores.push(("postgres", StoreConfig::Postgres { url })),
         None => eprintln!("ledger: PostgreSQL not reachable, its rows are not measured"),
     }
