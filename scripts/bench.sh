@@ -6,7 +6,7 @@
 #   scripts/bench.sh [--quick] [--no-build]
 #
 #   --quick      3-second runs (default: BENCH_SECONDS, else 10)
-#   --no-build   use the binaries already in target/release
+#   --no-build   use the binaries already in target/release (or BENCH_BIN_DIR)
 #
 # Environment (all optional):
 #   BENCH_SECONDS=10        length of each measured run
@@ -25,6 +25,18 @@
 #                           direct baseline, without the nginx/gateway/stream runs
 #   REDIS_URL=redis://127.0.0.1:6379   Redis of gw-limits-redis (BENCH_LIMITS only; must
 #                           answer PING, else the bench stops: eval "$(scripts/services.sh)")
+#   BENCH_BILLING=0         1: also run the billing comparison (credits ledger, see below) for
+#                           the non-streamed cases; only: that comparison and the direct
+#                           baseline (combines with BENCH_LIMITS: the union of both sets)
+#   DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres   PostgreSQL server of the
+#                           -pg targets (BENCH_BILLING only): a fresh database is created on it
+#                           per run and dropped at exit (BENCH_KEEP_DB=1 keeps it); it must
+#                           answer, else the bench stops: eval "$(scripts/services.sh)"
+#   BENCH_PG_STATS_WAIT=11  seconds to wait before reading pg_stat_database around each -pg
+#                           run (an idle backend publishes its counters up to 10 s late)
+#   BENCH_BIN_DIR=          directory holding tollgate and tollgate-mock-replica to use
+#                           instead of target/release (implies --no-build): copy the binaries
+#                           there first when another build may overwrite target/release
 #
 # What it does: starts the mock replica (1 thread, pinned to the backend core), the
 # gateway (threads: 1, pinned to the proxy core) and nginx (1 worker, pinned to the proxy
@@ -35,7 +47,14 @@
 # key: gw-auth (auth + chat_completions), gw-limits-mem (plus connection_gate and limits on
 # the in-process store) and gw-limits-redis (the same on Redis, a fresh key prefix per run);
 # limits are set so high that every request is admitted (any non-2xx is reported), and the
-# Redis commands of each measured run are read from INFO commandstats. CPU time of the
+# Redis commands of each measured run are read from INFO commandstats. With BENCH_BILLING
+# four gateways (ports base+4,5 and base+10..base+15): gw-auth and gw-auth-pg (auth +
+# chat_completions, identity on SQLite / on PostgreSQL: the baselines) and gw-billing-sqlite
+# and gw-billing-pg (plus billing on the same stores); the workspace gets 1,000,000 dollars
+# of credits so every request places a hold and settles; around each measured run the
+# ledger rows, the gateway's PostgreSQL sockets (ss: sends and receives) and, for
+# PostgreSQL, pg_stat_database and the CPU of the bench database's backends are read; after
+# the runs the ledger check of the admin API must be consistent with no open hold. CPU time of the
 # gateway and of nginx (master + worker) comes from utime+stime in /proc/PID/stat around
 # each run, divided by the requests wrk completed. The table goes to stdout; everything raw (wrk
 # output, process logs, configs, the table) to target/bench/load-<time>/. See
@@ -82,11 +101,28 @@ BACKEND_CPU=${BENCH_BACKEND_CPU:-1}
 TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
 LIMITS=${BENCH_LIMITS:-0}
 REDIS_URL=${REDIS_URL:-redis://127.0.0.1:6379}
-# The rate-limit comparison: name, listen port, admin port of each extra gateway.
+BILLING=${BENCH_BILLING:-0}
+DATABASE_URL=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}
+PG_STATS_WAIT=${BENCH_PG_STATS_WAIT:-11}
+BIN_DIR=${BENCH_BIN_DIR:-}
+# The rate-limit and billing comparisons: name, listen port, admin port of each extra
+# gateway (gw-auth, the baseline on SQLite, belongs to both).
 LIMIT_TARGETS=(gw-auth gw-limits-mem gw-limits-redis)
-declare -A LT_PORT=([gw-auth]=$((PORT_BASE + 4)) [gw-limits-mem]=$((PORT_BASE + 6)) [gw-limits-redis]=$((PORT_BASE + 8)))
-declare -A LT_ADMIN=([gw-auth]=$((PORT_BASE + 5)) [gw-limits-mem]=$((PORT_BASE + 7)) [gw-limits-redis]=$((PORT_BASE + 9)))
+BILLING_TARGETS=(gw-auth gw-billing-sqlite gw-auth-pg gw-billing-pg)
+declare -A LT_PORT=([gw-auth]=$((PORT_BASE + 4)) [gw-limits-mem]=$((PORT_BASE + 6)) [gw-limits-redis]=$((PORT_BASE + 8))
+    [gw-auth-pg]=$((PORT_BASE + 10)) [gw-billing-sqlite]=$((PORT_BASE + 12)) [gw-billing-pg]=$((PORT_BASE + 14)))
+declare -A LT_ADMIN=([gw-auth]=$((PORT_BASE + 5)) [gw-limits-mem]=$((PORT_BASE + 7)) [gw-limits-redis]=$((PORT_BASE + 9))
+    [gw-auth-pg]=$((PORT_BASE + 11)) [gw-billing-sqlite]=$((PORT_BASE + 13)) [gw-billing-pg]=$((PORT_BASE + 15)))
 declare -A LT_PID=()
+# The extra gateways to start, in order (gw-auth first: it creates the SQLite workspace;
+# gw-auth-pg before gw-billing-pg: it creates the PostgreSQL one).
+EXTRA_TARGETS=()
+if [[ $LIMITS != 0 ]]; then EXTRA_TARGETS+=("${LIMIT_TARGETS[@]}"); fi
+if [[ $BILLING != 0 ]]; then
+    for t in "${BILLING_TARGETS[@]}"; do
+        if [[ " ${EXTRA_TARGETS[*]} " != *" $t "* ]]; then EXTRA_TARGETS+=("$t"); fi
+    done
+fi
 
 log() { printf '[bench] %s\n' "$*" >&2; }
 die() {
@@ -99,6 +135,8 @@ die() {
 [[ $ROUNDS =~ ^[0-9]+$ && $ROUNDS -ge 1 ]] || die "BENCH_ROUNDS must be a whole number >= 1"
 [[ $(uname -s) == Linux ]] || die "needs Linux (/proc/PID/stat for CPU time)"
 [[ $LIMITS == 0 || $LIMITS == 1 || $LIMITS == only ]] || die "BENCH_LIMITS must be 0, 1 or only"
+[[ $BILLING == 0 || $BILLING == 1 || $BILLING == only ]] || die "BENCH_BILLING must be 0, 1 or only"
+[[ $PG_STATS_WAIT =~ ^[0-9]+$ ]] || die "BENCH_PG_STATS_WAIT must be a whole number of seconds"
 
 # ---- tools ------------------------------------------------------------------------------
 apt_install() {
@@ -128,6 +166,23 @@ if [[ $LIMITS != 0 ]]; then
     [[ $pong == PONG ]] ||
         die "Redis at $REDIS_URL is not reachable (redis-cli PING: ${pong:-no answer}); start it with: eval \"\$(scripts/services.sh)\""
 fi
+PG_DB=""
+PG_BENCH_URL=""
+PG_PORT=""
+if [[ $BILLING != 0 ]]; then
+    command -v jq >/dev/null || apt_install jq
+    command -v sqlite3 >/dev/null || apt_install sqlite3
+    command -v psql >/dev/null || apt_install postgresql-client
+    command -v ss >/dev/null || apt_install iproute2
+    [[ $DATABASE_URL == postgres://* || $DATABASE_URL == postgresql://* ]] ||
+        die "DATABASE_URL must be a postgres:// URL (got $DATABASE_URL)"
+    pgans=$(psql "$DATABASE_URL" -qtAX -c 'select 1' 2>&1) || true
+    [[ $pgans == 1 ]] ||
+        die "PostgreSQL at ${DATABASE_URL/\/\/*@/\/\/***@} is not reachable (psql: ${pgans:-no answer}); start it with: eval \"\$(scripts/services.sh)\""
+    # The port the gateways connect to (their sockets are found by it).
+    PG_PORT=$(sed -E 's|^[a-z]+://([^@/]*@)?[^:/?]*(:([0-9]+))?.*|\3|' <<<"$DATABASE_URL")
+    PG_PORT=${PG_PORT:-5432}
+fi
 TASKSET=$(command -v taskset || true)
 if [[ -z $TASKSET ]]; then
     log "taskset not found: processes are not pinned (install util-linux for pinning)"
@@ -149,13 +204,19 @@ prefix_for() {
     if [[ -n $TASKSET ]]; then PREFIX+=("$TASKSET" -c "$1"); fi
 }
 
-if [[ $BUILD == 1 ]]; then
-    log "cargo build --release --bins"
-    cargo build --release --bins --quiet
+if [[ -n $BIN_DIR ]]; then
+    GW_BIN=$BIN_DIR/tollgate
+    MOCK_BIN=$BIN_DIR/tollgate-mock-replica
+    [[ -x $GW_BIN && -x $MOCK_BIN ]] || die "tollgate and tollgate-mock-replica missing in BENCH_BIN_DIR=$BIN_DIR"
+else
+    if [[ $BUILD == 1 ]]; then
+        log "cargo build --release --bins"
+        cargo build --release --bins --quiet
+    fi
+    GW_BIN=$TARGET_DIR/release/tollgate
+    MOCK_BIN=$TARGET_DIR/release/tollgate-mock-replica
+    [[ -x $GW_BIN && -x $MOCK_BIN ]] || die "release binaries missing in $TARGET_DIR/release (run without --no-build)"
 fi
-GW_BIN=$TARGET_DIR/release/tollgate
-MOCK_BIN=$TARGET_DIR/release/tollgate-mock-replica
-[[ -x $GW_BIN && -x $MOCK_BIN ]] || die "release binaries missing in $TARGET_DIR/release (run without --no-build)"
 
 # ---- ports, temp dir, cleanup -----------------------------------------------------------
 port_listening() {
@@ -166,8 +227,8 @@ port_listening() {
     fi
 }
 ALL_PORTS=("$MOCK_PORT" "$NGINX_PORT" "$GW_PORT" "$ADMIN_PORT")
-if [[ $LIMITS != 0 ]]; then
-    for t in "${LIMIT_TARGETS[@]}"; do ALL_PORTS+=("${LT_PORT[$t]}" "${LT_ADMIN[$t]}"); done
+if [[ ${#EXTRA_TARGETS[@]} -gt 0 ]]; then
+    for t in "${EXTRA_TARGETS[@]}"; do ALL_PORTS+=("${LT_PORT[$t]}" "${LT_ADMIN[$t]}"); done
 fi
 for p in "${ALL_PORTS[@]}"; do
     if port_listening "$p"; then
@@ -206,6 +267,10 @@ cleanup() {
             xargs -r -n 500 redis-cli -u "$REDIS_URL" UNLINK >/dev/null 2>&1 || true
     fi
     cp "$WORK"/*.log "$WORK"/nginx/error.log "$OUT"/ 2>/dev/null || true
+    if [[ -n ${PG_DB:-} && ${BENCH_KEEP_DB:-0} != 1 ]]; then
+        psql "$DATABASE_URL" -qtAX -c "DROP DATABASE IF EXISTS $PG_DB WITH (FORCE)" >/dev/null 2>&1 ||
+            log "could not drop the database $PG_DB"
+    fi
     rm -rf "$WORK"
     exit "$rc"
 }
@@ -300,23 +365,51 @@ start nginx "$PROXY_CPU" "$NGINX_BIN" -p "$WORK/nginx" -e "$WORK/nginx/error.log
 NGINX_PID=$LAST_PID
 wait_listening nginx "$NGINX_PID" "$NGINX_PORT"
 
-# ---- the rate-limit comparison (BENCH_LIMITS) -------------------------------------------
-# Three gateways like the one above plus an identity store (one SQLite file and one set of
-# secrets, shared) and the auth plugin; two of them also run connection_gate and limits,
-# with limits so high that nothing is refused, on the in-process store and on Redis.
+# ---- the rate-limit and billing comparisons (BENCH_LIMITS, BENCH_BILLING) ---------------
+# Gateways like the one above plus an identity store and the auth plugin. The SQLite ones
+# (gw-auth, gw-limits-*, gw-billing-sqlite) share one SQLite file and one workspace and key;
+# the PostgreSQL ones (gw-auth-pg, gw-billing-pg) share a fresh database with its own
+# workspace and key; all share one set of secrets. The limits variants run connection_gate
+# and limits, with limits so high that nothing is refused, on the in-process store and on
+# Redis; the billing variants run billing, with a balance no run can exhaust.
 API_KEY=""
+PG_API_KEY=""
+WS_SQLITE=""
+WS_PG=""
 REDIS_PREFIX=""
-if [[ $LIMITS != 0 ]]; then
+# store_of TARGET: sqlite or pg (the identity store, and so the workspace and key, it uses).
+store_of() { if [[ $1 == *-pg ]]; then echo pg; else echo sqlite; fi; }
+key_of() { if [[ $(store_of "$1") == pg ]]; then echo "$PG_API_KEY"; else echo "$API_KEY"; fi; }
+# admin TARGET PATH [BODY]: an admin API call through TARGET (POST with BODY, else GET).
+admin() {
+    local -a data=()
+    if [[ $# -ge 3 ]]; then data=(-H 'content-type: application/json' --data-binary "$3"); fi
+    curl -sS --max-time 10 -H "authorization: Bearer $(<"$ID/secrets/admin_token")" "${data[@]}" \
+        "http://127.0.0.1:${LT_ADMIN[$1]}$2"
+}
+if [[ ${#EXTRA_TARGETS[@]} -gt 0 ]]; then
     ID=$WORK/identity
     "$GW_BIN" init-secrets --dir "$ID/secrets" >"$WORK/init-secrets.log" 2>&1 ||
         die "tollgate init-secrets failed: $(cat "$WORK/init-secrets.log")"
     REDIS_PREFIX=tgbench-$STAMP-$$
-    for t in "${LIMIT_TARGETS[@]}"; do
+    if [[ $BILLING != 0 ]]; then
+        PG_DB=tollgate_bench_${STAMP,,}_$$
+        pgans=$(psql "$DATABASE_URL" -qtAX -c "CREATE DATABASE $PG_DB" 2>&1) ||
+            die "could not create the database $PG_DB: $pgans"
+        PG_BENCH_URL="${DATABASE_URL%/*}/$PG_DB"
+        log "PostgreSQL database $PG_DB created (dropped at exit unless BENCH_KEEP_DB=1)"
+    fi
+    for t in "${EXTRA_TARGETS[@]}"; do
         d=$WORK/$t
         mkdir -p "$d"
         cp "$WORK/gw/models.yaml" "$WORK/gw/upstreams.yaml" "$d/"
+        if [[ $(store_of "$t") == pg ]]; then
+            store="{ backend: postgres, url_env: DATABASE_URL }"
+        else
+            store="{ backend: sqlite, path: $ID/tollgate.db }"
+        fi
         {
-            cat <<EOF
+            cat <<EOC
 listen: 127.0.0.1:${LT_PORT[$t]}
 admin_listen: 127.0.0.1:${LT_ADMIN[$t]}
 threads: 1
@@ -326,26 +419,36 @@ shutdown:
   grace_period_seconds: 1
   graceful_shutdown_timeout_seconds: 1
 identity:
-  store: { backend: sqlite, path: $ID/tollgate.db }
+  store: $store
   migrate_on_start: true
   key_pepper: { file: $ID/secrets/key_pepper }
   key_encryption_key: { file: $ID/secrets/key_encryption_key }
 admin:
   token_file: $ID/secrets/admin_token
-EOF
+EOC
             case $t in
-            gw-auth)
+            gw-auth | gw-auth-pg)
                 printf 'plugins:\n  - name: auth\n  - name: chat_completions\n'
+                ;;
+            gw-billing-*)
+                cat <<'EOC'
+billing:
+  topup_url: https://billing.example.com/top-up
+plugins:
+  - name: auth
+  - name: chat_completions
+  - name: billing
+EOC
                 ;;
             gw-limits-*)
                 if [[ $t == gw-limits-redis ]]; then
-                    store="{ backend: redis, url_env: REDIS_URL, prefix: $REDIS_PREFIX }"
+                    lstore="{ backend: redis, url_env: REDIS_URL, prefix: $REDIS_PREFIX }"
                 else
-                    store="{ backend: in_process }"
+                    lstore="{ backend: in_process }"
                 fi
-                cat <<EOF
+                cat <<EOC
 limits:
-  store: $store
+  store: $lstore
   connection_gate: { per_address_per_minute: 100000000, service_per_minute: 100000000 }
   requests_per_minute: { free: 100000000, core: 100000000, enterprise: 100000000 }
   workspace_concurrency: { free: 100000, core: 100000, enterprise: 100000 }
@@ -354,32 +457,40 @@ plugins:
   - name: auth
   - name: chat_completions
   - name: limits
-EOF
+EOC
                 ;;
             esac
         } >"$d/tollgate.yaml"
         cp "$d/tollgate.yaml" "$OUT/tollgate-$t.yaml"
         log "$t on 127.0.0.1:${LT_PORT[$t]} (threads: 1, core $PROXY_CPU)"
-        start "$t" "$PROXY_CPU" env RUST_LOG=warn TMPDIR="$d" REDIS_URL="$REDIS_URL" "$GW_BIN" serve \
-            --config "$d/tollgate.yaml"
+        start "$t" "$PROXY_CPU" env RUST_LOG=warn TMPDIR="$d" REDIS_URL="$REDIS_URL" DATABASE_URL="$PG_BENCH_URL" \
+            "$GW_BIN" serve --config "$d/tollgate.yaml"
         LT_PID[$t]=$LAST_PID
         wait_listening "$t" "$LAST_PID" "${LT_PORT[$t]}"
         wait_listening "$t" "$LAST_PID" "${LT_ADMIN[$t]}"
-        if [[ $t == gw-auth ]]; then
-            # The first gateway has migrated the store: a workspace and a key, once.
-            admin() {
-                curl -sS --max-time 10 -H "authorization: Bearer $(<"$ID/secrets/admin_token")" \
-                    -H 'content-type: application/json' --data-binary "$2" \
-                    "http://127.0.0.1:${LT_ADMIN[gw-auth]}$1"
-            }
-            ans=$(admin /admin/v1/workspaces '{"name":"bench"}') || die "admin API: $ans"
+        case $t in
+        gw-auth | gw-auth-pg)
+            # The first gateway on each store has migrated it: a workspace and a key, once.
+            ans=$(admin "$t" /admin/v1/workspaces '{"name":"bench"}') || die "admin API: $ans"
             ws=$(jq -r '.id // empty' <<<"$ans")
             [[ -n $ws ]] || die "workspace not created: $ans"
-            ans=$(admin "/admin/v1/workspaces/$ws/keys" '{"name":"bench"}') || die "admin API: $ans"
-            API_KEY=$(jq -r '.key // empty' <<<"$ans")
-            [[ -n $API_KEY ]] || die "key not created: $ans"
-            log "workspace $ws and one API key created through the admin API"
-        fi
+            ans=$(admin "$t" "/admin/v1/workspaces/$ws/keys" '{"name":"bench"}') || die "admin API: $ans"
+            key=$(jq -r '.key // empty' <<<"$ans")
+            [[ -n $key ]] || die "key not created: $ans"
+            if [[ $t == gw-auth ]]; then API_KEY=$key WS_SQLITE=$ws; else PG_API_KEY=$key WS_PG=$ws; fi
+            log "workspace $ws and one API key created through $t's admin API"
+            ;;
+        gw-billing-*)
+            # Credits: 100,000,000 cents (the most one purchase may be). A request holds 1 cent
+            # (512 output tokens at 0.30 dollars per million, rounded up) and settles a few
+            # microcents, so no run comes near running out.
+            if [[ $t == gw-billing-pg ]]; then ws=$WS_PG; else ws=$WS_SQLITE; fi
+            ans=$(admin "$t" "/admin/v1/workspaces/$ws/credits" '{"amount_cents":100000000,"source":"purchase"}') ||
+                die "admin API: $ans"
+            [[ $(jq -r '.balance_cents // empty' <<<"$ans") -ge 100000000 ]] || die "top-up failed: $ans"
+            log "workspace $ws topped up through $t: $(jq -r .balance_cents <<<"$ans") cents"
+            ;;
+        esac
     done
 fi
 
@@ -398,6 +509,22 @@ port_of() {
     esac
 }
 
+# The ledger of a billing target, read from its store directly (not through the gateway).
+# ledger_sql TARGET SQL: the answer of SQL (one value) on TARGET's store.
+ledger_sql() {
+    if [[ $(store_of "$1") == pg ]]; then
+        psql "$PG_BENCH_URL" -qtAX -c "$2"
+    else
+        sqlite3 -cmd '.timeout 5000' "$ID/tollgate.db" "$2"
+    fi
+}
+# ledger_count TARGET WHERE: ledger entries of the bench workspace matching WHERE.
+ledger_count() {
+    local ws=$WS_SQLITE
+    if [[ $(store_of "$1") == pg ]]; then ws=$WS_PG; fi
+    ledger_sql "$1" "SELECT count(*) FROM ledger_entries WHERE workspace_id = '$ws' AND $2"
+}
+
 # check TARGET CASE: one request through TARGET must be a 200 of the expected shape.
 check() {
     local target=$1 case=$2 port body tokens code f
@@ -411,7 +538,7 @@ check() {
             --data-binary "@$body" "http://127.0.0.1:$port/v1/chat/completions") ||
             die "$target ($case): request failed"
         [[ $code == 401 ]] || die "$target ($case): HTTP $code without a key (expected 401): $(head -c 400 "$f")"
-        auth=(-H "authorization: Bearer $API_KEY")
+        auth=(-H "authorization: Bearer $(key_of "$target")")
     fi
     code=$(curl -sS -D "$f.headers" -o "$f" -w '%{http_code}' --max-time 10 -H 'content-type: application/json' \
         "${auth[@]}" -H "x-mock-tokens: $tokens" --data-binary "@$body" \
@@ -431,14 +558,28 @@ check() {
         grep -q '"model":"llama-3.1-8b-instruct"' "$f" || die "$target ($case): model not renamed"
         grep -q '"cost"' "$f" || die "$target ($case): no priced usage"
     fi
+    if [[ $target == gw-billing-* ]]; then
+        # The request must have placed a hold and settled (the settlement lands in the log
+        # phase, just after the answer).
+        local rid n=0
+        rid=$(tr -d '\r' <"$f.headers" | sed -n 's/^x-request-id: *//Ip' | head -1)
+        for _ in $(seq 20); do
+            n=$(ledger_count "$target" "kind = 'settlement'")
+            [[ $n -ge 1 ]] && break
+            sleep 0.1
+        done
+        [[ $n -ge 1 ]] || die "$target ($case): no settlement in the ledger after a priced request"
+        [[ $(ledger_count "$target" "kind = 'hold'") -ge 1 ]] || die "$target ($case): no hold in the ledger"
+        log "$target: the check request${rid:+ $rid} placed a hold and settled"
+    fi
     cp "$f" "$f.headers" "$OUT/"
 }
 for t in direct nginx gateway; do
     check "$t" json
     check "$t" sse
 done
-if [[ $LIMITS != 0 ]]; then
-    for t in "${LIMIT_TARGETS[@]}"; do check "$t" json; done
+if [[ ${#EXTRA_TARGETS[@]} -gt 0 ]]; then
+    for t in "${EXTRA_TARGETS[@]}"; do check "$t" json; done
 fi
 SSE_FRAMES=$(grep -c '^data: ' "$WORK/check-gateway-sse.out")
 log "responses check out (the 64-token stream is $SSE_FRAMES SSE frames, [DONE] included)"
@@ -547,6 +688,49 @@ redis_foreign() {
     END { print foreign + 0 }'
 }
 
+# The PostgreSQL side of a run against a -pg target.
+# pg_stats: "xact_commit xact_rollback tup_inserted tup_updated" of the bench database. A
+# backend publishes its counters when it goes idle, at most once a second, and an idle one
+# up to 10 s later: read after BENCH_PG_STATS_WAIT seconds of quiet.
+pg_stats() {
+    psql "$DATABASE_URL" -qtAX -F ' ' -c "SELECT xact_commit, xact_rollback, tup_inserted, tup_updated \
+        FROM pg_stat_database WHERE datname = '$PG_DB'" || die "pg_stat_database not readable"
+}
+# pg_backend_ticks: "pid ticks" (utime+stime) of every backend connected to the bench database.
+pg_backend_ticks() {
+    local pid s
+    local -a f
+    for pid in $(psql "$DATABASE_URL" -qtAX -c "SELECT pid FROM pg_stat_activity WHERE datname = '$PG_DB'"); do
+        s=$(<"/proc/$pid/stat") 2>/dev/null || continue
+        s=${s##*) }
+        read -r -a f <<<"$s"
+        echo "$pid $((f[11] + f[12]))"
+    done
+}
+# pg_socket_segs PID: "local-port data_segs_out data_segs_in" of each TCP connection of PID
+# to the PostgreSQL port: what the gateway sent to and received from the server. On
+# loopback every send of a small message is one segment, so the sends count round trips
+# (a pipelined batch is one send).
+pg_socket_segs() {
+    ss -Htinp "dport = :$PG_PORT" 2>/dev/null | awk -v pid="pid=$1," '
+    /^[A-Z]/ { n = split($4, a, ":"); port = a[n]; mine = index($0, pid) > 0; next }
+    mine {
+        o = 0; i = 0
+        for (k = 1; k <= NF; k++) {
+            if ($k ~ /^data_segs_out:/) o = substr($k, 15)
+            if ($k ~ /^data_segs_in:/) i = substr($k, 14)
+        }
+        print port, o, i
+        mine = 0
+    }'
+}
+# delta_sum BEFORE AFTER COLUMN: sum over the keys (first column) of AFTER of
+# AFTER[col] - BEFORE[col] (0 for a key new in AFTER).
+delta_sum() {
+    awk -v col="$3" 'FNR == NR { b[$1] = $col; next } { d += $col - (($1 in b) ? b[$1] : 0) } END { print d + 0 }' \
+        "$1" "$2"
+}
+
 # field NAME LINE : value of NAME=... in a BENCH line.
 field() { sed -n "s/.* $1=\([^ ]*\).*/\1/p" <<<"$2"; }
 
@@ -566,7 +750,7 @@ run() {
     prefix_for "$BACKEND_CPU"
     wrk=("${PREFIX[@]}" "${wrk[@]}")
     local key=""
-    if [[ $target == gw-* ]]; then key=$API_KEY; fi
+    if [[ $target == gw-* ]]; then key=$(key_of "$target"); fi
     export BENCH_BODY_FILE=$body BENCH_TOKENS=$tokens BENCH_DELAY_MS=$delay BENCH_API_KEY=$key
     if [[ $WARMUP -gt 0 ]]; then "${wrk[@]}" "-d${WARMUP}s" >/dev/null; fi
     local -a servers
@@ -577,6 +761,21 @@ run() {
         redis=1
         sleep 0.3 # the warm-up's last lease releases
         redis_info "$WORK/redis-before.txt"
+    fi
+    # Billing: ledger rows before the run; for PostgreSQL also its counters, the CPU of the
+    # database's backends and the gateway's sockets to it (after a quiet pause, see pg_stats).
+    local billing=0 pg=0 h0=0 st0=0 pgs0=""
+    if [[ $target == gw-billing-* ]]; then billing=1; fi
+    if [[ $target == *-pg ]]; then
+        pg=1
+        if [[ $PG_STATS_WAIT -gt 0 ]]; then sleep "$PG_STATS_WAIT"; fi
+        pgs0=$(pg_stats)
+        pg_backend_ticks >"$WORK/pgcpu-before.txt"
+        pg_socket_segs "${LT_PID[$target]}" >"$WORK/pgsegs-before.txt"
+    fi
+    if [[ $billing == 1 ]]; then
+        h0=$(ledger_count "$target" "kind = 'hold'")
+        st0=$(ledger_count "$target" "kind = 'settlement'")
     fi
     local p0 m0 p1 m1 n0=0 n1=0 busy0 steal0 busy1 steal1 s0 s1 c0 c1 t0 t1
     read -r busy0 steal0 < <(machine_ticks)
@@ -639,7 +838,57 @@ run() {
             log "WARNING: $name: ${rstats##* } other Redis client(s) ran commands during the run: the command counts include theirs"
         fi
     fi
-    RESULTS+=("$ROUND $case $target $rps $(field p50_us "$line") $(field p99_us "$line") $proxy_us $mock_us $errs $req $proxy_sched_us $other $steal $status_errs $rstats")
+    # Billing: holds and settlements per request and settled requests per second; for
+    # PostgreSQL transactions, rows written, sends/receives on the gateway's connections to
+    # it and its backends' CPU, per request. The settlements of the last requests land just
+    # after wrk stops (log phase): wait for them (and, for PostgreSQL, for its counters).
+    local bstats="- - - - - - - - -"
+    if [[ $billing == 1 || $pg == 1 ]]; then
+        sleep 0.5
+        local hpr="-" spr="-" sps="-" xpr="-" ipr="-" upr="-" opr="-" ipr2="-" cpr="-"
+        if [[ $billing == 1 ]]; then
+            local h1 st1
+            h1=$(ledger_count "$target" "kind = 'hold'")
+            st1=$(ledger_count "$target" "kind = 'settlement'")
+            hpr=$(awk -v d=$((h1 - h0)) -v n="$req" 'BEGIN{printf "%.3f", d/n}')
+            spr=$(awk -v d=$((st1 - st0)) -v n="$req" 'BEGIN{printf "%.3f", d/n}')
+            sps=$(awk -v d=$((st1 - st0)) -v t="$dur" 'BEGIN{printf "%.0f", d*1e6/t}')
+        fi
+        if [[ $pg == 1 ]]; then
+            pg_socket_segs "${LT_PID[$target]}" >"$WORK/pgsegs-after.txt"
+            pg_backend_ticks >"$WORK/pgcpu-after.txt"
+            if [[ $PG_STATS_WAIT -gt 0 ]]; then sleep "$PG_STATS_WAIT"; fi
+            local pgs1 x0 r0 i0 u0 x1 r1 i1 u1
+            pgs1=$(pg_stats)
+            read -r x0 r0 i0 u0 <<<"$pgs0"
+            read -r x1 r1 i1 u1 <<<"$pgs1"
+            xpr=$(awk -v d=$((x1 - x0)) -v n="$req" 'BEGIN{printf "%.3f", d/n}')
+            ipr=$(awk -v d=$((i1 - i0)) -v n="$req" 'BEGIN{printf "%.3f", d/n}')
+            upr=$(awk -v d=$((u1 - u0)) -v n="$req" 'BEGIN{printf "%.3f", d/n}')
+            opr=$(awk -v d="$(delta_sum "$WORK/pgsegs-before.txt" "$WORK/pgsegs-after.txt" 2)" -v n="$req" \
+                'BEGIN{printf "%.3f", d/n}')
+            ipr2=$(awk -v d="$(delta_sum "$WORK/pgsegs-before.txt" "$WORK/pgsegs-after.txt" 3)" -v n="$req" \
+                'BEGIN{printf "%.3f", d/n}')
+            cpr=$(awk -v t="$(delta_sum "$WORK/pgcpu-before.txt" "$WORK/pgcpu-after.txt" 2)" -v hz="$CLK_TCK" \
+                -v n="$req" 'BEGIN{printf "%.1f", t*1e6/hz/n}')
+            {
+                echo "pg_stat_database before (xact_commit xact_rollback tup_inserted tup_updated): $pgs0"
+                echo "pg_stat_database after: $pgs1"
+                echo "requests: $req"
+                echo "gateway sockets to PostgreSQL, before (port data_segs_out data_segs_in):"
+                cat "$WORK/pgsegs-before.txt"
+                echo "after:"
+                cat "$WORK/pgsegs-after.txt"
+                echo "backend CPU ticks before (pid ticks):"
+                cat "$WORK/pgcpu-before.txt"
+                echo "after:"
+                cat "$WORK/pgcpu-after.txt"
+            } >"$OUT/pg-$name${ROUNDS:+.round$ROUND}.txt"
+            if [[ $r1 != "$r0" ]]; then log "WARNING: $name: $((r1 - r0)) PostgreSQL transactions rolled back"; fi
+        fi
+        bstats="$hpr $spr $sps $xpr $ipr $upr $opr $ipr2 $cpr"
+    fi
+    RESULTS+=("$ROUND $case $target $rps $(field p50_us "$line") $(field p99_us "$line") $proxy_us $mock_us $errs $req $proxy_sched_us $other $steal $status_errs $rstats $bstats")
     if [[ $errs -gt 0 ]]; then log "WARNING: $name had $errs errors (see $raw)"; fi
     if [[ $target == gw-* && $status_errs != 0 ]]; then
         log "WARNING: $name: $status_errs answers were not 2xx/3xx: the figures are not for admitted requests only"
@@ -662,18 +911,20 @@ run() {
     if [[ $LIMITS != 0 ]]; then
         echo "redis: ${REDIS_URL/\/\/*@/\/\/***@}, $(redis-cli -u "$REDIS_URL" INFO server | tr -d '\r' | grep -m1 '^redis_version:'), key prefix {$REDIS_PREFIX}"
     fi
+    if [[ $BILLING != 0 ]]; then
+        echo "postgres: ${DATABASE_URL/\/\/*@/\/\/***@}, $(psql "$DATABASE_URL" -qtAX -c 'SHOW server_version'), database $PG_DB"
+        echo "sqlite: $(sqlite3 --version | cut -d' ' -f1) (CLI, for the ledger counts)"
+    fi
     echo "loadavg before: $(cut -d' ' -f1-3 /proc/loadavg)"
 } >"$OUT/env.txt"
 
 JSON_TARGETS=(direct nginx gateway)
 SSE_TARGETS=(direct nginx gateway)
-case $LIMITS in
-1) JSON_TARGETS+=("${LIMIT_TARGETS[@]}") ;;
-only)
-    JSON_TARGETS=(direct "${LIMIT_TARGETS[@]}")
+if [[ $LIMITS == only || $BILLING == only ]] && [[ $LIMITS != 1 && $BILLING != 1 ]]; then
+    JSON_TARGETS=(direct)
     SSE_TARGETS=()
-    ;;
-esac
+fi
+if [[ ${#EXTRA_TARGETS[@]} -gt 0 ]]; then JSON_TARGETS+=("${EXTRA_TARGETS[@]}"); fi
 PACED_DELAY=$(awk -v c="$PACED_CONNS" -v r="$RATE" 'BEGIN{d=c*1000/r; printf "%d", (d<1?1:d)}')
 for ROUND in $(seq "$ROUNDS"); do
     if [[ $ROUNDS -gt 1 ]]; then log "round $ROUND of $ROUNDS"; fi
@@ -682,6 +933,25 @@ for ROUND in $(seq "$ROUNDS"); do
     for t in "${JSON_TARGETS[@]}"; do run "json16@${RATE}rps" "$t" "$PACED_CONNS" "$PACED_DELAY"; done
 done
 echo "loadavg after: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$OUT/env.txt"
+
+# The ledgers once the runs are over: every hold settled or released (held_cents 0) and the
+# stored balance equal to the sum of the entries (the admin API's check).
+LEDGER_CHECK=()
+if [[ $BILLING != 0 ]]; then
+    sleep 1
+    for t in gw-billing-sqlite gw-billing-pg; do
+        if [[ $t == gw-billing-pg ]]; then ws=$WS_PG; else ws=$WS_SQLITE; fi
+        admin "$t" "/admin/v1/workspaces/$ws/ledger" >"$OUT/ledger-$t.json" || die "admin API: ledger of $ws"
+        line=$(jq -r '"balance_cents=\(.balance_cents) held_cents=\(.held_cents) carry_microcents=\(.carry_microcents) derived_balance_cents=\(.check.derived_balance_cents) consistent=\(.check.consistent)"' \
+            "$OUT/ledger-$t.json")
+        open=$(ledger_sql "$t" "SELECT count(*) FROM holds WHERE workspace_id = '$ws' AND state = 'open'")
+        entries=$(ledger_sql "$t" "SELECT kind || ':' || count(*) FROM ledger_entries WHERE workspace_id = '$ws' GROUP BY kind ORDER BY kind" | tr '\n' ' ')
+        LEDGER_CHECK+=("$t: $line open_holds=$open entries: $entries")
+        if [[ $line != *"held_cents=0 "* || $line != *consistent=true* ]]; then
+            log "WARNING: $t: the ledger after the runs is not settled and consistent: $line"
+        fi
+    done
+fi
 
 # ---- report -----------------------------------------------------------------------------
 printf '%s\n' "${RESULTS[@]}" >"$OUT/results.tsv"
@@ -719,7 +989,7 @@ report() {
             "proxy CPU", "proxy CPU", "mock CPU", "errors", "other", "steal"
         printf fmt, "", "", "", "", "", "", "", "us/req", "us/req", "us/req", "", "CPU %", "%"
         printf fmt, "", "", "", "", "", "", "", "(stat)", "(schedstat)", "(stat)", "", "", ""
-        nts = split("direct nginx gateway gw-auth gw-limits-mem gw-limits-redis", ts, " ")
+        nts = split("direct nginx gateway gw-auth gw-limits-mem gw-limits-redis gw-billing-sqlite gw-auth-pg gw-billing-pg", ts, " ")
         for (i = 1; i <= n; i++) {
             c = order[i]
             for (j = 1; j <= nts; j++) {
@@ -813,7 +1083,53 @@ report() {
                 printf "; other Redis clients active: %d%s\n", fr, (fr > 0 ? " (counts include theirs)" : "")
             }
         }
+        # The billing comparison (BENCH_BILLING): each billing variant against the baseline
+        # on the same identity store (gw-auth: SQLite, gw-auth-pg: PostgreSQL).
+        split("gw-auth gw-billing-sqlite gw-auth-pg gw-billing-pg", bt, " ")
+        bfmt = "%-17s %7s %8s %8s %7s %9s %8s %8s %8s %7s %7s %7s %7s %9s\n"
+        for (i = 1; i <= n; i++) {
+            c = order[i]
+            if (!((c, "gw-billing-sqlite") in cnt) && !((c, "gw-billing-pg") in cnt)) continue
+            print ""
+            printf "billing, %s (CPU: gateway us/req, stat; schedstat in brackets; + columns against the baseline on the same store)\n", c
+            printf bfmt, "target", "req/s", "p50 ms", "p99 ms", "CPU", "", "+p50 ms", "+p99 ms", "+CPU us", "+CPU %",
+                "non-2xx", "holds", "settles", "settled/s"
+            for (j = 1; j <= 4; j++) {
+                t = bt[j]
+                if (!((c, t) in cnt)) continue
+                base = (t == "gw-billing-sqlite") ? "gw-auth" : (t == "gw-billing-pg") ? "gw-auth-pg" : ""
+                ok = (base != "" && ((c, base) in cnt))
+                d50 = ok ? plus(P50[c, t] - P50[c, base]) : "-"
+                d99 = ok ? plus(P99[c, t] - P99[c, base]) : "-"
+                dcpu = ok ? sprintf("%+.1f", cpu[c, t] - cpu[c, base]) : "-"
+                pcpu = ok ? sprintf("%+.0f%%", 100 * (cpu[c, t] - cpu[c, base]) / cpu[c, base]) : "-"
+                ss = (sched[c, t] == "-") ? "" : sprintf("[%.1f]", sched[c, t])
+                nerr = 0
+                for (k = 1; k <= cnt[c, t]; k++) nerr += v[c, t, 14, k]
+                printf bfmt, t, sprintf("%.0f", med(c, t, 4)), ms(P50[c, t]), ms(P99[c, t]),
+                    sprintf("%.1f", cpu[c, t]), ss, d50, d99, dcpu, pcpu, nerr, med(c, t, 23), med(c, t, 24), med(c, t, 25)
+                if (ok && rounds > 1) {
+                    line = "  +CPU per round:"
+                    for (k = 1; k <= rounds; k++)
+                        if (ratio_in[k, c, base] + 0 > 0)
+                            line = line sprintf(" %+.1f (%+.0f%%)", ratio_in[k, c, t] - ratio_in[k, c, base],
+                                100 * (ratio_in[k, c, t] - ratio_in[k, c, base]) / ratio_in[k, c, base])
+                    print line
+                }
+            }
+            for (j = 3; j <= 4; j++) {
+                t = bt[j]
+                if (!((c, t) in cnt)) continue
+                printf "PostgreSQL per request, %s: transactions %s (xact_commit), rows inserted %s, updated %s; gateway sends %s / receives %s on its connections to it; backend CPU %s us\n",
+                    t, med(c, t, 26), med(c, t, 27), med(c, t, 28), med(c, t, 29), med(c, t, 30), med(c, t, 31)
+            }
+        }
     }' "$OUT/results.tsv"
+    if [[ ${#LEDGER_CHECK[@]} -gt 0 ]]; then
+        echo
+        echo "ledgers after the runs (admin API check; open holds and entries from the store):"
+        printf '  %s\n' "${LEDGER_CHECK[@]}"
+    fi
 }
 report | tee "$OUT/summary.txt"
 echo
