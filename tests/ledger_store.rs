@@ -67,7 +67,37 @@ both_backends!(
     concurrent_holds_never_overdraw,
     freezing,
     expired_credit_is_removed_once_and_spending_uses_it_first,
+    racing_settlements_of_one_request_debit_once,
 );
+
+async fn racing_settlements_of_one_request_debit_once(s: Stores) {
+    let ws = workspace(&s).await;
+    let l: Arc<dyn LedgerStore> = s.ledger.clone();
+    l.top_up(&ws, 1000, "purchase", None, now_ms()).await.unwrap();
+    let now = now_ms();
+    l.place_hold("race", &ws, Some("key_a"), 10, now + 60_000, now).await.unwrap();
+    let tasks: Vec<_> = (0..8)
+        .map(|_| {
+            let (l, ws) = (l.clone(), ws.clone());
+            tokio::spawn(async move { l.settle(&settlement(&ws, "race", 3_000_000)).await.unwrap() })
+        })
+        .collect();
+    let mut settled = 0;
+    for t in tasks {
+        match t.await.unwrap() {
+            SettleOutcome::Settled { debit_cents, .. } => {
+                assert_eq!(debit_cents, 3);
+                settled += 1;
+            }
+            SettleOutcome::AlreadySettled => {}
+        }
+    }
+    assert_eq!(settled, 1, "exactly one of eight racing settlements applies");
+    let b = l.balance(&ws).await.unwrap().unwrap();
+    assert_eq!((b.balance_cents, b.held_cents), (997, 0));
+    assert_eq!(l.derived_balance(&ws).await.unwrap(), 997);
+    assert_eq!(l.key_month_spend("key_a", "2026-11").await.unwrap(), 3_000_000);
+}
 
 async fn expired_credit_is_removed_once_and_spending_uses_it_first(s: Stores) {
     let ws = workspace(&s).await;

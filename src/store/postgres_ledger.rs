@@ -7,8 +7,7 @@ use deadpool_postgres::GenericClient;
 
 use super::StoreError;
 use super::ledger::{
-    Balance, HoldOutcome, LedgerEntry, LedgerStore, LiveTopUp, SettleOutcome, Settlement, debit_with_carry,
-    expiring_credit,
+    Balance, HoldOutcome, LedgerEntry, LedgerStore, LiveTopUp, SettleOutcome, Settlement, expiring_credit,
 };
 use super::postgres::PostgresStore;
 use crate::identity::Millis;
@@ -132,46 +131,59 @@ impl LedgerStore for PostgresStore {
     }
 
     async fn settle(&self, s: &Settlement) -> Result<SettleOutcome, StoreError> {
-        let s = s.clone();
-        self.read(move |mut c| async move {
-            let tx = c.transaction().await?;
-            let carry: i64 = tx
-                .query_one("SELECT carry_microcents FROM workspaces WHERE id = $1 FOR UPDATE", &[&s.workspace_id])
-                .await?
-                .try_get(0)?;
-            let done = tx
-                .query_opt("SELECT id FROM ledger_entries WHERE request_id = $1 AND kind = 'settlement'", &[&s.request_id])
-                .await?;
-            if done.is_some() {
-                return Ok(SettleOutcome::AlreadySettled);
-            }
-            release_open_hold(&tx, &s.request_id, "settled", s.now).await?;
-            let (debit, carry) = debit_with_carry(carry, s.cost_microcents);
-            let balance: i64 = tx
-                .query_one(
-                    "UPDATE workspaces SET balance_cents = balance_cents - $2, carry_microcents = $3 WHERE id = $1 RETURNING balance_cents",
-                    &[&s.workspace_id, &debit, &carry],
-                )
-                .await?
-                .try_get(0)?;
-            tx.execute(
-                "INSERT INTO ledger_entries (workspace_id, kind, amount_cents, request_id, key_id, cost_microcents, created_at) \
-                 VALUES ($1, 'settlement', $2, $3, $4, $5, $6)",
-                &[&s.workspace_id, &-debit, &s.request_id, &s.key_id, &s.cost_microcents, &s.now],
-            )
-            .await?;
-            if let Some(key) = &s.key_id {
-                tx.execute(
-                    "INSERT INTO key_month_spend (key_id, month, spent_microcents) VALUES ($1, $2, $3) \
-                     ON CONFLICT (key_id, month) DO UPDATE SET spent_microcents = key_month_spend.spent_microcents + EXCLUDED.spent_microcents",
-                    &[key, &s.month, &s.cost_microcents],
+        let mut s = s.clone();
+        s.cost_microcents = s.cost_microcents.max(0);
+        self.read(move |c| async move {
+            // One statement, one round trip: lock the workspace row, release the hold, debit
+            // whole cents with the carry, write both entries and the key's month spend. A
+            // second settlement of the request finds its entry and changes nothing; two racing
+            // ones are told apart by the unique (request_id, kind) index.
+            let st = c
+                .prepare_cached(
+                    "WITH c AS (SELECT carry_microcents FROM workspaces WHERE id = $2 FOR UPDATE), \
+                          d AS (SELECT (carry_microcents + $3) / 1000000 AS debit, \
+                                       (carry_microcents + $3) % 1000000 AS carry FROM c \
+                                WHERE NOT EXISTS (SELECT 1 FROM ledger_entries WHERE request_id = $1 AND kind = 'settlement')), \
+                          h AS (UPDATE holds SET state = 'settled' \
+                                WHERE request_id = $1 AND state = 'open' AND EXISTS (SELECT 1 FROM d) \
+                                RETURNING key_id, amount_cents), \
+                          w AS (UPDATE workspaces SET \
+                                  balance_cents = balance_cents + COALESCE((SELECT amount_cents FROM h), 0) - d.debit, \
+                                  held_cents = held_cents - COALESCE((SELECT amount_cents FROM h), 0), \
+                                  carry_microcents = d.carry \
+                                FROM d WHERE id = $2 RETURNING balance_cents), \
+                          r AS (INSERT INTO ledger_entries (workspace_id, kind, amount_cents, request_id, key_id, created_at) \
+                                SELECT $2, 'hold_release', amount_cents, $1, key_id, $6 FROM h), \
+                          e AS (INSERT INTO ledger_entries \
+                                  (workspace_id, kind, amount_cents, request_id, key_id, cost_microcents, created_at) \
+                                SELECT $2, 'settlement', -debit, $1, $4, $3, $6 FROM d), \
+                          k AS (INSERT INTO key_month_spend (key_id, month, spent_microcents) \
+                                SELECT $4, $5, $3 FROM d WHERE $4::TEXT IS NOT NULL \
+                                ON CONFLICT (key_id, month) DO UPDATE \
+                                SET spent_microcents = key_month_spend.spent_microcents + EXCLUDED.spent_microcents) \
+                     SELECT (SELECT debit FROM d), (SELECT balance_cents FROM w), EXISTS (SELECT 1 FROM c)",
                 )
                 .await?;
-            }
-            tx.commit().await?;
-            Ok(SettleOutcome::Settled { debit_cents: debit, balance_cents: balance })
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 6] =
+                [&s.request_id, &s.workspace_id, &s.cost_microcents, &s.key_id, &s.month, &s.now];
+            let row = match c.query_one(&st, &params).await {
+                Ok(row) => row,
+                Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION) => {
+                    return Ok(Some(SettleOutcome::AlreadySettled));
+                }
+                Err(e) => return Err(e),
+            };
+            let debit: Option<i64> = row.try_get(0)?;
+            let balance: Option<i64> = row.try_get(1)?;
+            let workspace_found: bool = row.try_get(2)?;
+            Ok(match (debit, balance) {
+                (Some(debit_cents), Some(balance_cents)) => Some(SettleOutcome::Settled { debit_cents, balance_cents }),
+                _ if workspace_found => Some(SettleOutcome::AlreadySettled),
+                _ => None,
+            })
         })
-        .await
+        .await?
+        .ok_or_else(|| StoreError::Conflict("settlement for a workspace that does not exist".into()))
     }
 
     async fn release_hold(&self, request_id: &str, now: Millis) -> Result<bool, StoreError> {

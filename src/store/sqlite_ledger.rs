@@ -26,19 +26,20 @@ impl LedgerStore for SqliteStore {
         self.read(move |c| {
             let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let purchase = if source == "purchase" { amount_cents } else { 0 };
-            tx.execute(
+            tx.prepare_cached(
                 "UPDATE workspaces SET balance_cents = balance_cents + ?2, \
                  lifetime_purchases_cents = lifetime_purchases_cents + ?3 WHERE id = ?1",
-                params![ws, amount_cents, purchase],
-            )?;
-            tx.execute(
+            )?
+            .execute(params![ws, amount_cents, purchase])?;
+            tx.prepare_cached(
                 "INSERT INTO ledger_entries (workspace_id, kind, source, amount_cents, expires_at, created_at) \
                  VALUES (?1, 'topup', ?2, ?3, ?4, ?5)",
-                params![ws, source, amount_cents, expires_at, now],
-            )?;
+            )?
+            .execute(params![ws, source, amount_cents, expires_at, now])?;
             let id = tx.last_insert_rowid();
-            let balance: i64 =
-                tx.query_row("SELECT balance_cents FROM workspaces WHERE id = ?1", [&ws], |r| r.get(0))?;
+            let balance: i64 = tx
+                .prepare_cached("SELECT balance_cents FROM workspaces WHERE id = ?1")?
+                .query_row([&ws], |r| r.get(0))?;
             tx.commit()?;
             Ok((id, balance))
         })
@@ -48,9 +49,7 @@ impl LedgerStore for SqliteStore {
     async fn balance(&self, workspace_id: &str) -> Result<Option<Balance>, StoreError> {
         let ws = workspace_id.to_string();
         self.read(move |c| {
-            c.query_row(
-                "SELECT balance_cents, held_cents, carry_microcents, lifetime_purchases_cents FROM workspaces WHERE id = ?1",
-                [ws],
+            c.prepare_cached("SELECT balance_cents, held_cents, carry_microcents, lifetime_purchases_cents FROM workspaces WHERE id = ?1")?.query_row([ws],
                 |r| {
                     Ok(Balance {
                         balance_cents: r.get(0)?,
@@ -77,26 +76,28 @@ impl LedgerStore for SqliteStore {
         let (rid, ws, key) = (request_id.to_string(), workspace_id.to_string(), key_id.map(str::to_string));
         self.read(move |c| {
             let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let n = tx.execute(
-                "UPDATE workspaces SET balance_cents = balance_cents - ?2, held_cents = held_cents + ?2 \
+            let n = tx
+                .prepare_cached(
+                    "UPDATE workspaces SET balance_cents = balance_cents - ?2, held_cents = held_cents + ?2 \
                  WHERE id = ?1 AND balance_cents >= ?2",
-                params![ws, amount_cents],
-            )?;
-            let balance: i64 =
-                tx.query_row("SELECT balance_cents FROM workspaces WHERE id = ?1", [&ws], |r| r.get(0))?;
+                )?
+                .execute(params![ws, amount_cents])?;
+            let balance: i64 = tx
+                .prepare_cached("SELECT balance_cents FROM workspaces WHERE id = ?1")?
+                .query_row([&ws], |r| r.get(0))?;
             if n == 0 {
                 return Ok(HoldOutcome::Insufficient { balance_cents: balance });
             }
-            tx.execute(
+            tx.prepare_cached(
                 "INSERT INTO holds (request_id, workspace_id, key_id, amount_cents, state, expires_at, created_at) \
                  VALUES (?1, ?2, ?3, ?4, 'open', ?5, ?6)",
-                params![rid, ws, key, amount_cents, expires_at, now],
-            )?;
-            tx.execute(
+            )?
+            .execute(params![rid, ws, key, amount_cents, expires_at, now])?;
+            tx.prepare_cached(
                 "INSERT INTO ledger_entries (workspace_id, kind, amount_cents, request_id, key_id, created_at) \
                  VALUES (?1, 'hold', ?2, ?3, ?4, ?5)",
-                params![ws, -amount_cents, rid, key, now],
-            )?;
+            )?
+            .execute(params![ws, -amount_cents, rid, key, now])?;
             tx.commit()?;
             Ok(HoldOutcome::Placed { balance_cents: balance })
         })
@@ -119,26 +120,20 @@ impl LedgerStore for SqliteStore {
             }
             release_open_hold(&tx, &s.request_id, "settled", s.now)?;
             let carry: i64 =
-                tx.query_row("SELECT carry_microcents FROM workspaces WHERE id = ?1", [&s.workspace_id], |r| r.get(0))?;
+                tx.prepare_cached("SELECT carry_microcents FROM workspaces WHERE id = ?1")?.query_row([&s.workspace_id], |r| r.get(0))?;
             let (debit, carry) = debit_with_carry(carry, s.cost_microcents);
-            tx.execute(
-                "UPDATE workspaces SET balance_cents = balance_cents - ?2, carry_microcents = ?3 WHERE id = ?1",
-                params![s.workspace_id, debit, carry],
+            tx.prepare_cached("UPDATE workspaces SET balance_cents = balance_cents - ?2, carry_microcents = ?3 WHERE id = ?1")?.execute(params![s.workspace_id, debit, carry],
             )?;
-            tx.execute(
-                "INSERT INTO ledger_entries (workspace_id, kind, amount_cents, request_id, key_id, cost_microcents, created_at) \
-                 VALUES (?1, 'settlement', ?2, ?3, ?4, ?5, ?6)",
-                params![s.workspace_id, -debit, s.request_id, s.key_id, s.cost_microcents, s.now],
+            tx.prepare_cached("INSERT INTO ledger_entries (workspace_id, kind, amount_cents, request_id, key_id, cost_microcents, created_at) \
+                 VALUES (?1, 'settlement', ?2, ?3, ?4, ?5, ?6)")?.execute(params![s.workspace_id, -debit, s.request_id, s.key_id, s.cost_microcents, s.now],
             )?;
             if let Some(key) = &s.key_id {
-                tx.execute(
-                    "INSERT INTO key_month_spend (key_id, month, spent_microcents) VALUES (?1, ?2, ?3) \
-                     ON CONFLICT (key_id, month) DO UPDATE SET spent_microcents = spent_microcents + excluded.spent_microcents",
-                    params![key, s.month, s.cost_microcents],
+                tx.prepare_cached("INSERT INTO key_month_spend (key_id, month, spent_microcents) VALUES (?1, ?2, ?3) \
+                     ON CONFLICT (key_id, month) DO UPDATE SET spent_microcents = spent_microcents + excluded.spent_microcents")?.execute(params![key, s.month, s.cost_microcents],
                 )?;
             }
             let balance: i64 =
-                tx.query_row("SELECT balance_cents FROM workspaces WHERE id = ?1", [&s.workspace_id], |r| r.get(0))?;
+                tx.prepare_cached("SELECT balance_cents FROM workspaces WHERE id = ?1")?.query_row([&s.workspace_id], |r| r.get(0))?;
             tx.commit()?;
             Ok(SettleOutcome::Settled { debit_cents: debit, balance_cents: balance })
         })
@@ -199,11 +194,8 @@ impl LedgerStore for SqliteStore {
     async fn derived_balance(&self, workspace_id: &str) -> Result<i64, StoreError> {
         let ws = workspace_id.to_string();
         self.read(move |c| {
-            c.query_row(
-                "SELECT COALESCE(SUM(amount_cents), 0) FROM ledger_entries WHERE workspace_id = ?1",
-                [ws],
-                |r| r.get(0),
-            )
+            c.prepare_cached("SELECT COALESCE(SUM(amount_cents), 0) FROM ledger_entries WHERE workspace_id = ?1")?
+                .query_row([ws], |r| r.get(0))
         })
         .await
     }
@@ -211,12 +203,11 @@ impl LedgerStore for SqliteStore {
     async fn spent_since(&self, workspace_id: &str, since: Millis) -> Result<i64, StoreError> {
         let ws = workspace_id.to_string();
         self.read(move |c| {
-            c.query_row(
+            c.prepare_cached(
                 "SELECT COALESCE(-SUM(amount_cents), 0) FROM ledger_entries \
                  WHERE workspace_id = ?1 AND kind = 'settlement' AND created_at >= ?2",
-                params![ws, since],
-                |r| r.get(0),
-            )
+            )?
+            .query_row(params![ws, since], |r| r.get(0))
         })
         .await
     }
@@ -224,13 +215,10 @@ impl LedgerStore for SqliteStore {
     async fn key_month_spend(&self, key_id: &str, month: &str) -> Result<i64, StoreError> {
         let (key, month) = (key_id.to_string(), month.to_string());
         self.read(move |c| {
-            c.query_row(
-                "SELECT spent_microcents FROM key_month_spend WHERE key_id = ?1 AND month = ?2",
-                params![key, month],
-                |r| r.get(0),
-            )
-            .optional()
-            .map(|v| v.unwrap_or(0))
+            c.prepare_cached("SELECT spent_microcents FROM key_month_spend WHERE key_id = ?1 AND month = ?2")?
+                .query_row(params![key, month], |r| r.get(0))
+                .optional()
+                .map(|v| v.unwrap_or(0))
         })
         .await
     }
@@ -238,7 +226,9 @@ impl LedgerStore for SqliteStore {
     async fn set_frozen(&self, workspace_id: &str, reason: Option<&str>) -> Result<bool, StoreError> {
         let (ws, reason) = (workspace_id.to_string(), reason.map(str::to_string));
         self.read(move |c| {
-            c.execute("UPDATE workspaces SET frozen = ?2 WHERE id = ?1", params![ws, reason]).map(|n| n > 0)
+            c.prepare_cached("UPDATE workspaces SET frozen = ?2 WHERE id = ?1")?
+                .execute(params![ws, reason])
+                .map(|n| n > 0)
         })
         .await
     }
@@ -256,7 +246,7 @@ impl LedgerStore for SqliteStore {
             for ws in due {
                 let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
                 let balance: i64 =
-                    tx.query_row("SELECT balance_cents FROM workspaces WHERE id = ?1", [&ws], |r| r.get(0))?;
+                    tx.prepare_cached("SELECT balance_cents FROM workspaces WHERE id = ?1")?.query_row([&ws], |r| r.get(0))?;
                 let live: Vec<LiveTopUp> = {
                     let mut st = tx.prepare(
                         "SELECT id, amount_cents, expires_at FROM ledger_entries \
@@ -266,13 +256,11 @@ impl LedgerStore for SqliteStore {
                 };
                 let (cents, swept) = expiring_credit(balance, &live, now);
                 for id in &swept {
-                    tx.execute("UPDATE ledger_entries SET expired_at = ?2 WHERE id = ?1", params![id, now])?;
+                    tx.prepare_cached("UPDATE ledger_entries SET expired_at = ?2 WHERE id = ?1")?.execute(params![id, now])?;
                 }
                 if cents > 0 {
-                    tx.execute("UPDATE workspaces SET balance_cents = balance_cents - ?2 WHERE id = ?1", params![ws, cents])?;
-                    tx.execute(
-                        "INSERT INTO ledger_entries (workspace_id, kind, amount_cents, created_at) VALUES (?1, 'expiry', ?2, ?3)",
-                        params![ws, -cents, now],
+                    tx.prepare_cached("UPDATE workspaces SET balance_cents = balance_cents - ?2 WHERE id = ?1")?.execute(params![ws, cents])?;
+                    tx.prepare_cached("INSERT INTO ledger_entries (workspace_id, kind, amount_cents, created_at) VALUES (?1, 'expiry', ?2, ?3)")?.execute(params![ws, -cents, now],
                     )?;
                     removed.push((ws, cents));
                 }
@@ -299,15 +287,15 @@ fn release_open_hold(
         )
         .optional()?;
     let Some((ws, key, amount)) = hold else { return Ok(false) };
-    tx.execute("UPDATE holds SET state = ?2 WHERE request_id = ?1", params![request_id, state])?;
-    tx.execute(
+    tx.prepare_cached("UPDATE holds SET state = ?2 WHERE request_id = ?1")?.execute(params![request_id, state])?;
+    tx.prepare_cached(
         "UPDATE workspaces SET balance_cents = balance_cents + ?2, held_cents = held_cents - ?2 WHERE id = ?1",
-        params![ws, amount],
-    )?;
-    tx.execute(
+    )?
+    .execute(params![ws, amount])?;
+    tx.prepare_cached(
         "INSERT INTO ledger_entries (workspace_id, kind, amount_cents, request_id, key_id, created_at) \
          VALUES (?1, 'hold_release', ?2, ?3, ?4, ?5)",
-        params![ws, amount, request_id, key, now],
-    )?;
+    )?
+    .execute(params![ws, amount, request_id, key, now])?;
     Ok(true)
 }
