@@ -63,8 +63,21 @@ impl Mock {
     }
 }
 
+/// A port for a gateway listener. Not an ephemeral port (bound and released), because the
+/// tests of one binary run in parallel and the kernel hands a released ephemeral port to the
+/// next caller: two gateways could be given the same one. Instead each process walks its own
+/// block of 1,000 ports below the ephemeral range (test binaries run one after another), and
+/// skips any port something else holds.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    use std::sync::atomic::{AtomicU16, Ordering};
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let base = 20_000 + (std::process::id() % 12) as u16 * 1_000;
+    loop {
+        let port = base + NEXT.fetch_add(1, Ordering::SeqCst) % 1_000;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
 }
 
 /// A port with nothing listening (bound once, then released).

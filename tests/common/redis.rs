@@ -11,8 +11,9 @@ pub struct RedisChild {
 }
 
 impl RedisChild {
+    /// A port no other test of this run is given (see `common::free_port`).
     pub fn free_port() -> u16 {
-        std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+        super::free_port()
     }
 
     pub async fn start(port: u16) -> Self {
