@@ -96,6 +96,10 @@ impl Plugin for Dialects {
                 echo_version(s, cx);
                 let t = to_chat(&body, &model, Purpose::Generate)?;
                 let stream = MessagesStream::new(&model.id, &self.signing_key);
+                if t.stream {
+                    // Spec "Limits": a `ping` every 15 seconds while the replica is silent.
+                    cx.heartbeat_payload = Some(crate::plugins::messages::ping());
+                }
                 self.translate(cx, t, Translator::Messages(stream));
             }
             Route::CountTokens => {

@@ -81,6 +81,10 @@ pub struct RequestCtx {
     /// A failure already classified by a phase, for `fail_to_proxy` to render.
     pub failure: Option<GatewayError>,
     pub watchdog: Option<Watchdog>,
+    /// What a dialect wants written to a silent stream every `budgets.heartbeat` (unframed).
+    pub heartbeat_payload: Option<Bytes>,
+    /// The armed heartbeat of a stream (see `heartbeat.rs`).
+    pub heartbeat: Option<crate::heartbeat::Heartbeat>,
     /// Set by the stream parser at the first content frame (read by the watchdog).
     pub first_token_seen: Arc<AtomicBool>,
     pub response: ResponseState,
@@ -154,6 +158,8 @@ impl RequestCtx {
             response_headers: Vec::new(),
             failure: None,
             watchdog: None,
+            heartbeat_payload: None,
+            heartbeat: None,
             first_token_seen: Arc::new(AtomicBool::new(false)),
             response: ResponseState::default(),
             usage: None,

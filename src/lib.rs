@@ -12,6 +12,7 @@ pub mod config;
 pub mod ctx;
 pub mod envelope;
 pub mod error;
+pub mod heartbeat;
 pub mod identity;
 pub mod json_raw;
 pub mod limits;

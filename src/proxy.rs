@@ -107,6 +107,23 @@ impl Gateway {
     }
 }
 
+impl Gateway {
+    /// Arm the dialect's heartbeat on a plain HTTP/1 client connection (the only kind the
+    /// public listener serves): chunked when the client speaks HTTP/1.1, since the rewritten
+    /// body has no length.
+    fn arm_heartbeat(&self, s: &Session, resp: &ResponseHeader, cx: &mut RequestCtx) {
+        let Some(payload) = cx.heartbeat_payload.as_ref() else { return };
+        let Some(h1) = s.as_downstream().as_http1() else { return };
+        if resp.headers.contains_key("content-length") {
+            return; // a sized body cannot take extra bytes
+        }
+        let chunked = s.req_header().version == http::Version::HTTP_11;
+        let framed = crate::heartbeat::frame(payload, chunked);
+        cx.heartbeat =
+            crate::heartbeat::Heartbeat::arm(h1.stream().id(), framed, self.config.gateway.budgets.heartbeat);
+    }
+}
+
 fn timeout_error(what: &str) -> GatewayError {
     GatewayError::new(
         ErrorKind::ResponseTimeout,
@@ -263,9 +280,12 @@ impl ProxyHttp for Gateway {
         })
     }
 
-    async fn response_filter(&self, _s: &mut Session, resp: &mut ResponseHeader, cx: &mut RequestCtx) -> Result<()> {
+    async fn response_filter(&self, s: &mut Session, resp: &mut ResponseHeader, cx: &mut RequestCtx) -> Result<()> {
         if resp.status.is_informational() {
             return Ok(());
+        }
+        if cx.response.streaming && resp.status.is_success() {
+            self.arm_heartbeat(s, resp, cx);
         }
         responder::common_headers(resp, cx)
     }
@@ -288,6 +308,13 @@ impl ProxyHttp for Gateway {
         } else if let Err(e) = self.chain.on_response_chunk(body, eos, cx) {
             cx.failure = Some(e);
             return Error::e_explain(ErrorType::InternalError, "response body phase failed");
+        }
+        if let Some(h) = &cx.heartbeat {
+            if eos {
+                h.stop();
+            } else if body.as_ref().is_some_and(|b| !b.is_empty()) {
+                h.pulse.delivering();
+            }
         }
         if eos {
             if let Some(w) = &cx.watchdog {
@@ -313,6 +340,9 @@ impl ProxyHttp for Gateway {
             Some(err) => err,
             None => self.classify(e, cx),
         };
+        if let Some(h) = cx.heartbeat.take() {
+            h.stop(); // before our own write of the error frame
+        }
         let code = if header_sent(s) {
             if cx.response.streaming {
                 let frame_err = match err.kind {
@@ -343,6 +373,9 @@ impl ProxyHttp for Gateway {
     async fn logging(&self, s: &mut Session, e: Option<&Error>, cx: &mut RequestCtx) {
         if let Some(w) = cx.watchdog.take() {
             w.disarm();
+        }
+        if let Some(h) = cx.heartbeat.take() {
+            h.stop();
         }
         if e.is_some_and(|e| e.esource() == &ErrorSource::Downstream) {
             cx.client_gone = true;

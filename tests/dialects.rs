@@ -158,3 +158,34 @@ async fn responses_adapter_plain_and_streamed() {
         .await;
     assert_eq!(r.status, 400, "{}", r.text);
 }
+
+#[tokio::test]
+async fn a_silent_messages_stream_gets_pings_between_whole_events() {
+    let mock = Mock::start();
+    let gw = Gateway::start_with(&mock, Opts { heartbeat_seconds: 0.5, ..Opts::default() });
+    // Two tokens 1.6 s apart: at least two pings fall into the silence.
+    let headers = [("x-api-key", gw.key.as_str()), ("x-mock-tokens", "2"), ("x-mock-token-delay-ms", "1600")];
+    let r = gw.post_as("/v1/messages", &msg_body(true), &headers).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let ev = events(&r.text);
+    let names: Vec<&str> = ev.iter().map(|(n, _)| n.as_str()).collect();
+    let pings = names.iter().filter(|n| **n == "ping").count();
+    assert!(pings >= 2, "pings while the replica is silent: {names:?}");
+    assert_eq!(names.first(), Some(&"message_start"), "never a ping before the opening event");
+    assert_eq!(names.last(), Some(&"message_stop"), "{names:?}");
+    for (name, data) in &ev {
+        if name == "ping" {
+            assert_eq!(data["type"], "ping");
+        }
+    }
+    let text: String = ev
+        .iter()
+        .filter(|(n, d)| n == "content_block_delta" && d["delta"]["type"] == "text_delta")
+        .map(|(_, d)| d["delta"]["text"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(text, "tok0 tok1 ", "the answer is intact around the pings");
+    // A stream that is never silent that long gets none.
+    let quick = [("x-api-key", gw.key.as_str()), ("x-mock-tokens", "5")];
+    let r = gw.post_as("/v1/messages", &msg_body(true), &quick).await;
+    assert!(!r.text.contains("event: ping"), "{}", r.text);
+}

@@ -120,6 +120,9 @@ struct RawBudgets {
     first_token_seconds: f64,
     #[serde(default = "default_response")]
     response_seconds: f64,
+    /// Messages streams: a `ping` after this many seconds without output.
+    #[serde(default = "default_heartbeat")]
+    heartbeat_seconds: f64,
     #[serde(default = "default_affinity_ttl")]
     session_affinity_idle_ttl_seconds: u64,
 }
@@ -129,6 +132,7 @@ impl Default for RawBudgets {
         RawBudgets {
             first_token_seconds: default_first_token(),
             response_seconds: default_response(),
+            heartbeat_seconds: default_heartbeat(),
             session_affinity_idle_ttl_seconds: default_affinity_ttl(),
         }
     }
@@ -188,6 +192,9 @@ fn default_first_token() -> f64 {
 fn default_response() -> f64 {
     740.0
 }
+fn default_heartbeat() -> f64 {
+    15.0
+}
 fn default_affinity_ttl() -> u64 {
     900
 }
@@ -209,6 +216,8 @@ pub struct Budgets {
     /// Published as `response_time_ceiling_seconds`.
     pub response_ceiling_seconds: u64,
     pub session_affinity_idle_ttl_seconds: u64,
+    /// Silence after which a messages stream gets a `ping` (15 s).
+    pub heartbeat: Duration,
 }
 
 /// A plugin named in the chain, with its settings as given.
@@ -370,6 +379,7 @@ pub(super) fn load(file: &Path, out: &mut Vec<ConfigProblem>) -> Option<GatewayS
     let limits = super::limits::check(&mut p, &raw.limits);
     let first_token = budget(&mut p, "budgets.first_token_seconds", raw.budgets.first_token_seconds);
     let response = budget(&mut p, "budgets.response_seconds", raw.budgets.response_seconds);
+    let heartbeat = budget(&mut p, "budgets.heartbeat_seconds", raw.budgets.heartbeat_seconds);
     let mut seen = std::collections::HashSet::new();
     let mut plugins = Vec::new();
     for (i, plug) in raw.plugins.into_iter().enumerate() {
@@ -410,6 +420,7 @@ pub(super) fn load(file: &Path, out: &mut Vec<ConfigProblem>) -> Option<GatewayS
             response,
             response_ceiling_seconds: response.as_secs_f64().ceil() as u64,
             session_affinity_idle_ttl_seconds: raw.budgets.session_affinity_idle_ttl_seconds,
+            heartbeat,
         },
         grace_period_seconds: raw.shutdown.grace_period_seconds,
         graceful_shutdown_timeout_seconds: raw.shutdown.graceful_shutdown_timeout_seconds,
