@@ -286,9 +286,11 @@ impl std::fmt::Display for GatewayError {
 
 impl std::error::Error for GatewayError {}
 
-/// A byte of randomness for jitter; uuid's v4 generator is already a CSPRNG dependency.
-fn rand_byte() -> u8 {
-    uuid::Uuid::new_v4().as_bytes()[0]
+/// A byte of randomness for retry jitter. Not secret, so no system call per draw: std's
+/// per-thread random hasher keys (seeded once, then stepped on every `RandomState::new`).
+pub(crate) fn rand_byte() -> u8 {
+    use std::hash::BuildHasher;
+    std::hash::RandomState::new().hash_one(0u8).to_le_bytes()[0]
 }
 
 #[cfg(test)]

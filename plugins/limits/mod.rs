@@ -129,28 +129,25 @@ impl Limits {
         let now = now_ms();
         let f = in_force(&self.settings, &model, &pool, p);
         let busy = self.busy.is_busy(&model.id, f.busy_at, now);
+        let gate = |scope: Scope, key: String, limit: u64| (scope, ConcurrencyGate { scope: scope.name(), key, limit });
         let shared_key = format!("m:{}", model.id);
+        let per_key_limit = if busy { f.per_key_concurrency } else { u64::MAX };
         let mut gates = vec![
-            (
-                Scope::PerKey,
-                format!("pk:{}:{}", model.id, p.key_id),
-                if busy { f.per_key_concurrency } else { u64::MAX },
-            ),
-            (Scope::Workspace, format!("w:{}", p.workspace_id), f.workspace_concurrency),
+            gate(Scope::PerKey, format!("pk:{}:{}", model.id, p.key_id), per_key_limit),
+            gate(Scope::Workspace, format!("w:{}", p.workspace_id), f.workspace_concurrency),
         ];
         if cx.prompt_estimate >= self.settings.large_prompt_tokens {
             let shed_at = (f.shared_concurrency * self.settings.large_prompt_shed_percent / 100).max(1);
-            gates.push((Scope::LargePrompt, shared_key.clone(), shed_at));
+            gates.push(gate(Scope::LargePrompt, shared_key.clone(), shed_at));
         }
-        gates.push((Scope::SharedModel, shared_key, f.shared_concurrency));
+        gates.push(gate(Scope::SharedModel, shared_key, f.shared_concurrency));
+        let (scopes, gates): (Vec<Scope>, Vec<ConcurrencyGate>) = gates.into_iter().unzip();
         let tokens = cx.prompt_estimate.saturating_add(cx.output_ceiling.unwrap_or(0));
+        let shared_index = gates.len() - 1;
         let check = Check {
             now_ms: now,
             windows: vec![self.key_window(p)],
-            gates: gates
-                .iter()
-                .map(|(scope, key, limit)| ConcurrencyGate { scope: scope.name(), key: key.clone(), limit: *limit })
-                .collect(),
+            gates,
             tpm: f.tokens_per_minute.map(|limit| TokenBudget {
                 key: format!("t:{}:{}", model.id, p.workspace_id),
                 tokens,
@@ -161,7 +158,6 @@ impl Limits {
         };
         let tier = p.tier();
         let outcome = self.store.check(&check).await.map_err(|e| store_error(e, true, &cx.request_id))?;
-        let shared_index = gates.len() - 1;
         match outcome.verdict {
             Verdict::Admitted { windows, gates_in_use, lease } => {
                 cx.ext.insert(Counted);
@@ -179,8 +175,10 @@ impl Limits {
                 Err(refusals::window_refused(&state, tier, retry_after_ms, false))
             }
             Verdict::GateRefused { index, in_use, retry_after_ms } => {
-                let (scope, _, limit) =
-                    gates.get(index).cloned().ok_or_else(|| GatewayError::internal("gate index"))?;
+                let (Some(&scope), Some(gate)) = (scopes.get(index), check.gates.get(index)) else {
+                    return Err(GatewayError::internal("limiter named a gate the check did not have"));
+                };
+                let limit = gate.limit;
                 if index == shared_index {
                     self.busy.record(&model.id, in_use, now);
                 }

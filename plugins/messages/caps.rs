@@ -2,10 +2,7 @@
 //!
 //! The translators work on this small value rather than on `ModelEntry` directly so they
 //! can be tested without loading a catalog, and so the one place that knows where each
-//! capability lives in the catalog is here. `ModelEntry` keeps `reasoning_efforts` only in
-//! its published model object, so it is read from there (DECISIONS.md 1).
-
-use serde_json::Value;
+//! capability lives in the catalog is here.
 
 use crate::config::ModelEntry;
 pub use crate::plugins::shared::effort::Effort;
@@ -44,12 +41,7 @@ pub struct ModelCaps {
 
 impl ModelCaps {
     pub fn of(model: &ModelEntry) -> ModelCaps {
-        let published = model.to_json();
-        let efforts = published
-            .get("reasoning_efforts")
-            .and_then(Value::as_array)
-            .map(|list| list.iter().filter_map(Value::as_str).filter_map(Effort::parse).collect())
-            .unwrap_or_default();
+        let efforts = model.reasoning_efforts.iter().filter_map(|e| Effort::parse(e)).collect();
         ModelCaps {
             image_input: model.input_modalities.iter().any(|m| m == "image"),
             tool_calling: model.tool_calling,

@@ -133,6 +133,8 @@ pub struct ModelEntry {
     pub shared_cache: bool,
     /// Promotional free window `[start, end)` in Unix milliseconds.
     pub free_window: Option<(i64, i64)>,
+    /// Declared `reasoning_efforts`, as published (read per request by the translators).
+    pub reasoning_efforts: Vec<String>,
     /// Declared per-key concurrency once the model is busy (else derived from the pool).
     pub max_concurrent_requests_per_api_key: Option<u64>,
     /// Declared tokens per minute per workspace (the model default of the lowest tier).
@@ -394,6 +396,7 @@ fn check_model(
         max_tokens_per_minute_per_workspace: m.max_tokens_per_minute_per_workspace,
         max_concurrent_requests: m.max_concurrent_requests,
         chat,
+        reasoning_efforts: m.reasoning_efforts,
         object: o,
         paused_until: RwLock::new(paused_until),
     }
