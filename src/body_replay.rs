@@ -9,7 +9,14 @@
 //!
 //! Consequences: HTTP/1 only (an HTTP/2 session cannot be taken apart; h2c stays off on the
 //! public listener). Bytes a client pipelines after its body are kept: the old session is
-//! finished as a reusable one, which hands them back, and they follow the replayed body.
+//! finished as a reusable one, which hands them back, and they follow the replayed body. The
+//! client's `Connection` choice is kept too: the old session is finished as reusable whatever
+//! the client asked (Pingora would close a `Connection: close` socket there), and the fresh
+//! session reads the original header, so it closes after the response exactly when the client
+//! asked for that.
+//!
+//! The wrapper also carries the connection's [`OutputHold`], which keeps a non-streamed
+//! response in memory until its body is known to be good (see `held_output.rs`).
 
 use std::io;
 use std::pin::Pin;
@@ -27,18 +34,35 @@ use pingora::protocols::{
     ALPN, GetProxyDigest, GetSocketDigest, GetTimingDigest, Peek, Shutdown, SocketDigest, Ssl, Stream, TimingDigest,
     UniqueID, UniqueIDType,
 };
-use pingora::proxy::Session;
 use pingora::{Error, ErrorType, Result};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+use crate::held_output::{Mode, OutputHold};
 
 /// A client that stops reading cannot hold a stream (and its replica slot) forever.
 pub const DOWNSTREAM_WRITE_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// A socket that yields `prefix` before reading from `inner`.
+/// A socket that yields `prefix` before reading from `inner`, and writes through `hold`.
 #[derive(Debug)]
 pub struct PrefixedStream {
     prefix: Bytes,
     inner: Stream,
+    hold: OutputHold,
+}
+
+/// Write `queued` to `inner` until it is empty.
+fn drain(inner: &mut Stream, queued: &mut Vec<u8>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+    while !queued.is_empty() {
+        match Pin::new(&mut *inner).poll_write(cx, queued) {
+            Poll::Ready(Ok(0)) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
+            Poll::Ready(Ok(n)) => {
+                queued.drain(..n);
+            }
+            Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+            Poll::Pending => return Poll::Pending,
+        }
+    }
+    Poll::Ready(Ok(()))
 }
 
 impl AsyncRead for PrefixedStream {
@@ -55,19 +79,60 @@ impl AsyncRead for PrefixedStream {
 
 impl AsyncWrite for PrefixedStream {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, b: &[u8]) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, b)
+        let this = &mut *self;
+        let mut st = this.hold.lock();
+        match st.mode {
+            Mode::Hold => {
+                st.queued.extend_from_slice(b);
+                Poll::Ready(Ok(b.len()))
+            }
+            Mode::Replaced => drain(&mut this.inner, &mut st.queued, cx).map_ok(|()| b.len()),
+            Mode::Pass => match drain(&mut this.inner, &mut st.queued, cx) {
+                Poll::Ready(Ok(())) => {
+                    drop(st);
+                    Pin::new(&mut this.inner).poll_write(cx, b)
+                }
+                other => other.map_ok(|()| 0),
+            },
+        }
     }
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
+        let this = &mut *self;
+        let mut st = this.hold.lock();
+        if st.mode == Mode::Hold {
+            return Poll::Ready(Ok(()));
+        }
+        match drain(&mut this.inner, &mut st.queued, cx) {
+            Poll::Ready(Ok(())) => {
+                drop(st);
+                Pin::new(&mut this.inner).poll_flush(cx)
+            }
+            other => other,
+        }
     }
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
+        let this = &mut *self;
+        let mut st = this.hold.lock();
+        if st.mode == Mode::Hold {
+            st.queued.clear(); // a held response that never completed is not sent half
+        }
+        match drain(&mut this.inner, &mut st.queued, cx) {
+            Poll::Ready(Ok(())) => {
+                drop(st);
+                Pin::new(&mut this.inner).poll_shutdown(cx)
+            }
+            other => other,
+        }
     }
 }
 
 #[async_trait]
 impl Shutdown for PrefixedStream {
     async fn shutdown(&mut self) {
+        // Queued bytes (a replacement response) go out before the socket closes.
+        if let Err(e) = tokio::io::AsyncWriteExt::flush(self).await {
+            log::debug!("flush before shutdown: {e}");
+        }
         self.inner.shutdown().await
     }
 }
@@ -126,28 +191,55 @@ impl Peek for PrefixedStream {
     }
 }
 
-/// Replace the downstream session with one whose request body is `body`.
-/// `keepalive` is the keepalive setting read before any `100 Continue` was written (writing
-/// it turns keepalive off on the old session).
-pub async fn replace_request_body(session: &mut Session, body: Bytes, keepalive: Option<u64>) -> Result<()> {
-    let mut hdr = session.req_header().clone();
-    for h in ["content-length", "transfer-encoding", "expect"] {
-        hdr.remove_header(h);
+/// Replace the downstream session with one whose request body is `body`; its writes go
+/// through `hold`. `keepalive` is the keepalive setting read before any `100 Continue` was
+/// written (writing it turns keepalive off on the old session). On an error the session left in
+/// place is a stand-in with the request line (so later phases can still read the header); the
+/// client connection is then lost.
+pub async fn replace_request_body(
+    downstream: &mut Box<ServerSession>,
+    body: Bytes,
+    keepalive: Option<u64>,
+    hold: &OutputHold,
+) -> Result<()> {
+    let hdr = downstream.req_header().clone();
+    match rebuild(downstream, &hdr, body, keepalive, hold).await {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            *downstream = stand_in(&hdr).await;
+            Err(e)
+        }
     }
-    hdr.insert_header("content-length", body.len().to_string())?;
-    let mut wire = http_req_header_to_wire(&hdr)
+}
+
+async fn rebuild(
+    downstream: &mut Box<ServerSession>,
+    hdr: &pingora::http::RequestHeader,
+    body: Bytes,
+    keepalive: Option<u64>,
+    hold: &OutputHold,
+) -> Result<()> {
+    let mut replayed = hdr.clone();
+    for h in ["content-length", "transfer-encoding", "expect"] {
+        replayed.remove_header(h);
+    }
+    replayed.insert_header("content-length", body.len().to_string())?;
+    let mut wire = http_req_header_to_wire(&replayed)
         .ok_or_else(|| Error::explain(ErrorType::InternalError, "cannot serialize request header"))?;
     wire.extend_from_slice(&body);
     drop(body);
-    let reuses = session.get_keepalive_reuses_remaining();
-    let placeholder = Box::new(ServerSession::new_http1(Box::new(std::io::Cursor::new(Vec::<u8>::new()))));
-    let mut old = std::mem::replace(&mut session.downstream_session, placeholder);
-    if !matches!(*old, ServerSession::H1(_)) {
-        session.downstream_session = old;
+    let reuses = downstream.get_keepalive_reuses_remaining();
+    if !matches!(**downstream, ServerSession::H1(_)) {
         return Error::e_explain(ErrorType::InternalError, "body rewrite needs an HTTP/1 client connection");
     }
+    let placeholder = Box::new(ServerSession::new_http1(Box::new(std::io::Cursor::new(Vec::<u8>::new()))));
+    let mut old = std::mem::replace(downstream, placeholder);
     // Finish the old session as if it were kept alive, so that bytes the client pipelined
-    // after its body (read together with the body's end) come back instead of being lost.
+    // after its body (read together with the body's end) come back instead of being lost,
+    // and the socket is handed back rather than shut. Pingora ignores a keepalive setting
+    // while the request says `Connection: close`, so that header goes first; the fresh session
+    // reads it again from the replayed header.
+    old.req_header_mut().remove_header("connection");
     old.set_keepalive(Some(60));
     old.set_keepalive_reuses_remaining(None);
     old.set_pipelining_enabled(true);
@@ -167,7 +259,8 @@ pub async fn replace_request_body(session: &mut Session, body: Bytes, keepalive:
     if let Some(next) = pipelined {
         wire.extend_from_slice(&next);
     }
-    let mut fresh = ServerSession::new_http1(Box::new(PrefixedStream { prefix: wire.freeze(), inner: raw }));
+    let stream = PrefixedStream { prefix: wire.freeze(), inner: raw, hold: hold.clone() };
+    let mut fresh = ServerSession::new_http1(Box::new(stream));
     fresh.read_request().await?;
     fresh.set_keepalive(keepalive);
     fresh.set_keepalive_reuses_remaining(reuses);
@@ -175,6 +268,20 @@ pub async fn replace_request_body(session: &mut Session, body: Bytes, keepalive:
     fresh.set_pipelining_enabled(true);
     // The fresh session starts with default settings: re-apply ours.
     fresh.set_write_timeout(Some(DOWNSTREAM_WRITE_TIMEOUT));
-    *session.downstream_session = fresh;
+    **downstream = fresh;
     Ok(())
+}
+
+/// A session with no connection that has read `hdr`'s request line, so that the phases after
+/// a failed rebuild can read the request header (Pingora panics on a session without one).
+async fn stand_in(hdr: &pingora::http::RequestHeader) -> Box<ServerSession> {
+    let path = hdr.uri.path_and_query().map_or("/", |p| p.as_str());
+    for line in [format!("{} {path} HTTP/1.1\r\n\r\n", hdr.method), "GET / HTTP/1.1\r\n\r\n".to_string()] {
+        let mut s = ServerSession::new_http1(Box::new(std::io::Cursor::new(line.into_bytes())));
+        if matches!(s.read_request().await, Ok(true)) {
+            s.set_keepalive(None);
+            return Box::new(s);
+        }
+    }
+    Box::new(ServerSession::new_http1(Box::new(std::io::Cursor::new(Vec::<u8>::new()))))
 }

@@ -81,6 +81,9 @@ pub struct RequestCtx {
     /// A failure already classified by a phase, for `fail_to_proxy` to render.
     pub failure: Option<GatewayError>,
     pub watchdog: Option<Watchdog>,
+    /// The output switch of the client socket once the request body was replayed (`None` for
+    /// requests answered by the gateway itself); see `held_output.rs`.
+    pub output: Option<crate::held_output::OutputHold>,
     /// What a dialect wants written to a silent stream every `budgets.heartbeat` (unframed).
     pub heartbeat_payload: Option<Bytes>,
     /// The armed heartbeat of a stream (see `heartbeat.rs`).
@@ -158,6 +161,7 @@ impl RequestCtx {
             response_headers: Vec::new(),
             failure: None,
             watchdog: None,
+            output: None,
             heartbeat_payload: None,
             heartbeat: None,
             first_token_seen: Arc::new(AtomicBool::new(false)),

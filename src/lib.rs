@@ -13,6 +13,7 @@ pub mod ctx;
 pub mod envelope;
 pub mod error;
 pub mod heartbeat;
+pub mod held_output;
 pub mod identity;
 pub mod json_raw;
 pub mod limits;

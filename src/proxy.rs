@@ -2,11 +2,13 @@
 //! plugin chain per phase, place the request on a replica, and turn every failure into a
 //! catalogued error (`fail_to_proxy` is the single exit for errors after `request_filter`).
 
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
+use futures_util::FutureExt;
 use pingora::http::ResponseHeader;
 use pingora::prelude::HttpPeer;
 use pingora::protocols::Digest;
@@ -17,6 +19,7 @@ use crate::config::Config;
 use crate::ctx::RequestCtx;
 use crate::envelope;
 use crate::error::{ErrorKind, GatewayError};
+use crate::held_output::OutputHold;
 use crate::plugin::{Chain, Flow};
 use crate::request::{self, read_json_body};
 use crate::responder;
@@ -76,9 +79,11 @@ impl Gateway {
             Some(b) => b,
             None => request::forwarded_body(cx, raw)?,
         };
-        crate::body_replay::replace_request_body(s, body, keepalive)
+        let hold = OutputHold::default();
+        crate::body_replay::replace_request_body(&mut s.downstream_session, body, keepalive, &hold)
             .await
             .map_err(|e| GatewayError::internal(format!("could not forward the request body: {e}")))?;
+        cx.output = Some(hold);
         Ok(Flow::Continue)
     }
 
@@ -124,6 +129,30 @@ impl Gateway {
     }
 }
 
+/// A panic caught in a phase: logged once with its message, answered as `500 internal_error`
+/// (never a dropped connection where a response can still be written).
+fn panicked(phase: &str, payload: &(dyn std::any::Any + Send), request_id: &str) -> GatewayError {
+    let what = payload
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("(no message)");
+    log::error!("{request_id}: panic in the {phase} phase: {what}");
+    GatewayError::internal("The gateway failed unexpectedly.")
+}
+
+/// Run a synchronous phase, turning a panic into an internal error.
+fn guarded<T>(
+    phase: &str,
+    cx: &mut RequestCtx,
+    f: impl FnOnce(&mut RequestCtx) -> Result<T, GatewayError>,
+) -> Result<T, GatewayError> {
+    match std::panic::catch_unwind(AssertUnwindSafe(|| f(&mut *cx))) {
+        Ok(r) => r,
+        Err(p) => Err(panicked(phase, &*p, &cx.request_id)),
+    }
+}
+
 fn timeout_error(what: &str) -> GatewayError {
     GatewayError::new(
         ErrorKind::ResponseTimeout,
@@ -144,7 +173,11 @@ impl ProxyHttp for Gateway {
     }
 
     async fn request_filter(&self, s: &mut Session, cx: &mut RequestCtx) -> Result<bool> {
-        match self.handle(s, cx).await {
+        let outcome = match AssertUnwindSafe(self.handle(s, cx)).catch_unwind().await {
+            Ok(outcome) => outcome,
+            Err(p) => Err(panicked("request", &*p, &cx.request_id)),
+        };
+        match outcome {
             Ok(Flow::Continue) => Ok(false),
             Ok(Flow::Handled) => Ok(true),
             Err(err) => {
@@ -274,7 +307,12 @@ impl ProxyHttp for Gateway {
             resp.insert_header("content-type", "application/json")?;
             return Ok(());
         }
-        self.chain.on_response_header(resp, cx).map_err(|e| {
+        if cx.route.is_some_and(Route::is_generation) && resp.headers.get("content-length").is_some_and(|v| v == "0") {
+            // Clarification 11: the replica was reached and failed (an answer without a body).
+            cx.failure = Some(GatewayError::new(ErrorKind::UpstreamFailed, "The model server sent an empty response."));
+            return Error::e_explain(ErrorType::HTTPStatus(502), "replica answered an empty body");
+        }
+        guarded("response header", cx, |cx| self.chain.on_response_header(resp, cx)).map_err(|e| {
             cx.failure = Some(e);
             Error::explain(ErrorType::InternalError, "response header phase failed")
         })
@@ -284,8 +322,20 @@ impl ProxyHttp for Gateway {
         if resp.status.is_informational() {
             return Ok(());
         }
+        if s.req_header().version == http::Version::HTTP_10 && resp.remove_header("transfer-encoding").is_some() {
+            // An HTTP/1.0 client cannot read chunked framing: a body of unknown length ends
+            // with the connection, and the header says so.
+            resp.set_version(http::Version::HTTP_11);
+            s.set_keepalive(None);
+        }
         if cx.response.streaming && resp.status.is_success() {
             self.arm_heartbeat(s, resp, cx);
+        } else if cx.route.is_some_and(Route::is_generation) {
+            // A non-streamed answer is judged when its body is complete: until then nothing
+            // reaches the client, so a bad body can still become a clean 502.
+            if let Some(h) = &cx.output {
+                h.hold();
+            }
         }
         responder::common_headers(resp, cx)
     }
@@ -305,9 +355,14 @@ impl ProxyHttp for Gateway {
                 let err = request::refusal_from_upstream(&cx.response.body_buf);
                 *body = Some(envelope::render(&err, cx.envelope, &cx.request_id).body);
             }
-        } else if let Err(e) = self.chain.on_response_chunk(body, eos, cx) {
+        } else if let Err(e) = guarded("response body", cx, |cx| self.chain.on_response_chunk(body, eos, cx)) {
             cx.failure = Some(e);
             return Error::e_explain(ErrorType::InternalError, "response body phase failed");
+        }
+        if eos {
+            if let Some(h) = &cx.output {
+                h.release(); // the body is good: what was held goes out before it
+            }
         }
         if let Some(h) = &cx.heartbeat {
             if eos {
@@ -343,7 +398,12 @@ impl ProxyHttp for Gateway {
         if let Some(h) = cx.heartbeat.take() {
             h.stop(); // before our own write of the error frame
         }
-        let code = if header_sent(s) {
+        let held = cx.output.clone().filter(OutputHold::is_holding);
+        let code = if let Some(hold) = held {
+            // Nothing of the response reached the client: replace all of it.
+            let replaced = responder::error_wire(cx, &err).is_ok_and(|wire| hold.replace(wire));
+            if replaced { err.status() } else { 200 }
+        } else if header_sent(s) {
             if cx.response.streaming {
                 let frame_err = match err.kind {
                     ErrorKind::UpstreamFailed | ErrorKind::ResponseTimeout | ErrorKind::UpstreamHttpError => {
@@ -374,13 +434,23 @@ impl ProxyHttp for Gateway {
         if let Some(w) = cx.watchdog.take() {
             w.disarm();
         }
+        if let Some(h) = &cx.output {
+            if h.lock().mode == crate::held_output::Mode::Replaced {
+                // Pingora drops a connection it will not reuse without closing it: send the
+                // replacement response first.
+                let _ = tokio::time::timeout(Duration::from_secs(2), s.downstream_session.shutdown()).await;
+            }
+            h.finish();
+        }
         if let Some(h) = cx.heartbeat.take() {
             h.stop();
         }
         if e.is_some_and(|e| e.esource() == &ErrorSource::Downstream) {
             cx.client_gone = true;
         }
-        self.chain.on_log(cx).await;
+        if let Err(p) = AssertUnwindSafe(self.chain.on_log(cx)).catch_unwind().await {
+            panicked("log", &*p, &cx.request_id);
+        }
         cx.logged = true;
         let status = s.response_written().map(|r| r.status.as_u16()).unwrap_or(0);
         log::info!(

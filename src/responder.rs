@@ -28,6 +28,22 @@ pub fn common_headers(resp: &mut ResponseHeader, cx: &RequestCtx) -> pingora::Re
     Ok(())
 }
 
+fn json_header(
+    cx: &RequestCtx,
+    status: u16,
+    len: usize,
+    extra: &[(&'static str, String)],
+) -> pingora::Result<ResponseHeader> {
+    let mut resp = ResponseHeader::build(status, Some(6 + extra.len()))?;
+    resp.insert_header("content-type", "application/json")?;
+    resp.insert_header("content-length", len.to_string())?;
+    common_headers(&mut resp, cx)?;
+    for (k, v) in extra {
+        resp.insert_header(*k, v.as_str())?;
+    }
+    Ok(resp)
+}
+
 /// Write a complete JSON response.
 pub async fn json(
     s: &mut Session,
@@ -36,13 +52,7 @@ pub async fn json(
     body: Bytes,
     extra: &[(&'static str, String)],
 ) -> pingora::Result<()> {
-    let mut resp = ResponseHeader::build(status, Some(6 + extra.len()))?;
-    resp.insert_header("content-type", "application/json")?;
-    resp.insert_header("content-length", body.len().to_string())?;
-    common_headers(&mut resp, cx)?;
-    for (k, v) in extra {
-        resp.insert_header(*k, v.as_str())?;
-    }
+    let resp = json_header(cx, status, body.len(), extra)?;
     // A POST whose body was not read to the end cannot be followed on this connection
     // (draining a 3.5 MB body just to refuse it is what the limit prevents).
     if cx.route.is_none_or(|r| r.method() == "POST") && !cx.body_read {
@@ -60,6 +70,29 @@ pub async fn error(s: &mut Session, cx: &mut RequestCtx, err: &GatewayError) -> 
         cx.failure = Some(err.clone());
     }
     json(s, cx, r.status, r.body, &r.headers).await
+}
+
+/// `err` in the route's envelope as the bytes of a whole HTTP/1.1 response that closes the
+/// connection: written straight to the socket in place of a held response (`held_output.rs`),
+/// where Pingora already counts its own response header as written.
+pub fn error_wire(cx: &mut RequestCtx, err: &GatewayError) -> pingora::Result<Vec<u8>> {
+    let r = envelope::render(err, cx.envelope, &cx.request_id);
+    if cx.failure.is_none() {
+        cx.failure = Some(err.clone());
+    }
+    let mut resp = json_header(cx, r.status, r.body.len(), &r.headers)?;
+    resp.insert_header("connection", "close")?;
+    let reason = resp.status.canonical_reason().unwrap_or("");
+    let mut out = format!("HTTP/1.1 {} {reason}\r\n", resp.status.as_u16()).into_bytes();
+    for (name, value) in resp.headers.iter() {
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(&r.body);
+    Ok(out)
 }
 
 fn to_bytes(v: &Value) -> Bytes {

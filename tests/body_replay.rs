@@ -1,5 +1,7 @@
 //! The body replay (src/body_replay.rs) on raw HTTP/1 connections: large bodies,
-//! `Expect: 100-continue`, chunked uploads, keepalive reuse and a pipelining client.
+//! `Expect: 100-continue`, chunked uploads, keepalive reuse and a pipelining client, and
+//! request framing broadly (HTTP/1.1 keep-alive and `Connection: close`, HTTP/1.0 with and
+//! without keep-alive, chunked and Content-Length) on all three inference routes.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
@@ -18,6 +20,8 @@ struct RawReply {
     status: u16,
     headers: Vec<(String, String)>,
     body: Vec<u8>,
+    /// The body had no length and ended with the connection.
+    close_delimited: bool,
 }
 
 impl RawReply {
@@ -60,7 +64,7 @@ impl Conn {
             let (k, v) = l.split_once(':').unwrap();
             headers.push((k.trim().to_string(), v.trim().to_string()));
         }
-        let mut reply = RawReply { status, headers, body: Vec::new() };
+        let mut reply = RawReply { status, headers, body: Vec::new(), close_delimited: false };
         if status == 100 {
             return reply;
         }
@@ -78,6 +82,10 @@ impl Conn {
                 }
                 reply.body.extend_from_slice(&chunk[..size]);
             }
+        } else {
+            // No length: the body ends with the connection (HTTP/1.0 framing).
+            self.reader.read_to_end(&mut reply.body).unwrap();
+            reply.close_delimited = true;
         }
         reply
     }
@@ -210,4 +218,167 @@ async fn declared_oversize_is_refused_before_the_body_is_sent() {
     c.send(&post_head(&gw.key, 3_500_001, "Expect: 100-continue\r\n"));
     let r = c.read();
     assert_eq!(r.status, 413, "no 100 Continue for a body that will be refused");
+}
+
+/// The three inference routes, each with a small body its dialect accepts.
+const ROUTES: [(&str, &str, &str); 3] = [
+    ("/v1/chat/completions", r#"{"model":"chat-model","messages":[{"role":"user","content":"hi"}]"#, "chat.completion"),
+    ("/v1/messages", r#"{"model":"chat-model","max_tokens":32,"messages":[{"role":"user","content":"hi"}]"#, "message"),
+    ("/v1/responses", r#"{"model":"chat-model","input":"hi""#, "response"),
+];
+
+/// `open` (a JSON object without its closing brace) with `"stream": stream` and `}`.
+fn route_body(open: &str, stream: bool) -> Vec<u8> {
+    format!("{open},\"stream\":{stream}}}").into_bytes()
+}
+
+/// How a test request is framed on the wire.
+#[derive(Clone, Copy, Debug)]
+struct Framing {
+    version: &'static str,
+    connection: Option<&'static str>,
+    chunked: bool,
+    expect_continue: bool,
+}
+
+impl Framing {
+    /// The connection stays open after the response.
+    fn keeps_alive(self) -> bool {
+        match self.version {
+            "HTTP/1.1" => !self.connection.is_some_and(|c| c.eq_ignore_ascii_case("close")),
+            _ => false, // HTTP/1.0: a body of unknown length ends with the connection
+        }
+    }
+}
+
+const FRAMINGS: [Framing; 7] = [
+    Framing { version: "HTTP/1.1", connection: None, chunked: false, expect_continue: false },
+    Framing { version: "HTTP/1.1", connection: Some("keep-alive"), chunked: true, expect_continue: false },
+    Framing { version: "HTTP/1.1", connection: Some("close"), chunked: false, expect_continue: false },
+    Framing { version: "HTTP/1.1", connection: Some("close"), chunked: true, expect_continue: true },
+    Framing { version: "HTTP/1.1", connection: Some("Close"), chunked: false, expect_continue: true },
+    Framing { version: "HTTP/1.0", connection: None, chunked: false, expect_continue: false },
+    Framing { version: "HTTP/1.0", connection: Some("keep-alive"), chunked: false, expect_continue: false },
+];
+
+/// Send one request with `framing` on `c` and read its answer (after any `100 Continue`).
+fn exchange(c: &mut Conn, key: &str, path: &str, body: &[u8], f: Framing) -> RawReply {
+    let mut head = format!(
+        "POST {path} {}\r\nHost: t\r\nAuthorization: Bearer {key}\r\nContent-Type: application/json\r\n",
+        f.version
+    );
+    if let Some(conn) = f.connection {
+        head.push_str(&format!("Connection: {conn}\r\n"));
+    }
+    if f.expect_continue {
+        head.push_str("Expect: 100-continue\r\n");
+    }
+    if f.chunked {
+        head.push_str("Transfer-Encoding: chunked\r\n\r\n");
+    } else {
+        head.push_str(&format!("Content-Length: {}\r\n\r\n", body.len()));
+    }
+    c.send(head.as_bytes());
+    if f.expect_continue {
+        assert_eq!(c.read().status, 100, "{f:?}: 100 Continue first");
+    }
+    if f.chunked {
+        let (a, b) = body.split_at(body.len() / 2);
+        for part in [a, b] {
+            c.send(format!("{:x}\r\n", part.len()).as_bytes());
+            c.send(part);
+            c.send(b"\r\n");
+        }
+        c.send(b"0\r\n\r\n");
+    } else {
+        c.send(body);
+    }
+    c.read()
+}
+
+#[tokio::test]
+async fn every_framing_is_served_on_every_inference_route() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&mock);
+    for (path, open, object) in ROUTES {
+        for f in FRAMINGS {
+            for stream in [false, true] {
+                let what = format!("{path} stream={stream} {f:?}");
+                let mut c = Conn::open(gw.port);
+                let r = exchange(&mut c, &gw.key, path, &route_body(open, stream), f);
+                assert_eq!(r.status, 200, "{what}: {}", String::from_utf8_lossy(&r.body));
+                let text = String::from_utf8_lossy(&r.body).into_owned();
+                if stream {
+                    assert!(text.contains("data: "), "{what}: an event stream: {text}");
+                    assert!(!text.contains("\"error\":{"), "{what}: {text}");
+                } else {
+                    let v: serde_json::Value =
+                        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{what}: not JSON ({e}): {text}"));
+                    assert_eq!(v["object"].as_str().or(v["type"].as_str()), Some(object), "{what}: {text}");
+                }
+                if f.version == "HTTP/1.0" {
+                    assert!(r.header("transfer-encoding").is_none(), "{what}: no chunked framing for HTTP/1.0");
+                }
+                if f.keeps_alive() {
+                    assert!(!r.close_delimited, "{what}");
+                    // The same connection serves the next request.
+                    let again = exchange(&mut c, &gw.key, path, &route_body(open, false), f);
+                    assert_eq!(again.status, 200, "{what}: second request on the connection");
+                } else {
+                    assert_eq!(r.header("connection").map(str::to_ascii_lowercase).as_deref(), Some("close"), "{what}");
+                    assert!(r.close_delimited || c.closed(), "{what}: the connection closes after the response");
+                }
+            }
+        }
+    }
+    assert!(!gw.log().contains("panicked"), "no worker panicked: {}", gw.log());
+}
+
+#[tokio::test]
+async fn a_pipelined_request_asking_to_close_is_answered_then_the_connection_closes() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&mock);
+    let mut c = Conn::open(gw.port);
+    let a = chat_json(5);
+    let b = chat_json(6);
+    let mut wire = post_head(&gw.key, a.len(), "");
+    wire.extend_from_slice(&a);
+    wire.extend_from_slice(&post_head(&gw.key, b.len(), "Connection: close\r\n"));
+    wire.extend_from_slice(&b);
+    c.send(&wire);
+    let first = c.read();
+    assert_eq!(first.status, 200);
+    assert_eq!(first.header("connection"), Some("keep-alive"));
+    let second = c.read();
+    assert_eq!(second.status, 200, "{}", String::from_utf8_lossy(&second.body));
+    assert_eq!(second.header("connection"), Some("close"));
+    assert!(c.closed());
+}
+
+#[tokio::test]
+async fn connection_close_on_an_error_answer_gets_the_envelope() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&mock);
+    let f = Framing { version: "HTTP/1.1", connection: Some("close"), chunked: false, expect_continue: false };
+    // Refused after the body is read (unknown model) and after the replica answered (5xx).
+    let mut c = Conn::open(gw.port);
+    let r = exchange(&mut c, &gw.key, "/v1/chat/completions", br#"{"model":"nope","messages":[]}"#, f);
+    assert_eq!(r.status, 404);
+    let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(v["error"]["code"], "model_not_found");
+    let mut c = Conn::open(gw.port);
+    c.send(
+        format!(
+            "POST /v1/messages HTTP/1.1\r\nHost: t\r\nx-api-key: {}\r\nConnection: close\r\nx-mock-status: 500\r\nContent-Length: {}\r\n\r\n",
+            gw.key,
+            route_body(ROUTES[1].1, false).len()
+        )
+        .as_bytes(),
+    );
+    c.send(&route_body(ROUTES[1].1, false));
+    let r = c.read();
+    assert_eq!(r.status, 502, "{}", String::from_utf8_lossy(&r.body));
+    let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(v["type"], "error", "messages envelope");
+    assert!(c.closed());
 }

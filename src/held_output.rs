@@ -1,0 +1,135 @@
+//! Holding a non-streamed response until its body is known to be good.
+//!
+//! Pingora writes (and, for a chunked body, flushes) the response header as soon as the
+//! replica's header arrives, but a non-streamed answer is only judged once its whole body is
+//! in: an empty body, text that is not JSON, or JSON that is not a chat completion must reach
+//! the client as `502 upstream_error` (clarification 11), not as a 200 cut short. So the
+//! client socket of a rewritten request goes through [`OutputHold`]: while it holds, writes
+//! are kept in memory; at the end of a good body it is released and the kept bytes go out
+//! first; on a failure they are replaced by a complete error response and everything Pingora
+//! writes after that is dropped (the connection then closes).
+//!
+//! The state is shared between the socket wrapper (`body_replay::PrefixedStream`, which
+//! writes) and the request context (which switches it from the proxy phases). Both run on the
+//! request's task, one after the other, so the lock is never contended.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Writes go to the socket (after any bytes still queued).
+    Pass,
+    /// Writes are kept in memory; flushes do nothing.
+    Hold,
+    /// The queued bytes go to the socket; later writes are dropped.
+    Replaced,
+}
+
+#[derive(Debug)]
+pub struct HoldState {
+    pub mode: Mode,
+    /// Bytes to write to the socket before anything else (what was held, or the replacement).
+    pub queued: Vec<u8>,
+}
+
+/// One connection's output switch (see the module comment).
+#[derive(Debug, Clone)]
+pub struct OutputHold(Arc<Mutex<HoldState>>);
+
+impl Default for OutputHold {
+    fn default() -> Self {
+        OutputHold(Arc::new(Mutex::new(HoldState { mode: Mode::Pass, queued: Vec::new() })))
+    }
+}
+
+impl OutputHold {
+    /// The state, for the socket wrapper. A poisoned lock (a panic while it was held) still
+    /// gives the state: every change to it is a single assignment.
+    pub fn lock(&self) -> MutexGuard<'_, HoldState> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Keep the next writes in memory.
+    pub fn hold(&self) {
+        let mut s = self.lock();
+        if s.mode == Mode::Pass {
+            s.mode = Mode::Hold;
+        }
+    }
+
+    /// Let the held bytes (and what follows) go to the client.
+    pub fn release(&self) {
+        let mut s = self.lock();
+        if s.mode == Mode::Hold {
+            s.mode = Mode::Pass;
+        }
+    }
+
+    /// While holding: drop what was held, send `response` instead, and drop everything written
+    /// after it. `false` when nothing is held (the client may already have bytes of the
+    /// response, so it cannot be replaced).
+    pub fn replace(&self, response: Vec<u8>) -> bool {
+        let mut s = self.lock();
+        if s.mode != Mode::Hold {
+            return false;
+        }
+        s.queued = response;
+        s.mode = Mode::Replaced;
+        true
+    }
+
+    /// The request ended: a connection that is kept goes back to passing writes through.
+    /// Held bytes of a response that never completed are dropped (such a connection is closed).
+    pub fn finish(&self) {
+        let mut s = self.lock();
+        if s.mode == Mode::Hold {
+            s.queued.clear();
+        }
+        if s.mode != Mode::Replaced {
+            s.mode = Mode::Pass;
+        }
+    }
+
+    pub fn is_holding(&self) -> bool {
+        self.lock().mode == Mode::Hold
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn held_bytes_are_released_or_replaced_never_both() {
+        let h = OutputHold::default();
+        h.hold();
+        h.lock().queued.extend_from_slice(b"header");
+        assert!(h.is_holding());
+        assert!(h.replace(b"error".to_vec()));
+        assert_eq!(h.lock().queued, b"error");
+        assert_eq!(h.lock().mode, Mode::Replaced);
+        h.release();
+        assert_eq!(h.lock().mode, Mode::Replaced, "a replaced response stays replaced");
+        assert!(!h.replace(b"again".to_vec()));
+    }
+
+    #[test]
+    fn nothing_held_cannot_be_replaced() {
+        let h = OutputHold::default();
+        assert!(!h.replace(b"error".to_vec()));
+        h.hold();
+        h.release();
+        assert!(!h.replace(b"error".to_vec()), "released bytes may already be on the wire");
+    }
+
+    #[test]
+    fn finish_drops_an_unfinished_hold() {
+        let h = OutputHold::default();
+        h.hold();
+        h.lock().queued.extend_from_slice(b"partial");
+        h.finish();
+        let s = h.lock();
+        assert_eq!(s.mode, Mode::Pass);
+        assert!(s.queued.is_empty());
+    }
+}
