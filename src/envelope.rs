@@ -5,7 +5,7 @@
 use bytes::Bytes;
 use serde_json::{Map, Value, json};
 
-use crate::error::GatewayError;
+use crate::error::{ErrorKind, GatewayError};
 
 /// Which envelope a route answers errors in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -53,9 +53,16 @@ fn chat_body(err: &GatewayError, request_id: &str) -> Value {
 }
 
 fn messages_body(err: &GatewayError, request_id: &str) -> Value {
+    // Spec, Errors (messages routes): a context overflow's message starts with this.
+    const OVERFLOW: &str = "prompt is too long";
+    let message = if err.kind == ErrorKind::ContextLengthExceeded && !err.message.starts_with(OVERFLOW) {
+        format!("{OVERFLOW}: {}", err.message)
+    } else {
+        err.message.clone()
+    };
     json!({
         "type": "error",
-        "error": { "type": messages_error_type(err.status()), "message": err.message },
+        "error": { "type": messages_error_type(err.status()), "message": message },
         "request_id": request_id,
     })
 }
@@ -85,7 +92,6 @@ pub fn sse_error_frame(err: &GatewayError, envelope: Envelope, request_id: &str)
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error::ErrorKind;
 
     #[test]
     fn chat_envelope_has_the_four_fields_and_extras_inside_error() {
@@ -120,6 +126,17 @@ mod tests {
         assert_eq!(v["error"]["type"], "request_too_large");
         assert!(v["error"].get("code").is_none());
         assert_eq!(v["request_id"], "req_2");
+    }
+
+    #[test]
+    fn a_messages_context_overflow_starts_with_prompt_is_too_long() {
+        let e = GatewayError::new(ErrorKind::ContextLengthExceeded, "The prompt is about 900 tokens.");
+        let v: Value = serde_json::from_slice(&render(&e, Envelope::Messages, "r").body).unwrap_or_default();
+        assert_eq!(v["error"]["message"], "prompt is too long: The prompt is about 900 tokens.");
+        let frame = sse_error_frame(&e, Envelope::Messages, "r");
+        assert!(String::from_utf8_lossy(&frame).contains("\"message\":\"prompt is too long: "));
+        let chat: Value = serde_json::from_slice(&render(&e, Envelope::Chat, "r").body).unwrap_or_default();
+        assert_eq!(chat["error"]["message"], "The prompt is about 900 tokens.", "the chat envelope is unchanged");
     }
 
     #[test]

@@ -12,6 +12,7 @@ pub mod config;
 pub mod ctx;
 pub mod envelope;
 pub mod error;
+pub mod faults;
 pub mod heartbeat;
 pub mod held_output;
 pub mod identity;

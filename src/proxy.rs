@@ -63,6 +63,7 @@ impl Gateway {
         let keepalive = s.get_keepalive();
         let raw = read_json_body(s, cx).await?;
         request::resolve_model(cx, route)?;
+        crate::faults::panic_point("request");
         if self.chain.on_request(s, cx).await? == Flow::Handled {
             return Ok(Flow::Handled);
         }
@@ -355,7 +356,14 @@ impl ProxyHttp for Gateway {
                 let err = request::refusal_from_upstream(&cx.response.body_buf);
                 *body = Some(envelope::render(&err, cx.envelope, &cx.request_id).body);
             }
-        } else if let Err(e) = guarded("response body", cx, |cx| self.chain.on_response_chunk(body, eos, cx)) {
+        } else if let Err(e) = guarded("response body", cx, |cx| {
+            if eos {
+                crate::faults::panic_point("response_end");
+            } else if cx.response.delivered_frames > 0 {
+                crate::faults::panic_point("response_after_output");
+            }
+            self.chain.on_response_chunk(body, eos, cx)
+        }) {
             cx.failure = Some(e);
             return Error::e_explain(ErrorType::InternalError, "response body phase failed");
         }
@@ -404,7 +412,8 @@ impl ProxyHttp for Gateway {
             let replaced = responder::error_wire(cx, &err).is_ok_and(|wire| hold.replace(wire));
             if replaced { err.status() } else { 200 }
         } else if header_sent(s) {
-            if cx.response.streaming {
+            // After `[DONE]` the client has the whole stream: no error frame follows it.
+            if cx.response.streaming && !cx.response.saw_done {
                 let frame_err = match err.kind {
                     ErrorKind::UpstreamFailed | ErrorKind::ResponseTimeout | ErrorKind::UpstreamHttpError => {
                         err.clone()
@@ -434,8 +443,10 @@ impl ProxyHttp for Gateway {
         if let Some(w) = cx.watchdog.take() {
             w.disarm();
         }
+        let mut status = s.response_written().map(|r| r.status.as_u16()).unwrap_or(0);
         if let Some(h) = &cx.output {
             if h.lock().mode == crate::held_output::Mode::Replaced {
+                status = cx.failure.as_ref().map_or(500, GatewayError::status);
                 // Pingora drops a connection it will not reuse without closing it: send the
                 // replacement response first.
                 let _ = tokio::time::timeout(Duration::from_secs(2), s.downstream_session.shutdown()).await;
@@ -452,7 +463,6 @@ impl ProxyHttp for Gateway {
             panicked("log", &*p, &cx.request_id);
         }
         cx.logged = true;
-        let status = s.response_written().map(|r| r.status.as_u16()).unwrap_or(0);
         log::info!(
             "{} {} {} status={} code={} model={} ms={} usage={:?}{}",
             cx.request_id,

@@ -28,8 +28,8 @@ pub fn route(s: &Session, cx: &mut RequestCtx) -> Result<Route, GatewayError> {
             )
             .with_header("allow", allow))
         }
-        RouteMatch::Unknown(envelope) => {
-            cx.envelope = envelope;
+        RouteMatch::Unknown => {
+            cx.envelope = crate::envelope::Envelope::Chat;
             let base = base_url(s, cx);
             Err(GatewayError::new(
                 ErrorKind::UnknownEndpoint,

@@ -29,7 +29,7 @@ pub enum RouteMatch {
     Found(Route),
     /// Known path, wrong method: the `Allow` value.
     WrongMethod(Route, &'static str),
-    Unknown(Envelope),
+    Unknown,
 }
 
 const POST_PATHS: &[(&str, Route)] = &[
@@ -111,7 +111,9 @@ pub fn classify(method: &str, path: &str) -> RouteMatch {
         Some(route) if route.method() == method => RouteMatch::Found(route),
         // HEAD is not served; only the route's own method is allowed.
         Some(route) => RouteMatch::WrongMethod(route, route.method()),
-        None => RouteMatch::Unknown(unknown_envelope(path)),
+        // Not an endpoint, so not a messages route either (a doubled `/v1/v1/messages`
+        // included): the chat envelope, with `error.base_url` to show the base to use.
+        None => RouteMatch::Unknown,
     }
 }
 
@@ -119,16 +121,6 @@ pub fn classify(method: &str, path: &str) -> RouteMatch {
 pub fn model_id_from_path(path: &str) -> Option<&str> {
     let path = path.split('?').next().unwrap_or(path);
     path.strip_prefix("/v1/models/").filter(|id| !id.is_empty())
-}
-
-/// A messages-dialect client that got its base URL wrong still reads its own envelope: any
-/// unknown path ending in a messages endpoint answers in the messages envelope.
-fn unknown_envelope(path: &str) -> Envelope {
-    if path.ends_with("/messages") || path.ends_with("/messages/count_tokens") {
-        Envelope::Messages
-    } else {
-        Envelope::Chat
-    }
 }
 
 #[cfg(test)]
@@ -155,9 +147,9 @@ mod tests {
             "/v1/models/",
             "/v1/completions",
         ] {
-            assert!(matches!(classify("POST", p), RouteMatch::Unknown(_)), "{p}");
+            assert_eq!(classify("POST", p), RouteMatch::Unknown, "{p}");
         }
-        assert_eq!(classify("POST", "/v1/v1/messages"), RouteMatch::Unknown(Envelope::Messages));
+        assert_eq!(classify("POST", "/v1/v1/messages"), RouteMatch::Unknown, "not a messages route");
     }
 
     #[test]

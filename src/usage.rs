@@ -65,12 +65,15 @@ pub fn figures(
     let pricing = model.pricing_at(jiff::Timestamp::now().as_millisecond());
     let cached_tier = pricing.as_ref().is_some_and(|p| p.cached_input.is_some());
     let cached = if cached_tier { reported_cached.min(prompt) } else { 0 };
+    // Spec, Usage object rules: a response with no billable output settles at zero (its
+    // prompt is not charged either).
+    let cost = if completion == 0 { 0 } else { cost_microcents(pricing.as_ref(), prompt, cached, completion) };
     UsageFigures {
         prompt_tokens: prompt,
         completion_tokens: completion,
         total_tokens: total,
         cached_tokens: cached,
-        cost_microcents: cost_microcents(pricing.as_ref(), prompt, cached, completion),
+        cost_microcents: cost,
         basis,
     }
 }

@@ -109,6 +109,19 @@ async fn messages_errors_use_the_messages_envelope() {
     let r = gw.post_as("/v1/messages", &b, &key).await;
     assert_eq!(r.status, 400);
     assert!(r.json()["error"]["message"].as_str().unwrap().contains("document"));
+    // A context overflow (rules-model: a 300-token window): the message starts with
+    // `prompt is too long` (spec, Errors: messages routes).
+    let long = json!({"model": "rules-model", "max_tokens": 5,
+                      "messages": [{"role": "user", "content": "word ".repeat(2_000)}]});
+    for stream in [false, true] {
+        let mut b = long.clone();
+        b["stream"] = json!(stream);
+        let r = gw.post_as("/v1/messages", &b, &key).await;
+        assert_eq!(r.status, 400, "{}", r.text);
+        let v = r.json();
+        assert_eq!(v["error"]["type"], "invalid_request_error");
+        assert!(v["error"]["message"].as_str().unwrap().starts_with("prompt is too long"), "{v}");
+    }
     assert_eq!(mock.stats().await["requests"], 0);
 }
 

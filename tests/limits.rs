@@ -112,33 +112,89 @@ async fn connection_gate_budgets_unrecognized_credentials_and_trusts_good_keys()
     assert_eq!(r.status, 200, "a key that succeeded bypasses the gate: {}", r.text);
 }
 
+/// `n` requests of the gateway's key, the i-th sent `i * 300` ms after the first.
+async fn staggered(gw: &Gateway, body: &serde_json::Value, n: u64) -> Vec<Reply> {
+    let calls = (0..n).map(|i| async move {
+        tokio::time::sleep(std::time::Duration::from_millis(300 * i)).await;
+        gw.post("/v1/chat/completions", body, &SLOW).await
+    });
+    futures::future::join_all(calls).await
+}
+
 #[tokio::test]
 async fn per_key_concurrency_applies_only_while_the_model_is_busy() {
-    // limited-model: pool capacity 4 (busy at 3 in flight), per key 1 once busy, shared 3.
+    // limited-model: pool capacity 4, busy at 3 in flight when a request arrives
+    // (clarification 5), per key 1 once busy, shared 3.
     let mock = Mock::start();
     let gw = Gateway::start_with(&mock, with_limits(""));
-    let body = slow_chat("limited-model");
-    let a1 = gw.post("/v1/chat/completions", &body, &SLOW);
-    let a2 = async {
-        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-        gw.post("/v1/chat/completions", &body, &SLOW).await
-    };
-    let a3 = async {
-        tokio::time::sleep(std::time::Duration::from_millis(600)).await;
-        gw.post("/v1/chat/completions", &body, &SLOW).await
-    };
-    let (r1, r2, r3) = tokio::join!(a1, a2, a3);
-    assert_eq!(r1.status, 200, "{}", r1.text);
-    assert_eq!(r2.status, 200, "spare capacity admits a second request of the key: {}", r2.text);
+    let r = staggered(&gw, &slow_chat("limited-model"), 4).await;
+    for (i, r) in r.iter().take(3).enumerate() {
+        assert_eq!(r.status, 200, "{i} in flight of 4 is not busy: spare capacity admits the key: {}", r.text);
+    }
+    let r3 = &r[3];
     let v = r3.assert_error(429, "hosted_per_key_concurrency_limit");
     assert_eq!(v["error"]["limit"], 1);
     assert_eq!(r3.header("x-hosted-limit-scope").as_deref(), Some("per_key_concurrency"));
     assert_eq!(r3.header("x-hosted-limit-value").as_deref(), Some("1"));
-    let (s, ms) = retry_after(&r3);
+    let (s, ms) = retry_after(r3);
     assert!(s <= 8 && ms <= 8_000, "admission estimates are capped at 8 s");
     // The slots were released: the next request is admitted.
     let r = gw.post("/v1/chat/completions", &chat_body("limited-model", false), &[]).await;
     assert_eq!(r.status, 200, "{}", r.text);
+}
+
+#[tokio::test]
+async fn busy_means_three_quarters_of_the_pool_in_flight_when_the_request_arrives() {
+    // busy-model: a pool of capacity 2 (busy at 2 in flight), 1 per key once busy, no
+    // shared limit declared.
+    let mock = Mock::start();
+    let gw = Gateway::start_with(&mock, with_limits(""));
+    let r = staggered(&gw, &slow_chat("busy-model"), 3).await;
+    assert_eq!(r[0].status, 200, "{}", r[0].text);
+    assert_eq!(r[1].status, 200, "1 of 2 in flight (50%) is not busy: {}", r[1].text);
+    let v = r[2].assert_error(429, "hosted_per_key_concurrency_limit");
+    assert_eq!(v["error"]["limit"], 1, "2 of 2 in flight is busy");
+}
+
+#[tokio::test]
+async fn a_full_pool_without_a_shared_limit_is_at_capacity_not_a_shared_limit() {
+    // busy-model declares no `max_concurrent_requests`: the default cap is the pool's
+    // capacity (2), and reaching it reads as placement capacity (clarification 17).
+    let mock = Mock::start();
+    let gw = Gateway::start_with(&mock, with_limits(""));
+    let keys: Vec<String> = (0..3).map(|_| format!("Bearer {}", gw.mint_workspace_key().1)).collect();
+    let body = slow_chat("busy-model");
+    let calls = keys.iter().enumerate().map(|(i, bearer)| {
+        let body = &body;
+        let gw = &gw;
+        async move {
+            tokio::time::sleep(std::time::Duration::from_millis(300 * i as u64)).await;
+            gw.post_as("/v1/chat/completions", body, &[("authorization", bearer.as_str()), SLOW[0]]).await
+        }
+    });
+    let r = futures::future::join_all(calls).await;
+    assert_eq!((r[0].status, r[1].status), (200, 200), "{} {}", r[0].text, r[1].text);
+    let v = r[2].assert_error(429, "hosted_model_at_capacity");
+    assert!(v["error"].get("limit").is_none(), "no limit field: {v}");
+    assert!(r[2].header("x-hosted-limit-scope").is_none() && r[2].header("x-hosted-limit-value").is_none());
+    retry_after(&r[2]);
+}
+
+#[tokio::test]
+async fn the_per_key_window_never_asks_to_wait_more_than_sixty_seconds() {
+    let mock = Mock::start();
+    let gw = Gateway::start_with(&mock, with_limits("  requests_per_minute: { free: 1, core: 1, enterprise: 1 }\n"));
+    assert_eq!(gw.get("/v1/models").await.status, 200);
+    for path in ["/v1/models", "/v1/chat/completions"] {
+        let r = if path == "/v1/models" {
+            gw.get(path).await
+        } else {
+            gw.post(path, &chat_body("chat-model", false), &[]).await
+        };
+        r.assert_error(429, "rate_limit_exceeded");
+        let (s, ms) = retry_after(&r);
+        assert!((1..=60).contains(&s) && ms <= 60_000, "{path}: Retry-After {s} ({ms} ms) lies in 1..=60");
+    }
 }
 
 #[tokio::test]

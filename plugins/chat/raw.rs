@@ -179,10 +179,14 @@ fn write_top<B: BufMut>(
 /// `Value` path.
 pub fn json_body(raw: &[u8], cx: &mut RequestCtx) -> Option<Vec<u8>> {
     let top = Members::parse(raw)?;
+    // Anything but a completion with a list of choice objects is the `Value` path's to refuse.
     let mut list = match top.get("choices") {
         Some(c) if json_raw::is_array(c) => Some(choices(c, "message")?),
-        _ => None,
+        _ => return None,
     };
+    if list.iter().flatten().any(|c| c.members.is_none()) {
+        return None;
+    }
     let provider: Option<Value> = match top.get("usage") {
         Some(u) => Some(serde_json::from_str(u.get()).ok()?),
         None => None,
@@ -236,8 +240,11 @@ pub fn stream_frame(data: &[u8], frame: &[u8], cx: &mut RequestCtx, out: &mut By
     }
     let mut list = match top.get("choices") {
         Some(c) if json_raw::is_array(c) => Some(choices(c, "delta")?),
-        _ => None,
+        _ => return None,
     };
+    if list.iter().flatten().any(|c| c.members.is_none()) {
+        return None;
+    }
     // Nothing can fail from here on.
     let rename = renamed_model(&top, cx).is_some();
     let mut changed = rename;
@@ -320,7 +327,10 @@ fn plain_frame(data: &[u8], frame: &[u8], cx: &mut RequestCtx, out: &mut BytesMu
     if view.error.is_some() || view.usage.is_some() {
         return false;
     }
-    let choices = view.choices.unwrap_or_default();
+    // A frame without `choices` is not the common frame (the `Value` path judges it).
+    let Some(choices) = view.choices else {
+        return false;
+    };
     // `index`, else the position (as `on_frame_value` reads it).
     let idxs: Vec<usize> = choices
         .iter()

@@ -114,6 +114,12 @@ pub fn on_chunk(body: &mut Option<Bytes>, eos: bool, cx: &mut RequestCtx) -> Res
 pub(super) fn rewrite_value(raw: &[u8], cx: &mut RequestCtx) -> Result<Vec<u8>, GatewayError> {
     let mut v: Value = serde_json::from_slice(raw).map_err(|_| malformed())?;
     let obj = v.as_object_mut().ok_or_else(malformed)?;
+    // A chat completion: `choices` is a list of objects (clarification 11: anything else is a
+    // malformed answer, `502 upstream_error`, never passed on as a 200).
+    let is_completion = obj.get("choices").and_then(Value::as_array).is_some_and(|c| c.iter().all(Value::is_object));
+    if !is_completion {
+        return Err(malformed());
+    }
     rename_model(obj, cx);
     let mut choices_seen = 0;
     let mut answered_any = false;

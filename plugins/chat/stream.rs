@@ -52,6 +52,9 @@ fn emit_json(v: &Value, out: &mut BytesMut) {
 }
 
 fn on_frame(frame: Bytes, cx: &mut RequestCtx, out: &mut BytesMut) {
+    if cx.failure.is_some() {
+        return; // the stream already ended with an error frame: nothing follows it
+    }
     let Some(data) = data_payload(&frame) else {
         out.extend_from_slice(&frame);
         return;
@@ -66,25 +69,38 @@ fn on_frame(frame: Bytes, cx: &mut RequestCtx, out: &mut BytesMut) {
     }
 }
 
+/// End the stream with one error frame: nothing after it is forwarded (see `on_frame`).
+fn fail_stream(cx: &mut RequestCtx, out: &mut BytesMut, message: &str) {
+    let err = GatewayError::new(ErrorKind::UpstreamFailed, message);
+    out.extend_from_slice(&envelope::sse_error_frame(&err, cx.envelope, &cx.request_id));
+    cx.failure = Some(err);
+}
+
+/// A chat chunk: an object whose `choices` is a list of objects, or a usage-only frame.
+fn is_chunk(obj: &serde_json::Map<String, Value>) -> bool {
+    match obj.get("choices") {
+        Some(Value::Array(list)) => list.iter().all(Value::is_object),
+        None => obj.get("usage").is_some_and(Value::is_object),
+        Some(_) => false,
+    }
+}
+
 /// One frame through a `Value` (frames `raw::stream_frame` does not take).
 pub(super) fn on_frame_value(frame: &[u8], data: &[u8], cx: &mut RequestCtx, out: &mut BytesMut) {
-    let Ok(mut v) = serde_json::from_slice::<Value>(data) else {
-        // Not ours to judge: pass it on unchanged.
-        out.extend_from_slice(frame);
-        return;
-    };
-    let Some(obj) = v.as_object_mut() else {
-        out.extend_from_slice(frame);
-        return;
+    let mut parsed = serde_json::from_slice::<Value>(data).ok();
+    let Some(obj) = parsed.as_mut().and_then(Value::as_object_mut) else {
+        // Clarification 11: a frame that is not a chat chunk is a malformed answer.
+        return fail_stream(cx, out, "The model server sent a malformed stream frame.");
     };
     if obj.contains_key("error") && !obj.contains_key("choices") {
         // The replica reported a failure inside the stream: end with our error frame.
-        let err = GatewayError::new(ErrorKind::UpstreamFailed, "The model server failed during generation.");
-        out.extend_from_slice(&envelope::sse_error_frame(&err, cx.envelope, &cx.request_id));
-        cx.failure = Some(err);
-        cx.response.saw_done = true; // nothing more is forwarded as a normal end
-        return;
+        return fail_stream(cx, out, "The model server failed during generation.");
     }
+    if !is_chunk(obj) {
+        return fail_stream(cx, out, "The model server sent a malformed stream frame.");
+    }
+    let Some(v) = parsed.as_mut() else { return };
+    let Some(obj) = v.as_object_mut() else { return };
     let mut changed = rename_model(obj, cx);
     let mut choices_empty = true;
     if let Some(choices) = obj.get_mut("choices").and_then(Value::as_array_mut) {
@@ -137,11 +153,11 @@ pub(super) fn on_frame_value(frame: &[u8], data: &[u8], cx: &mut RequestCtx, out
         if choices_empty {
             return; // a usage-only frame the client did not ask for
         }
-        emit_json(&v, out);
+        emit_json(v, out);
         return;
     }
     if changed {
-        emit_json(&v, out);
+        emit_json(v, out);
     } else {
         out.extend_from_slice(frame);
     }

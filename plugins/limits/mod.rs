@@ -140,7 +140,8 @@ impl Limits {
             let shed_at = (f.shared_concurrency * self.settings.large_prompt_shed_percent / 100).max(1);
             gates.push(gate(Scope::LargePrompt, shared_key.clone(), shed_at));
         }
-        gates.push(gate(Scope::SharedModel, shared_key, f.shared_concurrency));
+        let shared_scope = if f.shared_declared { Scope::SharedModel } else { Scope::Capacity };
+        gates.push(gate(shared_scope, shared_key, f.shared_concurrency));
         let (scopes, gates): (Vec<Scope>, Vec<ConcurrencyGate>) = gates.into_iter().unzip();
         let tokens = cx.prompt_estimate.saturating_add(cx.output_ceiling.unwrap_or(0));
         let shared_index = gates.len() - 1;
@@ -226,6 +227,9 @@ impl Plugin for Limits {
         if let Some(Admission(held)) = cx.ext.get_mut::<Admission>() {
             if let Some(held) = held.take() {
                 held.release().await;
+                if let Some(model) = &cx.model {
+                    self.busy.ended(&model.id);
+                }
             }
         }
         // A request refused before admission still spends quota (see the module comment).

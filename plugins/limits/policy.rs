@@ -24,8 +24,13 @@ pub struct InForce {
     /// Per-key concurrency once the model is busy.
     pub per_key_concurrency: u64,
     pub workspace_concurrency: u64,
-    /// Shared-model concurrency across every instance.
+    /// Shared-model concurrency across every instance: the model's declared
+    /// `max_concurrent_requests`, else the pool's capacity.
     pub shared_concurrency: u64,
+    /// `shared_concurrency` is a configured shared limit (refused as
+    /// `hosted_shared_model_concurrency_limit`); otherwise it is the pool's capacity, and a full
+    /// pool reads as `hosted_model_at_capacity` (clarification 17).
+    pub shared_declared: bool,
     /// In-flight count at which the model is busy (clarification 5).
     pub busy_at: u64,
     /// Tokens per minute per workspace on this model; `None`: no practical limit.
@@ -63,6 +68,7 @@ pub fn in_force(settings: &LimitSettings, model: &ModelEntry, pool: &Pool, p: &P
         per_key_concurrency: per_key,
         workspace_concurrency: settings.workspace_concurrency.get(p.tier()),
         shared_concurrency: model.max_concurrent_requests.unwrap_or(capacity),
+        shared_declared: model.max_concurrent_requests.is_some(),
         busy_at: (capacity * u64::from(pool.busy_threshold_percent)).div_ceil(100).max(1),
         tokens_per_minute,
     }
@@ -88,14 +94,23 @@ impl BusyReadings {
         }
     }
 
-    /// Busy when the last reading (not older than [`BUSY_READING_TTL_MS`]), plus this
-    /// request, reaches `busy_at`. Without a fresh reading the model counts as not busy:
-    /// spare capacity admits more, and the admission's reply brings a fresh reading.
+    /// Busy when the requests in flight as the request arrives (the last reading, not older
+    /// than [`BUSY_READING_TTL_MS`]; it counts the request admitted then) are at or above
+    /// `busy_at` (clarification 5: the arriving request itself does not count). Without a fresh
+    /// reading the model counts as not busy: spare capacity admits more, and the admission's
+    /// reply brings a fresh reading.
     pub fn is_busy(&self, model: &str, busy_at: u64, now_ms: i64) -> bool {
         self.by_model.get(model).is_some_and(|(count, at)| {
             now_ms.saturating_sub(at.load(Ordering::Relaxed)) <= BUSY_READING_TTL_MS
-                && count.load(Ordering::Relaxed) + 1 >= busy_at
+                && count.load(Ordering::Relaxed) >= busy_at
         })
+    }
+
+    /// A request admitted on this instance ended: it no longer counts in the reading.
+    pub fn ended(&self, model: &str) {
+        if let Some((count, _)) = self.by_model.get(model) {
+            let _ = count.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| Some(c.saturating_sub(1)));
+        }
     }
 }
 
@@ -137,8 +152,10 @@ mod tests {
         let b = BusyReadings::new(["m"].into_iter());
         assert!(!b.is_busy("m", 3, 0), "no reading: not busy");
         b.record("m", 2, 1_000);
-        assert!(b.is_busy("m", 3, 1_500), "2 in flight + this one reaches 3");
-        assert!(!b.is_busy("m", 4, 1_500));
-        assert!(!b.is_busy("m", 3, 1_000 + BUSY_READING_TTL_MS + 1), "stale reading");
+        assert!(b.is_busy("m", 2, 1_500), "2 in flight reaches 2 (75% of a pool of 2)");
+        assert!(!b.is_busy("m", 3, 1_500), "the arriving request does not count");
+        assert!(!b.is_busy("m", 2, 1_000 + BUSY_READING_TTL_MS + 1), "stale reading");
+        b.ended("m");
+        assert!(!b.is_busy("m", 2, 1_500), "one ended: 1 in flight");
     }
 }

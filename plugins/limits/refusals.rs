@@ -13,6 +13,8 @@ pub enum Scope {
     Workspace,
     LargePrompt,
     SharedModel,
+    /// The shared-model gate of a model that declares no shared limit: its pool is full.
+    Capacity,
     WorkspaceTpm,
 }
 
@@ -23,6 +25,7 @@ impl Scope {
             Scope::Workspace => "workspace_concurrency",
             Scope::LargePrompt => "large_prompt",
             Scope::SharedModel => "shared_model_concurrency",
+            Scope::Capacity => "model_capacity",
             Scope::WorkspaceTpm => "workspace_tpm",
         }
     }
@@ -33,6 +36,7 @@ impl Scope {
             Scope::Workspace => ErrorKind::HostedWorkspaceConcurrencyLimit,
             Scope::LargePrompt => ErrorKind::HostedSaturatedLargePrompt,
             Scope::SharedModel => ErrorKind::HostedSharedModelConcurrencyLimit,
+            Scope::Capacity => ErrorKind::HostedModelAtCapacity,
             Scope::WorkspaceTpm => ErrorKind::HostedWorkspaceTpmLimit,
         }
     }
@@ -51,6 +55,7 @@ impl Scope {
                     .to_string()
             }
             Scope::SharedModel => format!("The model is saturated ({limit} requests in flight); retry shortly."),
+            Scope::Capacity => "Every replica of the model is at its concurrency; retry shortly.".to_string(),
             Scope::WorkspaceTpm => format!("The workspace reached its {limit} tokens per minute on this model."),
         }
     }
@@ -79,7 +84,9 @@ pub fn window_refused(state: &WindowState, tier: RateTier, retry_after_ms: u64, 
         format!("Rate limit of {} {what} per minute reached for this API key.", state.limit),
     );
     err.headers.extend(window_headers(state, tier));
-    with_retry(err, retry_after_ms)
+    // A request counts for at most 61 s (whole-second buckets), but a 60-second window never
+    // asks for more than 60 s of patience (`Retry-After` in 1..=60).
+    with_retry(err, retry_after_ms.min(60_000))
 }
 
 /// The connection gate refused an unrecognized credential: no `X-RateLimit-*` headers.
@@ -93,10 +100,15 @@ pub fn gate_refused(retry_after_ms: u64) -> GatewayError {
 
 /// An admission gate refused. `retry_after_ms: None` means waiting cannot help.
 pub fn admission_refused(scope: Scope, limit: u64, retry_after_ms: Option<u64>) -> GatewayError {
-    let err = GatewayError::new(scope.kind(), scope.message(limit))
-        .with_field("limit", limit)
-        .with_header("x-hosted-limit-scope", scope.name())
-        .with_header("x-hosted-limit-value", limit.to_string());
+    let mut err = GatewayError::new(scope.kind(), scope.message(limit));
+    if scope != Scope::Capacity {
+        // A full pool is not a configured limit: no `limit` field, no scope header (spec,
+        // `hosted_model_at_capacity`).
+        err = err
+            .with_field("limit", limit)
+            .with_header("x-hosted-limit-scope", scope.name())
+            .with_header("x-hosted-limit-value", limit.to_string());
+    }
     match retry_after_ms {
         Some(ms) => with_retry(err, jittered(ms)),
         None => err,
@@ -144,6 +156,16 @@ mod tests {
     }
 
     #[test]
+    fn window_retry_after_is_at_most_sixty_seconds() {
+        let state = WindowState { limit: 5, remaining: 0, reset_at_ms: 61_000 };
+        for ms in [1, 999, 59_001, 60_000, 60_001, 61_000] {
+            let e = window_refused(&state, RateTier::Core, ms, false);
+            let secs = e.retry_after_seconds().unwrap_or(0);
+            assert!((1..=60).contains(&secs), "{ms} ms -> Retry-After {secs}");
+        }
+    }
+
+    #[test]
     fn admission_refusals_name_their_gate() {
         let e = admission_refused(Scope::Workspace, 7, Some(1_500));
         assert_eq!(e.kind, ErrorKind::HostedWorkspaceConcurrencyLimit);
@@ -153,6 +175,10 @@ mod tests {
         assert!(e.retry_after_seconds().is_some_and(|s| (1..=2).contains(&s)));
         let c = congested();
         assert!(c.extra.get("limit").is_none() && !c.headers.iter().any(|(k, _)| k.starts_with("x-hosted")));
+        let full = admission_refused(Scope::Capacity, 4, Some(1_000));
+        assert_eq!(full.kind, ErrorKind::HostedModelAtCapacity);
+        assert!(full.extra.get("limit").is_none() && !full.headers.iter().any(|(k, _)| k.starts_with("x-hosted")));
+        assert!(full.retry_after_seconds().is_some());
         let never = tpm_never(100, 500);
         assert_eq!(never.retry_after_seconds(), None, "waiting cannot help");
     }

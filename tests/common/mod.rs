@@ -156,6 +156,9 @@ models:
     max_concurrent_requests_per_api_key: 1
     max_concurrent_requests: 3
     max_tokens_per_minute_per_workspace: 3000
+  - id: busy-model
+    supported_endpoints: [chat_completions]
+    max_concurrent_requests_per_api_key: 1
 "#;
 
 /// Gateway settings a test may change.
@@ -179,6 +182,8 @@ pub struct Opts {
     pub limits: Option<String>,
     /// Silence before a messages stream gets a `ping`.
     pub heartbeat_seconds: f64,
+    /// Extra environment of the gateway process (e.g. `TOLLGATE_FAULT_PANIC`).
+    pub env: Vec<(&'static str, String)>,
 }
 
 impl Default for Opts {
@@ -195,6 +200,7 @@ impl Default for Opts {
             without_dialects: false,
             limits: None,
             heartbeat_seconds: 15.0,
+            env: Vec::new(),
         }
     }
 }
@@ -278,6 +284,7 @@ impl Gateway {
             ("tiny-pool-model", "", &m, opts.tiny_pool_concurrency),
             ("dead-model", "    connect_timeout_ms: 300\n", &dead, 4),
             ("limited-model", "", &m, 4),
+            ("busy-model", "", &m, 2),
             ("rules-model", "", &m, 64),
             ("vision-model", "", &m, 64),
         ];
@@ -292,6 +299,7 @@ impl Gateway {
             .arg(dir.join("tollgate.yaml"))
             .env("RUST_LOG", "info")
             .env_remove("TOLLGATE_ADMIN_TOKEN")
+            .envs(opts.env.iter().map(|(k, v)| (*k, v.as_str())))
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -408,6 +416,22 @@ impl Gateway {
             req = req.header(*k, *v);
         }
         Reply::from(req.send().await.unwrap()).await
+    }
+
+    /// The ledger of the test workspace (admin API), checked consistent (stored balance equals
+    /// the sum of its entries), once no hold is open: holds are released in the log phase,
+    /// which may end just after the client read its answer.
+    pub fn settled_ledger(&self) -> serde_json::Value {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let (s, v) = self.admin("GET", &format!("/admin/v1/workspaces/{}/ledger", self.workspace), None);
+            assert_eq!(s, 200, "{v}");
+            assert_eq!(v["check"]["consistent"], true, "stored balance == sum of entries: {v}");
+            if v["held_cents"] == 0 || Instant::now() > deadline {
+                return v;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     /// Authorization header with the test key.

@@ -5,6 +5,7 @@
 //! `InFlight` guard so `/mock/stats` counts a request as running until its
 //! last byte is written or the client leaves.
 
+use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
@@ -35,6 +36,8 @@ pub struct MockBody {
 
 enum Kind {
     Full(Option<Bytes>),
+    /// A full body sent only after the sleep: the header goes out first.
+    Delayed(Pin<Box<tokio::time::Sleep>>, Option<Bytes>),
     Sse(Box<SseStream>),
 }
 
@@ -44,6 +47,12 @@ impl MockBody {
         let data: Bytes = data.into();
         let data = (!data.is_empty()).then_some(data);
         Self { kind: Kind::Full(data), _in_flight: None }
+    }
+
+    /// A complete body (with `Content-Length`) whose bytes follow the header after `delay`.
+    pub fn delayed(data: impl Into<Bytes>, delay: std::time::Duration) -> Self {
+        let data: Bytes = data.into();
+        Self { kind: Kind::Delayed(Box::pin(tokio::time::sleep(delay)), Some(data)), _in_flight: None }
     }
 
     /// A generated event stream; hyper sends it chunked.
@@ -65,6 +74,10 @@ impl Body for MockBody {
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Abort>>> {
         match &mut self.get_mut().kind {
             Kind::Full(data) => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+            Kind::Delayed(sleep, data) => match sleep.as_mut().poll(cx) {
+                Poll::Ready(()) => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+                Poll::Pending => Poll::Pending,
+            },
             Kind::Sse(stream) => stream.poll_next(cx),
         }
     }
@@ -75,7 +88,9 @@ impl Body for MockBody {
 
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
-            Kind::Full(data) => SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64)),
+            Kind::Full(data) | Kind::Delayed(_, data) => {
+                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
+            }
             Kind::Sse(_) => SizeHint::default(),
         }
     }

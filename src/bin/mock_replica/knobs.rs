@@ -30,6 +30,12 @@ pub struct Knobs {
     pub no_done: bool,
     pub hang: bool,
     pub malformed: bool,
+    /// Answer 200 with exactly this body (`x-mock-raw-body`; empty is allowed).
+    pub raw_body: Option<String>,
+    /// With `x-mock-raw-body`: send the header, then the body after this long.
+    pub body_delay: Duration,
+    /// Stream this one `data:` payload, then `[DONE]` (`x-mock-raw-frame`).
+    pub raw_frame: Option<String>,
 }
 
 impl Knobs {
@@ -65,6 +71,9 @@ impl Knobs {
             no_done: flag(headers, "x-mock-no-done"),
             hang: flag(headers, "x-mock-hang"),
             malformed: flag(headers, "x-mock-malformed"),
+            raw_body: text(headers, "x-mock-raw-body")?,
+            raw_frame: text(headers, "x-mock-raw-frame")?,
+            body_delay: millis(headers, "x-mock-body-delay-ms")?,
         })
     }
 }

@@ -83,6 +83,20 @@ async fn answer_v1(
     if knobs.malformed {
         return Ok(json(StatusCode::OK, Bytes::from_static(b"not json{")));
     }
+    if let Some(raw) = &knobs.raw_body {
+        if knobs.body_delay.is_zero() {
+            return Ok(json(StatusCode::OK, raw.clone()));
+        }
+        let mut response = Response::new(MockBody::delayed(raw.clone(), knobs.body_delay));
+        response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        return Ok(response);
+    }
+    if let Some(frame) = &knobs.raw_frame {
+        let mut response =
+            with_type(StatusCode::OK, "text/event-stream", format!("data: {frame}\n\ndata: [DONE]\n\n").into());
+        response.headers_mut().insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+        return Ok(response);
+    }
     if method == Method::POST && path == "/v1/chat/completions" {
         return chat(state, knobs, body).await;
     }

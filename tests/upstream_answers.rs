@@ -1,0 +1,157 @@
+//! What the gateway does with a replica's answer that is not what it promised to be
+//! (clarification 11: reached, then failed: `502 upstream_error`, uncharged, hold released)
+//! and with an answer that has no billable output (spec, Usage object rules: it settles at
+//! zero), on all three inference routes.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use common::*;
+use serde_json::{Value, json};
+
+const ROUTES: [&str; 3] = ["/v1/chat/completions", "/v1/messages", "/v1/responses"];
+
+fn body_for(route: &str, stream: bool) -> Value {
+    match route {
+        "/v1/messages" => json!({"model": "chat-model", "max_tokens": 64, "stream": stream,
+                                 "messages": [{"role": "user", "content": "hi"}]}),
+        "/v1/responses" => json!({"model": "chat-model", "input": "hi", "stream": stream}),
+        _ => chat_body("chat-model", stream),
+    }
+}
+
+/// Assert a 502 `upstream_error` in the route's envelope.
+fn assert_upstream_error(route: &str, r: &Reply, what: &str) {
+    assert_eq!(r.status, 502, "{route} {what}: {}", r.text);
+    let v = r.json();
+    if route == "/v1/messages" {
+        assert_eq!(v["type"], "error", "{route} {what}: {v}");
+        assert_eq!(v["error"]["type"], "api_error", "{route} {what}: {v}");
+    } else {
+        assert_eq!(v["error"]["code"], "upstream_error", "{route} {what}: {v}");
+    }
+}
+
+const NOT_COMPLETIONS: [&str; 7] =
+    ["", "not json{", "{\"foo\":1}", "{\"choices\":\"nope\"}", "{\"choices\":[1]}", "[]", "null"];
+
+#[tokio::test]
+async fn non_streamed_answers_that_are_not_completions_are_502_and_uncharged() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&mock);
+    let before = gw.settled_ledger()["balance_cents"].clone();
+    for route in ROUTES {
+        for raw in NOT_COMPLETIONS {
+            let r = gw.post(route, &body_for(route, false), &[("x-mock-raw-body", raw)]).await;
+            assert_upstream_error(route, &r, &format!("body {raw:?}"));
+            // The same when the body arrives after the 200 header went out from the replica.
+            let r = gw
+                .post(route, &body_for(route, false), &[("x-mock-raw-body", raw), ("x-mock-body-delay-ms", "150")])
+                .await;
+            assert_upstream_error(route, &r, &format!("late body {raw:?}"));
+        }
+    }
+    let after = gw.settled_ledger();
+    assert_eq!(after["balance_cents"], before, "nothing charged: {after}");
+    assert_eq!(after["held_cents"], 0, "every hold released: {after}");
+}
+
+#[tokio::test]
+async fn a_good_body_after_a_late_header_is_delivered_whole() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&mock);
+    let completion = json!({"id": "c1", "object": "chat.completion", "created": 1, "model": "org/Chat-Model-7B",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "late"}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}})
+    .to_string();
+    let r = gw
+        .post(
+            "/v1/chat/completions",
+            &chat_body("chat-model", false),
+            &[("x-mock-raw-body", &completion), ("x-mock-body-delay-ms", "200")],
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let v = r.json();
+    assert_eq!(v["choices"][0]["message"]["content"], "late");
+    assert_eq!(v["model"], "chat-model");
+    assert_eq!(v["usage"]["completion_tokens"], 1);
+}
+
+#[tokio::test]
+async fn stream_frames_that_are_not_chat_chunks_end_with_an_error_frame_uncharged() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&mock);
+    let before = gw.settled_ledger()["balance_cents"].clone();
+    for route in ROUTES {
+        for frame in ["not json", "{\"foo\":1}", "{\"choices\":\"nope\"}", "[1,2]", "{\"choices\":[7]}"] {
+            let r = gw.post(route, &body_for(route, true), &[("x-mock-raw-frame", frame)]).await;
+            assert_eq!(r.status, 200, "{route} {frame}: the stream opened");
+            assert!(!r.text.contains("[DONE]") && !r.text.contains("message_stop"), "{route} {frame}: {}", r.text);
+            assert!(!r.text.contains(frame), "{route} {frame}: the bad frame is not forwarded: {}", r.text);
+            let last = r.sse_data().last().cloned().unwrap_or_default();
+            let v: Value = serde_json::from_str(&last).unwrap_or_else(|e| panic!("{route} {frame} ({e}): {}", r.text));
+            let code = if route == "/v1/messages" { &v["error"]["type"] } else { &v["error"]["code"] };
+            let code = code.as_str().or(v["response"]["error"]["code"].as_str());
+            assert!(
+                matches!(code, Some("upstream_error" | "api_error")),
+                "{route} {frame}: ends with an upstream error: {}",
+                r.text
+            );
+        }
+    }
+    let after = gw.settled_ledger();
+    assert_eq!(after["balance_cents"], before, "nothing delivered, nothing charged: {after}");
+}
+
+#[tokio::test]
+async fn a_completion_without_output_settles_at_zero() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&mock);
+    let before = gw.settled_ledger()["balance_cents"].as_i64().unwrap();
+    // pricey-model: $10,000 per million output tokens, input free; 1,000 prompt tokens of a
+    // priced input on chat-model would cost something, so use chat-model for the prompt price.
+    let r = gw
+        .post(
+            "/v1/chat/completions",
+            &chat_body("chat-model", false),
+            &[("x-mock-tokens", "0"), ("x-mock-prompt-tokens", "500000")],
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let usage = &r.json()["usage"];
+    assert_eq!(usage["completion_tokens"], 0, "{usage}");
+    assert_eq!(usage["prompt_tokens"], 500000, "{usage}");
+    assert_eq!(usage["cost"].as_f64(), Some(0.0), "no billable output: cost 0: {usage}");
+    assert_eq!(usage["service"]["cost_microcents"], 0, "{usage}");
+    // The same in a stream's usage frame.
+    let r = gw
+        .post(
+            "/v1/chat/completions",
+            &json!({"model": "chat-model", "stream": true, "stream_options": {"include_usage": true},
+                    "messages": [{"role": "user", "content": "hi"}]}),
+            &[("x-mock-tokens", "0"), ("x-mock-prompt-tokens", "500000")],
+        )
+        .await;
+    let usage_frame = r.sse_data().into_iter().rfind(|d| d.contains("\"usage\"")).unwrap_or_default();
+    let v: Value = serde_json::from_str(&usage_frame).unwrap_or_else(|e| panic!("{e}: {}", r.text));
+    assert_eq!(v["usage"]["service"]["cost_microcents"], 0, "{v}");
+    // Messages and Responses carry no cost field for credit-funded usage; the ledger shows it.
+    for route in ["/v1/messages", "/v1/responses"] {
+        let r = gw
+            .post(route, &body_for(route, false), &[("x-mock-tokens", "0"), ("x-mock-prompt-tokens", "500000")])
+            .await;
+        assert_eq!(r.status, 200, "{route}: {}", r.text);
+    }
+    let after = gw.settled_ledger();
+    assert_eq!(after["balance_cents"].as_i64(), Some(before), "nothing debited: {after}");
+    // A completion with output and the same prompt is charged (the rule above is what kept it free).
+    let r = gw
+        .post(
+            "/v1/chat/completions",
+            &chat_body("chat-model", false),
+            &[("x-mock-tokens", "1"), ("x-mock-prompt-tokens", "500000")],
+        )
+        .await;
+    assert!(r.json()["usage"]["service"]["cost_microcents"].as_u64().unwrap() > 5_000_000, "{}", r.text);
+}
