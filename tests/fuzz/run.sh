@@ -9,7 +9,7 @@ secs=${1:-60}
 command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz
 export RUSTC_BOOTSTRAP=1
 failed=0
-for t in sse_framer chat_request messages_request responses_request dialect_streams; do
+for t in sse_framer chat_request messages_request responses_request dialect_streams request_heads; do
     mkdir -p "corpus/$t"
     cp -n seeds/"$t"/* "corpus/$t/" 2>/dev/null || true
     if (cd ../.. && cargo fuzz run --fuzz-dir tests/fuzz -s none -O "$t" "tests/fuzz/corpus/$t" \
