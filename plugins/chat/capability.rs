@@ -1,7 +1,7 @@
 //! Rule 5: a capability the model lacks (catalog `tool_calling`, `json_mode`) is
 //! `400 hosted_capability_not_supported` naming the field. Image parts are rule 8's
 //! (`images.rs`). A field that asks for nothing (`tools: []`, `tool_choice: "none"`,
-//! `response_format: {type: text}`) is never refused (DECISIONS.md 4).
+//! `response_format: {type: text}`) is never refused (decisions.md 59).
 
 use serde_json::{Map, Value};
 

@@ -12,7 +12,7 @@ const CEILING_FIELDS: [&str; 2] = ["max_tokens", "max_completion_tokens"];
 
 /// Check `prompt_tokens` against `window` and clamp the ceilings of `out` (the forwarded
 /// body); returns the clamped value when a ceiling was lowered. A prompt that leaves no room
-/// for one output token does not fit (DECISIONS.md 7).
+/// for one output token does not fit (decisions.md 62).
 pub fn fit(out: &mut Map<String, Value>, window: Option<u64>, prompt_tokens: u64) -> Result<Option<u64>, GatewayError> {
     let Some(window) = window else { return Ok(None) };
     if prompt_tokens >= window {

@@ -130,7 +130,7 @@ fn check_tool_calls(i: usize, calls: Option<&Value>) -> Result<usize, GatewayErr
 
 /// Rule 6: `developer` is sent as `system`; on a model taking one system message, first,
 /// the leading system messages merge (blank-line separated) and later ones become `user`
-/// messages in place. Impossible (DECISIONS.md 3): a leading system message that is not
+/// messages in place. Impossible (decisions.md 58): a leading system message that is not
 /// text, or no message other than system ones.
 pub fn repair_system(list: &mut Vec<Value>, mode: SystemMessages) -> Result<(), GatewayError> {
     for m in list.iter_mut() {

@@ -2,7 +2,7 @@
 //! the rule-1 allowlist and the sampling fields are forwarded; `model` becomes the upstream
 //! name and usage is always requested on streams so billing can settle.
 //!
-//! The rule groups live beside this file and run in this order (DECISIONS.md 1): message
+//! The rule groups live beside this file and run in this order (decisions.md 56): message
 //! shapes (`messages.rs`), rules 4 and the candidate count (here), capabilities (rule 5,
 //! `capability.rs`), content parts (rule 8, `images.rs`), system messages (rule 6), schemas
 //! (rule 7, `schema.rs`), efforts (rules 9-10, `effort.rs`), then the prompt is counted and
@@ -145,7 +145,7 @@ pub fn rewrite(cx: &mut RequestCtx) -> Result<(), GatewayError> {
         cx.response_headers.push((context::CLAMPED_HEADER, "true".into()));
         cx.response_headers.push((context::CEILING_HEADER, c.to_string()));
     }
-    // The same counter as the context check (tokenizer or bytes/4 rule; DECISIONS.md 8).
+    // The same counter as the context check (tokenizer or bytes/4 rule; decisions.md 63).
     cx.prompt_estimate = prompt_tokens;
     cx.stream = stream;
     cx.include_usage = include_usage;

@@ -2,13 +2,13 @@
 //! legacy `functions[].parameters`, `response_format.json_schema.schema`). An unsatisfiable
 //! bound pair is removed; an empty `enum` or an invalid `pattern` is refused naming its path.
 //! Patterns are checked with `fancy-regex`, which accepts lookarounds and backreferences as
-//! JSON Schema's ECMA-262 patterns do (DECISIONS.md 5). Nesting is bounded (`MAX_DEPTH`).
+//! JSON Schema's ECMA-262 patterns do (decisions.md 60). Nesting is bounded (`MAX_DEPTH`).
 
 use serde_json::{Map, Value};
 
 use crate::error::{ErrorKind, GatewayError};
 
-/// Schema levels walked; deeper is refused (DECISIONS.md 5).
+/// Schema levels walked; deeper is refused (decisions.md 60).
 pub const MAX_DEPTH: usize = 64;
 /// Compiled size allowed for one pattern (bytes), so a pattern cannot make us build a huge
 /// automaton.

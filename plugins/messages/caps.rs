@@ -70,7 +70,7 @@ impl ModelCaps {
 
     /// The effort to forward for `wanted`: kept when declared (or when nothing is declared,
     /// so the chat path's rules apply unchanged), otherwise the nearest declared one; on a
-    /// tie the lower one, which spends less of the output budget (DECISIONS.md 4).
+    /// tie the lower one, which spends less of the output budget (decisions.md 69).
     pub fn choose_effort(&self, wanted: Effort) -> EffortChoice {
         if self.reasoning_efforts.is_empty() || self.reasoning_efforts.contains(&wanted) {
             return EffortChoice { effort: wanted, clamped: false };

@@ -110,7 +110,7 @@ fn stop_sequences(obj: &Map<String, Value>) -> Result<Option<Value>, GatewayErro
 
 /// `thinking` and `output_config.effort` as one `reasoning_effort`. `thinking: disabled`
 /// wins over an effort where it can be honoured; where it cannot, it is ignored with a
-/// warning and the effort (if any) applies (DECISIONS.md 3).
+/// warning and the effort (if any) applies (decisions.md 68).
 fn reasoning_effort(
     obj: &Map<String, Value>,
     output_config: Option<&Map<String, Value>>,

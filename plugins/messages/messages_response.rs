@@ -81,7 +81,7 @@ pub fn stop_reason(finish_reason: Option<&str>, tool_use: bool) -> Value {
 }
 
 /// Tool-call `arguments` (JSON text) as the `input` object; arguments that are not a JSON
-/// object (a replica cut short mid-call) give `{}` (DECISIONS.md 9).
+/// object (a replica cut short mid-call) give `{}` (decisions.md 74).
 pub(super) fn parse_input(arguments: Option<&Value>) -> Value {
     let parsed = match arguments {
         Some(Value::String(s)) => serde_json::from_str::<Value>(s).ok(),

@@ -209,7 +209,7 @@ impl MessagesStream {
         let index = match open {
             Some(index) => index,
             // Fragments of a call whose block already stopped cannot be delivered
-            // (blocks never reopen); DECISIONS.md 10.
+            // (blocks never reopen); decisions.md 75.
             None if self.tools_seen.contains(&chat_index) => return,
             None => {
                 if !matches!(self.open.last(), None | Some(Open { kind: Kind::Tool(_), .. })) {

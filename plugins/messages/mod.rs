@@ -6,7 +6,7 @@
 //! normalises it, and the chat answer is translated back. Keeping the translators pure
 //! (JSON in, JSON or SSE bytes out, no context, no I/O) lets them be tested exhaustively and
 //! lets the proxy wiring stay a thin adapter. Decisions taken where the spec is silent are
-//! listed in `DECISIONS.md` beside this file.
+//! listed in `docs/decisions.md` (66-88).
 
 mod caps;
 mod chat_pieces;

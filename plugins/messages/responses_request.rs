@@ -83,7 +83,7 @@ fn not_here(param: &str, why: &str) -> GatewayError {
         .with_param(param)
 }
 
-/// `store` is accepted either way: nothing is ever stored (DECISIONS.md 14).
+/// `store` is accepted either way: nothing is ever stored (decisions.md 79).
 fn refuse_stateful(obj: &Map<String, Value>) -> Result<(), GatewayError> {
     const STATELESS: &str = "the adapter keeps no state; send the whole conversation in `input`.";
     for field in ["previous_response_id", "conversation", "prompt"] {

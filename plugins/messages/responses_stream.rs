@@ -105,7 +105,7 @@ impl ResponsesStream {
                         .position(|it| matches!(it.kind, Kind::Call { chat_index, .. } if chat_index == index));
                     let i = match found {
                         Some(i) if self.items[i].open => i,
-                        Some(_) => continue, // a finished call never reopens (DECISIONS.md 10)
+                        Some(_) => continue, // a finished call never reopens (decisions.md 75)
                         None => {
                             let call_id =
                                 id.map_or_else(|| format!("call_{}", uuid::Uuid::new_v4().simple()), str::to_string);

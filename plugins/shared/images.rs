@@ -47,7 +47,7 @@ pub fn parse_data_url(url: &str) -> Option<(&str, &str)> {
 
 /// Whether decoded image bytes are a whole image of `media` (one of [`MEDIA_TYPES`]): the
 /// format's signature opens it and its end marker closes it, so a truncated upload that
-/// still decodes as base64 is refused before generation (chat DECISIONS.md 6).
+/// still decodes as base64 is refused before generation (decisions.md 61).
 pub fn is_complete_image(media: &str, bytes: &[u8]) -> bool {
     match media {
         "image/png" => {

@@ -14,7 +14,7 @@
 //!
 //! A tokenizer counts at most [`EXACT_BYTES`] of text per request exactly; the rest is
 //! counted at the tokens-per-byte ratio measured on that part, so a 3.5 MB body costs no
-//! more CPU than 256 KB (chat DECISIONS.md 8).
+//! more CPU than 256 KB (decisions.md 63).
 //!
 //! Billing never uses this figure when the replica reports usage.
 
