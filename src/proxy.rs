@@ -161,6 +161,16 @@ fn timeout_error(what: &str) -> GatewayError {
     )
 }
 
+/// A replica answer that can carry no body: `204`, `304`, or a zero `Content-Length`.
+fn has_no_body(resp: &ResponseHeader) -> bool {
+    matches!(resp.status.as_u16(), 204 | 304)
+        || resp
+            .headers
+            .get("content-length")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.trim().parse::<u64>() == Ok(0))
+}
+
 fn header_sent(s: &Session) -> bool {
     s.response_written().is_some_and(|r| !r.status.is_informational())
 }
@@ -300,6 +310,16 @@ impl ProxyHttp for Gateway {
             cx.failure = Some(err);
             return Error::e_explain(ErrorType::HTTPStatus(502), "replica answered 5xx");
         }
+        if cx.route.is_some_and(Route::is_generation) && has_no_body(resp) {
+            // Clarification 11: the replica was reached and answered without a body (nothing
+            // would reach the body phase to judge it).
+            cx.failure = Some(if status >= 400 {
+                request::refusal_from_upstream(b"")
+            } else {
+                GatewayError::new(ErrorKind::UpstreamFailed, "The model server sent an empty response.")
+            });
+            return Error::e_explain(ErrorType::HTTPStatus(502), "replica answered without a body");
+        }
         if status >= 400 {
             // Rewritten into our 400 once the replica's message has been read.
             cx.response.upstream_refused = true;
@@ -307,11 +327,6 @@ impl ProxyHttp for Gateway {
             resp.remove_header("content-length");
             resp.insert_header("content-type", "application/json")?;
             return Ok(());
-        }
-        if cx.route.is_some_and(Route::is_generation) && resp.headers.get("content-length").is_some_and(|v| v == "0") {
-            // Clarification 11: the replica was reached and failed (an answer without a body).
-            cx.failure = Some(GatewayError::new(ErrorKind::UpstreamFailed, "The model server sent an empty response."));
-            return Error::e_explain(ErrorType::HTTPStatus(502), "replica answered an empty body");
         }
         guarded("response header", cx, |cx| self.chain.on_response_header(resp, cx)).map_err(|e| {
             cx.failure = Some(e);
@@ -373,8 +388,8 @@ impl ProxyHttp for Gateway {
             }
         }
         if let Some(h) = &cx.heartbeat {
-            if eos {
-                h.stop();
+            if eos || cx.failure.is_some() {
+                h.stop(); // the end, or an error frame already ended the stream
             } else if body.as_ref().is_some_and(|b| !b.is_empty()) {
                 h.pulse.delivering();
             }
@@ -412,7 +427,7 @@ impl ProxyHttp for Gateway {
             let replaced = responder::error_wire(cx, &err).is_ok_and(|wire| hold.replace(wire));
             if replaced { err.status() } else { 200 }
         } else if header_sent(s) {
-            // After `[DONE]` the client has the whole stream: no error frame follows it.
+            // A stream that already ended (`[DONE]`, or an error frame) gets nothing more.
             if cx.response.streaming && !cx.response.saw_done {
                 let frame_err = match err.kind {
                     ErrorKind::UpstreamFailed | ErrorKind::ResponseTimeout | ErrorKind::UpstreamHttpError => {
@@ -444,6 +459,14 @@ impl ProxyHttp for Gateway {
             w.disarm();
         }
         let mut status = s.response_written().map(|r| r.status.as_u16()).unwrap_or(0);
+        if let Some(h) = cx.output.clone().filter(OutputHold::is_holding) {
+            // A held answer whose body never came to an end (no phase released or replaced
+            // it): the client must not wait for it.
+            let err = GatewayError::new(ErrorKind::UpstreamFailed, "The model server's answer did not complete.");
+            if responder::error_wire(cx, &err).is_ok_and(|wire| h.replace(wire)) {
+                s.set_keepalive(None);
+            }
+        }
         if let Some(h) = &cx.output {
             if h.lock().mode == crate::held_output::Mode::Replaced {
                 status = cx.failure.as_ref().map_or(500, GatewayError::status);

@@ -57,6 +57,32 @@ async fn non_streamed_answers_that_are_not_completions_are_502_and_uncharged() {
 }
 
 #[tokio::test]
+async fn answers_that_cannot_carry_a_body_are_errors_never_a_silent_wait() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&mock);
+    for route in ROUTES {
+        for (status, expect) in [("204", 502), ("200", 502), ("400", 400), ("422", 400)] {
+            let what = format!("{route} {status} without a body");
+            let headers = [("x-mock-raw-body", ""), ("x-mock-raw-status", status)];
+            let r = tokio::time::timeout(
+                std::time::Duration::from_secs(10),
+                gw.post(route, &body_for(route, false), &headers),
+            )
+            .await
+            .unwrap_or_else(|_| panic!("{what}: the client waited"));
+            assert_eq!(r.status, expect, "{what}: {}", r.text);
+            let v = r.json();
+            if route == "/v1/messages" {
+                assert_eq!(v["type"], "error", "{what}: {v}");
+            } else {
+                assert_eq!(v["error"]["code"], "upstream_error", "{what}: {v}");
+            }
+        }
+    }
+    assert_eq!(gw.settled_ledger()["held_cents"], 0);
+}
+
+#[tokio::test]
 async fn a_good_body_after_a_late_header_is_delivered_whole() {
     let mock = Mock::start();
     let gw = Gateway::start(&mock);

@@ -74,6 +74,7 @@ fn fail_stream(cx: &mut RequestCtx, out: &mut BytesMut, message: &str) {
     let err = GatewayError::new(ErrorKind::UpstreamFailed, message);
     out.extend_from_slice(&envelope::sse_error_frame(&err, cx.envelope, &cx.request_id));
     cx.failure = Some(err);
+    cx.response.saw_done = true; // ended: no second error frame, whatever the replica does next
 }
 
 /// A chat chunk: an object whose `choices` is a list of objects, or a usage-only frame.

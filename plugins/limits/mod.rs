@@ -226,10 +226,11 @@ impl Plugin for Limits {
     async fn on_log(&self, cx: &mut RequestCtx) {
         if let Some(Admission(held)) = cx.ext.get_mut::<Admission>() {
             if let Some(held) = held.take() {
-                held.release().await;
+                // Before the release: a reading taken after it no longer counts this request.
                 if let Some(model) = &cx.model {
                     self.busy.ended(&model.id);
                 }
+                held.release().await;
             }
         }
         // A request refused before admission still spends quota (see the module comment).

@@ -32,6 +32,8 @@ pub struct Knobs {
     pub malformed: bool,
     /// Answer 200 with exactly this body (`x-mock-raw-body`; empty is allowed).
     pub raw_body: Option<String>,
+    /// With `x-mock-raw-body`: the status to answer it with (`x-mock-raw-status`, default 200).
+    pub raw_status: Option<StatusCode>,
     /// With `x-mock-raw-body`: send the header, then the body after this long.
     pub body_delay: Duration,
     /// Stream this one `data:` payload, then `[DONE]` (`x-mock-raw-frame`).
@@ -74,6 +76,15 @@ impl Knobs {
             raw_body: text(headers, "x-mock-raw-body")?,
             raw_frame: text(headers, "x-mock-raw-frame")?,
             body_delay: millis(headers, "x-mock-body-delay-ms")?,
+            raw_status: match number(headers, "x-mock-raw-status")? {
+                Some(code) => Some(
+                    u16::try_from(code)
+                        .ok()
+                        .and_then(|c| StatusCode::from_u16(c).ok())
+                        .ok_or_else(|| format!("invalid x-mock-raw-status: {code}"))?,
+                ),
+                None => None,
+            },
         })
     }
 }

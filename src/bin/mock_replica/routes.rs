@@ -84,10 +84,12 @@ async fn answer_v1(
         return Ok(json(StatusCode::OK, Bytes::from_static(b"not json{")));
     }
     if let Some(raw) = &knobs.raw_body {
+        let status = knobs.raw_status.unwrap_or(StatusCode::OK);
         if knobs.body_delay.is_zero() {
-            return Ok(json(StatusCode::OK, raw.clone()));
+            return Ok(json(status, raw.clone()));
         }
         let mut response = Response::new(MockBody::delayed(raw.clone(), knobs.body_delay));
+        *response.status_mut() = status;
         response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         return Ok(response);
     }
