@@ -499,11 +499,9 @@ mod tests {
                 r#"{{"model":"{UP}","choices":[{{"message":{{"reasoning":"keep","reasoning_content":"drop","tool_calls":[ ]}},"finish_reason":"stop"}}]}}"#
             ),
             format!(
-                r#"{{"model":"{UP}","choices":[{{"message":{{"tool_calls":[{{"id":"x"}}]}},"finish_reason":"tool_calls"}},7,{{"message":"m","finish_reason":"stop"}}],{usage}}}"#
+                r#"{{"model":"{UP}","choices":[{{"message":{{"tool_calls":[{{"id":"x"}}]}},"finish_reason":"tool_calls"}},{{"message":"m","finish_reason":"stop"}}],{usage}}}"#
             ),
-            r#"{"model":"other","choices":{},"usage":null,"x\"y":[1.50, 2e3]}"#.to_string(),
             format!(r#"{{"model":"{UP}", "choices": [], "usage": {{"total_tokens": 1}} }}"#),
-            "{}".to_string(),
         ];
         for body in &cases {
             let (mut a, mut b) = (ctx(), ctx());
@@ -517,6 +515,15 @@ mod tests {
             ["[1]", "{\"a\":1,\"a\":2}", "not json", r#"{"choices":[{"message":{"content":"a","content":"b"}}]}"#]
         {
             assert!(json_body(body.as_bytes(), &mut ctx()).is_none(), "{body}");
+        }
+        // Not chat completions (decision 48): left to the `Value` path, which refuses them.
+        for body in [
+            format!(r#"{{"model":"{UP}","choices":[{{"message":{{"content":"a"}},"finish_reason":"stop"}},7]}}"#),
+            r#"{"model":"other","choices":{},"usage":null,"x\"y":[1.50, 2e3]}"#.to_string(),
+            "{}".to_string(),
+        ] {
+            assert!(json_body(body.as_bytes(), &mut ctx()).is_none(), "{body}");
+            assert!(rewrite_value(body.as_bytes(), &mut ctx()).is_err(), "{body}");
         }
     }
 
