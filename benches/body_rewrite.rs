@@ -115,7 +115,7 @@ fn bench_rewrite_request(c: &mut Criterion) {
         // Sanity: it rewrites, and the upstream model name is in the output.
         let mut cx = chat_ctx(&config);
         cx.body = Some(body.clone());
-        tollgate::plugins::chat::rewrite_request(&mut cx).unwrap();
+        tollgate_plugins::chat::rewrite_request(&mut cx).unwrap();
         let out = cx.upstream_body.take().unwrap();
         assert!(
             memchr::memmem::find(&out, b"\"model\":\"meta-llama/Llama-3.1-8B-Instruct\"").is_some(),
@@ -131,7 +131,7 @@ fn bench_rewrite_request(c: &mut Criterion) {
                     cx
                 },
                 |mut cx| {
-                    tollgate::plugins::chat::rewrite_request(black_box(&mut cx)).unwrap();
+                    tollgate_plugins::chat::rewrite_request(black_box(&mut cx)).unwrap();
                     cx
                 },
                 BatchSize::SmallInput,
@@ -142,7 +142,7 @@ fn bench_rewrite_request(c: &mut Criterion) {
                 || chat_ctx(&config),
                 |mut cx| {
                     cx.body = Some(serde_json::from_slice(black_box(&raw)).unwrap());
-                    tollgate::plugins::chat::rewrite_request(&mut cx).unwrap();
+                    tollgate_plugins::chat::rewrite_request(&mut cx).unwrap();
                     cx
                 },
                 BatchSize::SmallInput,
@@ -159,7 +159,7 @@ fn bench_json_response(c: &mut Criterion) {
     // Sanity: renamed, usage priced.
     let mut cx = chat_ctx(&config);
     let mut body = Some(resp.clone());
-    tollgate::plugins::chat::on_json_chunk(&mut body, true, &mut cx).unwrap();
+    tollgate_plugins::chat::on_json_chunk(&mut body, true, &mut cx).unwrap();
     let out = body.unwrap();
     let v: Value = serde_json::from_slice(&out).unwrap();
     assert_eq!(v["model"], MODEL_ID);
@@ -173,7 +173,7 @@ fn bench_json_response(c: &mut Criterion) {
             || chat_ctx(&config),
             |mut cx| {
                 let mut body = Some(resp.clone());
-                tollgate::plugins::chat::on_json_chunk(&mut body, true, &mut cx).unwrap();
+                tollgate_plugins::chat::on_json_chunk(&mut body, true, &mut cx).unwrap();
                 (cx, body)
             },
             BatchSize::SmallInput,

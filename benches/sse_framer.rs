@@ -136,7 +136,7 @@ fn run_stream(chunks: &[Bytes], mut cx: RequestCtx) -> (RequestCtx, usize) {
     let last = chunks.len() - 1;
     for (i, c) in chunks.iter().enumerate() {
         let mut body = Some(c.clone());
-        tollgate::plugins::chat::on_stream_chunk(&mut body, i == last, &mut cx);
+        tollgate_plugins::chat::on_stream_chunk(&mut body, i == last, &mut cx);
         sent += body.map_or(0, |b| b.len());
     }
     (cx, sent)
@@ -153,7 +153,7 @@ fn bench_stream_phase(c: &mut Criterion) {
     assert_eq!(cx.response.delivered_frames, CONTENT_FRAMES as u64);
     let mut probe = stream_ctx(&config, false);
     let mut one = Some(frames[0].clone());
-    tollgate::plugins::chat::on_stream_chunk(&mut one, false, &mut probe);
+    tollgate_plugins::chat::on_stream_chunk(&mut one, false, &mut probe);
     let out = one.unwrap_or_default();
     assert!(
         std::str::from_utf8(&out).unwrap_or("").contains(&format!("\"model\":\"{MODEL_ID}\"")),

@@ -18,7 +18,7 @@ use std::path::Path;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use serde_json::{Value, json};
 use tollgate::config::PromptTokenizer;
-use tollgate::plugins::shared::prompt_tokens::count_prompt_tokens;
+use tollgate_plugins::shared::prompt_tokens::count_prompt_tokens;
 
 fn small() -> Value {
     json!({"messages": [

@@ -8,12 +8,12 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use pingora::proxy::Session;
 
-use crate::ctx::RequestCtx;
-use crate::error::{ErrorKind, GatewayError};
-use crate::identity::KeyScope;
-use crate::identity::service::{AuthFailure, Identity};
-use crate::plugin::{Flow, Plugin};
-use crate::routes::Route;
+use tollgate::ctx::RequestCtx;
+use tollgate::error::{ErrorKind, GatewayError};
+use tollgate::identity::KeyScope;
+use tollgate::identity::service::{AuthFailure, Identity};
+use tollgate::plugin::{Flow, Plugin};
+use tollgate::routes::Route;
 
 /// Before every plugin that needs to know the caller.
 pub const AUTH_PRIORITY: i16 = 500;

@@ -10,12 +10,12 @@ use bytes::Bytes;
 use pingora::proxy::Session;
 use serde_json::json;
 
-use crate::ctx::RequestCtx;
-use crate::error::{ErrorKind, GatewayError};
-use crate::identity::{Millis, iso, now_ms};
-use crate::plugin::{Flow, Plugin};
-use crate::routes::Route;
-use crate::store::ledger::{HoldOutcome, LedgerStore, MICROCENTS_PER_CENT, Settlement};
+use tollgate::ctx::RequestCtx;
+use tollgate::error::{ErrorKind, GatewayError};
+use tollgate::identity::{Millis, iso, now_ms};
+use tollgate::plugin::{Flow, Plugin};
+use tollgate::routes::Route;
+use tollgate::store::ledger::{HoldOutcome, LedgerStore, MICROCENTS_PER_CENT, Settlement};
 
 pub const BILLING_PRIORITY: i16 = 100;
 /// Output ceiling used for the hold when neither the request nor the model gives one (C12).
@@ -86,7 +86,7 @@ impl Billing {
             "plan_tier": principal.tier().as_str(),
             "as_of": iso(now),
         });
-        crate::responder::json(s, cx, 200, Bytes::from(body.to_string()), &[("cache-control", "no-store".into())])
+        tollgate::responder::json(s, cx, 200, Bytes::from(body.to_string()), &[("cache-control", "no-store".into())])
             .await
             .map_err(|e| GatewayError::internal(format!("write failed: {e}")))
     }
@@ -96,7 +96,7 @@ impl Billing {
         let Some(pricing) = cx.model.as_ref().and_then(|m| m.pricing_at(now_ms())) else { return 0 };
         let ceiling =
             cx.output_ceiling.or(cx.model.as_ref().and_then(|m| m.max_output_tokens)).unwrap_or(DEFAULT_OUTPUT_CEILING);
-        let micro = crate::usage::cost_microcents(Some(&pricing), cx.prompt_estimate, 0, ceiling);
+        let micro = tollgate::usage::cost_microcents(Some(&pricing), cx.prompt_estimate, 0, ceiling);
         // Whole cents, rounded up (the hold must cover the cost).
         let micro = i64::try_from(micro).unwrap_or(i64::MAX);
         micro / MICROCENTS_PER_CENT + i64::from(micro % MICROCENTS_PER_CENT != 0)
@@ -227,7 +227,7 @@ enum Finish {
 }
 
 impl Finish {
-    async fn run(&self, ledger: &dyn LedgerStore) -> Result<(), crate::store::StoreError> {
+    async fn run(&self, ledger: &dyn LedgerStore) -> Result<(), tollgate::store::StoreError> {
         match self {
             Finish::Settle(s) => ledger.settle(s).await.map(|_| ()),
             Finish::Release(rid) => ledger.release_hold(rid, now_ms()).await.map(|_| ()),

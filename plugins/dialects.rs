@@ -15,11 +15,11 @@ use super::messages::{
     responses_to_chat, to_chat,
 };
 use super::shared::prompt_tokens::count_prompt_tokens;
-use crate::ctx::RequestCtx;
-use crate::error::GatewayError;
-use crate::plugin::{Flow, Plugin};
-use crate::routes::Route;
-use crate::sse::SseFramer;
+use tollgate::ctx::RequestCtx;
+use tollgate::error::GatewayError;
+use tollgate::plugin::{Flow, Plugin};
+use tollgate::routes::Route;
+use tollgate::sse::SseFramer;
 
 /// Before the chat path (200) on requests; after it on responses.
 pub const DIALECTS_PRIORITY: i16 = 300;
@@ -53,7 +53,7 @@ struct DialectState {
 fn echo_version(s: &Session, cx: &mut RequestCtx) {
     for name in ["vendor-version", "anthropic-version"] {
         if let Some(v) = s.req_header().headers.get(name).and_then(|v| v.to_str().ok()) {
-            if crate::request::printable_ascii(v.as_bytes(), 128) {
+            if tollgate::request::printable_ascii(v.as_bytes(), 128) {
                 cx.response_headers.push((name, v.to_string()));
             }
         }
@@ -98,7 +98,7 @@ impl Plugin for Dialects {
                 let stream = MessagesStream::new(&model.id, &self.signing_key);
                 if t.stream {
                     // Spec "Limits": a `ping` every 15 seconds while the replica is silent.
-                    cx.heartbeat_payload = Some(crate::plugins::messages::ping());
+                    cx.heartbeat_payload = Some(crate::messages::ping());
                 }
                 self.translate(cx, t, Translator::Messages(stream));
             }
@@ -107,7 +107,7 @@ impl Plugin for Dialects {
                 let t = to_chat(&body, &model, Purpose::CountTokens)?;
                 let tokens = count_prompt_tokens(&t.body, model.chat.tokenizer.as_deref());
                 let answer = json!({ "input_tokens": tokens });
-                crate::responder::json(s, cx, 200, Bytes::from(render_json(&answer)), &[])
+                tollgate::responder::json(s, cx, 200, Bytes::from(render_json(&answer)), &[])
                     .await
                     .map_err(|e| GatewayError::internal(format!("write failed: {e}")))?;
                 return Ok(Flow::Handled);

@@ -15,12 +15,12 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use pingora::proxy::Session;
 
-use crate::config::GateSettings;
-use crate::ctx::RequestCtx;
-use crate::error::{ErrorKind, GatewayError};
-use crate::identity::now_ms;
-use crate::limits::{Check, FallbackLimiter, Verdict, WindowLimit};
-use crate::plugin::{Flow, Plugin};
+use tollgate::config::GateSettings;
+use tollgate::ctx::RequestCtx;
+use tollgate::error::{ErrorKind, GatewayError};
+use tollgate::identity::now_ms;
+use tollgate::limits::{Check, FallbackLimiter, Verdict, WindowLimit};
+use tollgate::plugin::{Flow, Plugin};
 
 /// Before authentication (500) reads the key store.
 pub const GATE_PRIORITY: i16 = 600;
@@ -82,7 +82,7 @@ impl Plugin for ConnectionGate {
     async fn on_request_headers(&self, s: &mut Session, cx: &mut RequestCtx) -> Result<Flow, GatewayError> {
         let Some(route) = cx.route else { return Ok(Flow::Continue) };
         let now = now_ms();
-        if let Some(key) = crate::plugins::auth::presented_key(s, route) {
+        if let Some(key) = crate::auth::presented_key(s, route) {
             let credential = self.hasher.hash_one(key);
             cx.ext.insert(Credential(credential));
             if self.is_trusted(credential, now) {

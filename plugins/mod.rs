@@ -14,11 +14,11 @@ pub mod shared;
 
 use std::sync::Arc;
 
-use crate::config::{Config, ConfigErrors, ConfigProblem};
-use crate::identity::service::Identity;
-use crate::limits::{FallbackLimiter, FallbackOptions};
-use crate::plugin::{Chain, Plugin};
-use crate::store::ledger::LedgerStore;
+use tollgate::config::{Config, ConfigErrors, ConfigProblem};
+use tollgate::identity::service::Identity;
+use tollgate::limits::{FallbackLimiter, FallbackOptions};
+use tollgate::plugin::{Chain, Plugin};
+use tollgate::store::ledger::LedgerStore;
 
 /// Shared services plugins are built with (opened by the server before the chain).
 #[derive(Default, Clone)]
@@ -37,7 +37,7 @@ pub fn build(config: &Config, services: &Services) -> Result<Chain, ConfigErrors
     let mut limiter: Option<Arc<FallbackLimiter>> = None;
     let mut open_limiter = |problems: &mut Vec<ConfigProblem>| -> Option<Arc<FallbackLimiter>> {
         if limiter.is_none() {
-            match crate::limits::open_limiter(&config.gateway.limits.store) {
+            match tollgate::limits::open_limiter(&config.gateway.limits.store) {
                 Ok(store) => limiter = Some(Arc::new(FallbackLimiter::new(store, FallbackOptions::default()))),
                 Err(e) => problems.push(ConfigProblem {
                     file: config.source.clone(),
@@ -104,7 +104,7 @@ mod tests {
     /// code would stop it guarding anything.
     #[test]
     fn chain_order_is_frozen() {
-        use crate::plugin::Plugin;
+        use tollgate::plugin::Plugin;
         let chat = super::chat::ChatCompletions;
         assert_eq!((chat.name(), chat.priority()), ("chat_completions", 200));
         // auth runs before the dialects, billing after them (it prices their estimate).

@@ -288,7 +288,7 @@ impl std::error::Error for GatewayError {}
 
 /// A byte of randomness for retry jitter. Not secret, so no system call per draw: std's
 /// per-thread random hasher keys (seeded once, then stepped on every `RandomState::new`).
-pub(crate) fn rand_byte() -> u8 {
+pub fn rand_byte() -> u8 {
     use std::hash::BuildHasher;
     std::hash::RandomState::new().hash_one(0u8).to_le_bytes()[0]
 }

@@ -2,12 +2,12 @@
 //!
 //! `src/` is the core: configuration, the error catalogue and its two envelopes, routing,
 //! the per-request context, the plugin contract, placement on replica pools, SSE framing,
-//! usage pricing and the one `ProxyHttp` implementation. `plugins/` holds the phase plugins;
-//! the core never names one (the chain is assembled in `plugins/mod.rs`).
+//! usage pricing and the one `ProxyHttp` implementation. The phase plugins are another crate
+//! (`tollgate-plugins`, `plugins/`) that depends on this one, so the core cannot name a plugin;
+//! the binary (`app/`) assembles the chain from config.
 
 pub mod admin;
 pub mod body_replay;
-pub mod cli;
 pub mod config;
 pub mod ctx;
 pub mod envelope;
@@ -24,11 +24,8 @@ pub mod proxy;
 pub mod request;
 pub mod responder;
 pub mod routes;
-pub mod server;
 pub mod sse;
 pub mod store;
 pub mod usage;
 pub mod watchdog;
 
-#[path = "../plugins/mod.rs"]
-pub mod plugins;

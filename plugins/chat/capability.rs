@@ -5,8 +5,8 @@
 
 use serde_json::{Map, Value};
 
-use crate::config::ModelEntry;
-use crate::error::{ErrorKind, GatewayError};
+use tollgate::config::ModelEntry;
+use tollgate::error::{ErrorKind, GatewayError};
 
 fn lacking(param: &str, what: &str) -> GatewayError {
     GatewayError::new(
@@ -70,7 +70,7 @@ mod tests {
         let _ = std::fs::write(dir.join("tollgate.yaml"), "threads: 1\n");
         let _ = std::fs::write(dir.join("models.yaml"), yaml);
         let _ = std::fs::write(dir.join("upstreams.yaml"), "pools: {}\n");
-        let config = crate::config::load(&dir.join("tollgate.yaml"));
+        let config = tollgate::config::load(&dir.join("tollgate.yaml"));
         let _ = std::fs::remove_dir_all(&dir);
         match config.map(|c| c.catalog.models.into_iter().next()) {
             Ok(Some(m)) => std::sync::Arc::try_unwrap(m).unwrap_or_else(|_| panic!("shared")),

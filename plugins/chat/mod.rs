@@ -23,10 +23,10 @@ use bytes::Bytes;
 use pingora::http::ResponseHeader;
 use pingora::proxy::Session;
 
-use crate::ctx::RequestCtx;
-use crate::error::GatewayError;
-use crate::plugin::{Flow, Plugin};
-use crate::routes::Route;
+use tollgate::ctx::RequestCtx;
+use tollgate::error::GatewayError;
+use tollgate::plugin::{Flow, Plugin};
+use tollgate::routes::Route;
 
 pub struct ChatCompletions;
 

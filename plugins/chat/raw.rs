@@ -1,5 +1,5 @@
 //! The response normalisation of `response.rs` and `stream.rs`, done on raw JSON text
-//! (`crate::json_raw`) instead of a `serde_json::Value`: same decisions, same members
+//! (`tollgate::json_raw`) instead of a `serde_json::Value`: same decisions, same members
 //! changed, everything else copied as it arrived. A body or frame this path does not take
 //! (not an object, a repeated key, an error frame, a stream's usage frame) returns `None`
 //! before anything in `cx` changes, and the caller runs the `Value` path on it.
@@ -12,9 +12,9 @@ use serde_json::Value;
 use serde_json::value::RawValue;
 
 use super::response::{ChoiceOutput, output_status};
-use crate::ctx::RequestCtx;
-use crate::json_raw::{self, Members, ObjectWriter, Str};
-use crate::usage;
+use tollgate::ctx::RequestCtx;
+use tollgate::json_raw::{self, Members, ObjectWriter, Str};
+use tollgate::usage;
 
 /// One element of `choices`.
 struct Choice<'a> {
@@ -417,11 +417,11 @@ mod tests {
     use serde_json::Value;
 
     use super::{json_body, stream_frame};
-    use crate::config::Config;
-    use crate::ctx::RequestCtx;
-    use crate::plugins::chat::response::rewrite_value;
-    use crate::plugins::chat::stream::on_frame_value;
-    use crate::sse::data_payload;
+    use tollgate::config::Config;
+    use tollgate::ctx::RequestCtx;
+    use crate::chat::response::rewrite_value;
+    use crate::chat::stream::on_frame_value;
+    use tollgate::sse::data_payload;
 
     const UP: &str = "meta-llama/Llama-3.1-8B-Instruct";
 
@@ -453,11 +453,11 @@ mod tests {
                      upstreams_file: upstreams.yaml\nplugins:\n  - name: chat_completions\n",
                 )
                 .unwrap();
-                Arc::new(crate::config::load(&dir.join("tollgate.yaml")).unwrap())
+                Arc::new(tollgate::config::load(&dir.join("tollgate.yaml")).unwrap())
             })
             .clone();
         let mut cx = RequestCtx::new(config.clone());
-        cx.route = Some(crate::routes::Route::ChatCompletions);
+        cx.route = Some(tollgate::routes::Route::ChatCompletions);
         cx.model = config.catalog.get("llama-3.1-8b-instruct").cloned();
         cx.pool = config.pools.get("llama-3.1-8b-instruct").cloned();
         assert!(cx.model.is_some() && cx.pool.is_some());

@@ -12,9 +12,9 @@ use bytes::Bytes;
 use serde_json::{Map, Value, json};
 
 use super::{capability, context, effort, images, messages, schema};
-use crate::ctx::RequestCtx;
-use crate::error::{ErrorKind, GatewayError};
-use crate::plugins::shared::prompt_tokens::count_prompt_tokens;
+use tollgate::ctx::RequestCtx;
+use tollgate::error::{ErrorKind, GatewayError};
+use crate::shared::prompt_tokens::count_prompt_tokens;
 
 /// Forwarded as they are (spec rule 1, plus the fields of clarification 4).
 const FORWARDED: &[&str] = &[

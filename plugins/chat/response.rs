@@ -5,9 +5,9 @@
 use bytes::Bytes;
 use serde_json::{Map, Value, json};
 
-use crate::ctx::RequestCtx;
-use crate::error::{ErrorKind, GatewayError};
-use crate::usage::{self, UsageBasis};
+use tollgate::ctx::RequestCtx;
+use tollgate::error::{ErrorKind, GatewayError};
+use tollgate::usage::{self, UsageBasis};
 
 /// What one choice's `message` or `delta` carried.
 #[derive(Debug, Default, Clone, Copy)]

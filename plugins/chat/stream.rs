@@ -10,11 +10,11 @@ use bytes::{Bytes, BytesMut};
 use serde_json::Value;
 
 use super::response::{normalize, output_status, rename_model, with_usage};
-use crate::ctx::RequestCtx;
-use crate::envelope;
-use crate::error::{ErrorKind, GatewayError};
-use crate::sse::data_payload;
-use crate::usage;
+use tollgate::ctx::RequestCtx;
+use tollgate::envelope;
+use tollgate::error::{ErrorKind, GatewayError};
+use tollgate::sse::data_payload;
+use tollgate::usage;
 
 pub fn on_chunk(body: &mut Option<Bytes>, eos: bool, cx: &mut RequestCtx) {
     if let Some(b) = body.take() {

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
-use crate::identity::now_ms;
-use crate::limits::{FallbackLimiter, Lease, Renewal};
+use tollgate::identity::now_ms;
+use tollgate::limits::{FallbackLimiter, Lease, Renewal};
 
 /// Live leases of this instance, and the thread that renews them.
 pub struct LeaseKeeper {

@@ -22,13 +22,13 @@ use pingora::proxy::Session;
 use pingora_limits::inflight::Inflight;
 use serde_json::{Map, Value, json};
 
-use crate::config::{LimitSettings, ModelEntry};
-use crate::ctx::RequestCtx;
-use crate::error::{ErrorKind, GatewayError};
-use crate::identity::{Principal, now_ms};
-use crate::limits::{Check, ConcurrencyGate, FallbackLimiter, LimiterError, TokenBudget, Verdict, WindowLimit};
-use crate::plugin::{Flow, Plugin};
-use crate::routes::Route;
+use tollgate::config::{LimitSettings, ModelEntry};
+use tollgate::ctx::RequestCtx;
+use tollgate::error::{ErrorKind, GatewayError};
+use tollgate::identity::{Principal, now_ms};
+use tollgate::limits::{Check, ConcurrencyGate, FallbackLimiter, LimiterError, TokenBudget, Verdict, WindowLimit};
+use tollgate::plugin::{Flow, Plugin};
+use tollgate::routes::Route;
 
 use leases::Held;
 pub use leases::LeaseKeeper;

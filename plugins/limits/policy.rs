@@ -4,8 +4,8 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
-use crate::config::{LimitSettings, ModelEntry, Pool};
-use crate::identity::{Principal, RateTier};
+use tollgate::config::{LimitSettings, ModelEntry, Pool};
+use tollgate::identity::{Principal, RateTier};
 
 /// Lifetime purchases (cents) from which tokens per minute rise to at least 20 million.
 const TPM_MIDDLE_TIER_CENTS: i64 = 5_000;
@@ -122,7 +122,7 @@ mod tests {
         Principal {
             workspace_id: "ws".into(),
             key_id: "k".into(),
-            scope: crate::identity::KeyScope::Workspace,
+            scope: tollgate::identity::KeyScope::Workspace,
             rate_tier: tier,
             credits_only: false,
             monthly_spend_limit_cents: None,

@@ -2,9 +2,9 @@
 //! window, and each refusal's code, `error.limit`, `X-Hosted-Limit-*` and retry timing
 //! (spec "Errors", "Retry rules", the Limits table).
 
-use crate::error::{ErrorKind, GatewayError};
-use crate::identity::RateTier;
-use crate::limits::{ADMISSION_RETRY_CAP_MS, WindowState};
+use tollgate::error::{ErrorKind, GatewayError};
+use tollgate::identity::RateTier;
+use tollgate::limits::{ADMISSION_RETRY_CAP_MS, WindowState};
 
 /// Which admission gate refused; its wire code and `X-Hosted-Limit-Scope` value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -138,7 +138,7 @@ pub fn congested() -> GatewayError {
 
 /// An estimate capped at 8 seconds, spread by ±20% so refused clients do not return together.
 pub fn jittered(ms: u64) -> u64 {
-    let r = u64::from(crate::error::rand_byte() % 41); // 0..=40
+    let r = u64::from(tollgate::error::rand_byte() % 41); // 0..=40
     let spread = ms.min(ADMISSION_RETRY_CAP_MS) * (80 + r) / 100;
     spread.clamp(1, ADMISSION_RETRY_CAP_MS)
 }

@@ -3,7 +3,7 @@
 
 use serde_json::Value;
 
-use crate::plugins::shared::prompt_tokens::count_prompt_tokens;
+use crate::shared::prompt_tokens::count_prompt_tokens;
 
 /// Estimated prompt tokens of `chat_body` by the documented bytes/4 rule (no tokenizer).
 pub fn estimate_input_tokens(chat_body: &Value) -> u64 {

@@ -14,9 +14,9 @@ use super::chat_pieces::{Piece, pieces};
 use super::messages_response::{message_id, paid_extra_of, stop_reason, tool_use_id, usage};
 use super::render::sse_event;
 use super::signature::sign_thinking;
-use crate::envelope;
-use crate::error::GatewayError;
-use crate::sse::data_payload;
+use tollgate::envelope;
+use tollgate::error::GatewayError;
+use tollgate::sse::data_payload;
 
 /// The heartbeat sent every 15 seconds while the model is silent.
 pub fn ping() -> Bytes {

@@ -7,7 +7,7 @@
 
 use serde_json::Value;
 
-use crate::usage::dollars;
+use tollgate::usage::dollars;
 
 /// `v` as JSON text, with every `usage.cost` rendered from `usage.service.cost_microcents`.
 pub fn to_vec(v: &Value) -> Vec<u8> {

@@ -70,7 +70,7 @@ impl ResponsesStream {
 
     /// One whole chat SSE frame: `[DONE]`, an error frame or a chunk.
     pub fn on_sse_frame(&mut self, frame: &[u8], out: &mut BytesMut) {
-        let Some(data) = crate::sse::data_payload(frame) else { return };
+        let Some(data) = tollgate::sse::data_payload(frame) else { return };
         let data = data.trim_ascii();
         if data == b"[DONE]" {
             self.on_done(out);

@@ -20,7 +20,7 @@
 
 use serde_json::Value;
 
-use crate::config::PromptTokenizer;
+use tollgate::config::PromptTokenizer;
 
 pub const PER_MESSAGE: u64 = 4;
 pub const PER_IMAGE: u64 = 1024;
@@ -109,7 +109,7 @@ mod tests {
     use std::path::Path;
 
     fn tiny() -> PromptTokenizer {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tokenizers/tiny-bpe.json");
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tokenizers/tiny-bpe.json");
         PromptTokenizer::load(&path).unwrap_or_else(|e| panic!("{e}"))
     }
 

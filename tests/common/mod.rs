@@ -23,6 +23,14 @@ impl Drop for Proc {
     }
 }
 
+/// The mock replica's binary: built by the workspace beside `tollgate` (another package, so
+/// Cargo gives the tests no `CARGO_BIN_EXE_` for it; `cargo build` builds every member).
+pub fn mock_binary() -> PathBuf {
+    let path = std::path::Path::new(env!("CARGO_BIN_EXE_tollgate")).with_file_name("tollgate-mock-replica");
+    assert!(path.exists(), "{} is missing: run `cargo build` at the workspace root first", path.display());
+    path
+}
+
 /// The mock replica, started on port 0; the port comes from its first stdout line.
 pub struct Mock {
     pub port: u16,
@@ -31,7 +39,7 @@ pub struct Mock {
 
 impl Mock {
     pub fn start() -> Mock {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate-mock-replica"))
+        let mut child = Command::new(mock_binary())
             .args(["--listen", "127.0.0.1:0"])
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -101,7 +109,7 @@ pub fn models_yaml() -> String {
 /// Models for the chat request rules (`tests/chat_rules.rs`): one with every per-model rule
 /// and a small window, one with image input and the test tokenizer.
 pub fn chat_rules_models_yaml() -> String {
-    let tokenizer = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/tokenizers/tiny-bpe.json");
+    let tokenizer = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/tokenizers/tiny-bpe.json");
     format!(
         "  - id: rules-model\n    supported_endpoints: [chat_completions, messages]\n    json_mode: true\n    reasoning_efforts: [none, low, medium, high]\n    context_window: 300\n    system_message: first_only\n    json_format_effort: none\n    json_format_refused_efforts: [low, medium, high]\n    refused_efforts: [minimal]\n  - id: vision-model\n    supported_endpoints: [chat_completions, messages]\n    tool_calling: true\n    json_mode: true\n    input_modalities: [text, image]\n    context_window: 4096\n    tokenizer: \"{tokenizer}\"\n"
     )

@@ -3,8 +3,8 @@
 use serde_json::{Value, json};
 
 use super::support::*;
-use crate::error::{ErrorKind, GatewayError};
-use crate::plugins::messages::{ModelCaps, Purpose, to_chat_with};
+use tollgate::error::{ErrorKind, GatewayError};
+use crate::messages::{ModelCaps, Purpose, to_chat_with};
 
 const PNG: &str = "iVBORw0KGgo=";
 

@@ -1,5 +1,5 @@
 use super::support::*;
-use crate::plugins::messages::{Effort, EffortChoice, ModelCaps, ReasoningOff};
+use crate::messages::{Effort, EffortChoice, ModelCaps, ReasoningOff};
 
 #[test]
 fn efforts_parse_in_the_spec_order() {

@@ -3,8 +3,8 @@
 use serde_json::{Value, json};
 
 use super::support::*;
-use crate::error::ErrorKind;
-use crate::plugins::messages::{
+use tollgate::error::ErrorKind;
+use crate::messages::{
     ChatTranslation, ModelCaps, Purpose, WARN_EFFORT_CLAMPED, WARN_THINKING_NOT_DISABLED, to_chat, to_chat_with,
 };
 

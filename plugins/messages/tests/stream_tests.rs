@@ -5,8 +5,8 @@ use proptest::prelude::*;
 use serde_json::{Value, json};
 
 use super::support::*;
-use crate::error::{ErrorKind, GatewayError};
-use crate::plugins::messages::{MessagesStream, messages_error_from_chat, ping, sign_thinking};
+use tollgate::error::{ErrorKind, GatewayError};
+use crate::messages::{MessagesStream, messages_error_from_chat, ping, sign_thinking};
 
 fn translate(sse: &[u8]) -> Vec<(String, Value)> {
     let mut s = MessagesStream::new("m1", KEY);
@@ -339,8 +339,8 @@ proptest! {
 
 #[test]
 fn the_chat_plugins_own_frames_translate() {
-    use crate::envelope::{Envelope, sse_error_frame};
-    use crate::usage::{UsageBasis, UsageFigures, render_chat_usage};
+    use tollgate::envelope::{Envelope, sse_error_frame};
+    use tollgate::usage::{UsageBasis, UsageFigures, render_chat_usage};
     let figures = UsageFigures {
         prompt_tokens: 50,
         completion_tokens: 9,

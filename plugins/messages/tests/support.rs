@@ -6,10 +6,10 @@ use std::sync::Arc;
 use bytes::BytesMut;
 use serde_json::{Value, json};
 
-use crate::config::ModelEntry;
-use crate::error::{ErrorKind, GatewayError};
-use crate::plugins::messages::{Effort, ModelCaps};
-use crate::sse::{SseFramer, data_payload};
+use tollgate::config::ModelEntry;
+use tollgate::error::{ErrorKind, GatewayError};
+use crate::messages::{Effort, ModelCaps};
+use tollgate::sse::{SseFramer, data_payload};
 
 pub const KEY: &[u8] = b"test-signing-key";
 
@@ -39,7 +39,7 @@ pub fn catalog_models(models_yaml: &str) -> Vec<Arc<ModelEntry>> {
     std::fs::write(dir.join("tollgate.yaml"), "threads: 1\n").unwrap();
     std::fs::write(dir.join("models.yaml"), models_yaml).unwrap();
     std::fs::write(dir.join("upstreams.yaml"), "pools: {}\n").unwrap();
-    let config = crate::config::load(&dir.join("tollgate.yaml"));
+    let config = tollgate::config::load(&dir.join("tollgate.yaml"));
     let _ = std::fs::remove_dir_all(&dir);
     match config {
         Ok(c) => c.catalog.models,

@@ -19,7 +19,7 @@ fuzz_target!(|data: &[u8]| {
     cx.model = config.catalog.get(model).cloned();
     cx.pool = config.pools.get(model).cloned();
     cx.body = Some(body);
-    if let Err(e) = tollgate::plugins::chat::rewrite_request(&mut cx) {
+    if let Err(e) = tollgate_plugins::chat::rewrite_request(&mut cx) {
         common::assert_client_error(&e);
     }
 });

@@ -7,11 +7,11 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use crate::config::{self, Config};
-use crate::identity::cache::KeyCache;
-use crate::identity::keys::KeySecrets;
-use crate::identity::service::Identity;
-use crate::plugins::{self, Services};
+use tollgate::config::{self, Config};
+use tollgate::identity::cache::KeyCache;
+use tollgate::identity::keys::KeySecrets;
+use tollgate::identity::service::Identity;
+use tollgate_plugins::Services;
 
 pub const USAGE: &str = "usage:
   tollgate serve        [--config conf/tollgate.yaml]
@@ -57,7 +57,7 @@ pub fn open_services(config: &Config, force_migrate: bool) -> Result<Services, S
     };
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
     let stores = rt.block_on(async {
-        let stores = crate::store::open_stores(&id.store).await.map_err(|e| format!("store {:?}: {e}", id.store))?;
+        let stores = tollgate::store::open_stores(&id.store).await.map_err(|e| format!("store {:?}: {e}", id.store))?;
         if id.migrate_on_start || force_migrate {
             stores.identity.migrate().await.map_err(|e| format!("migrations failed: {e}"))?;
         }
@@ -123,7 +123,7 @@ pub fn main(args: Vec<String>) -> ExitCode {
                 no_more(&rest)?;
                 let config = load(&path)?;
                 // Plugins are checked without opening stores.
-                let chain = plugins::build(&config, &Services::default()).map_err(|e| e.to_string())?;
+                let chain = tollgate_plugins::build(&config, &Services::default()).map_err(|e| e.to_string())?;
                 let names: Vec<&str> = chain.names().into_iter().map(|(n, _)| n).collect();
                 println!("ok: {} models, plugins {names:?}", config.catalog.models.len());
                 Ok(ExitCode::SUCCESS)
@@ -134,7 +134,7 @@ pub fn main(args: Vec<String>) -> ExitCode {
                 let config =
                     load(&path).map_err(|e| format!("refusing to start, the configuration has problems:\n{e}"))?;
                 let services = open_services(&config, false)?;
-                let chain = plugins::build(&config, &services).map_err(|e| e.to_string())?;
+                let chain = tollgate_plugins::build(&config, &services).map_err(|e| e.to_string())?;
                 crate::server::run(config, chain, services, &std::env::temp_dir())
             }
             "migrate" => {

@@ -88,7 +88,7 @@ pub fn main(args: &[String]) -> Result<ExitCode, String> {
     let as_json = switch(&mut args, "--json");
     let url = flag(&mut args, "--url")?;
     let token = flag(&mut args, "--token")?;
-    let loaded = crate::config::load(&config).ok();
+    let loaded = tollgate::config::load(&config).ok();
     let url = url
         .or_else(|| loaded.as_ref().map(|c| format!("http://{}", c.gateway.admin_listen)))
         .unwrap_or_else(|| "http://127.0.0.1:8081".into());

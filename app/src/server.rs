@@ -8,11 +8,11 @@ use pingora::server::Server;
 use pingora::server::configuration::{Opt, ServerConf};
 use pingora::services::listening::Service;
 
-use crate::admin::AdminApp;
-use crate::config::Config;
-use crate::plugin::Chain;
-use crate::plugins::Services;
-use crate::proxy::Gateway;
+use tollgate::admin::AdminApp;
+use tollgate::config::Config;
+use tollgate::plugin::Chain;
+use tollgate_plugins::Services;
+use tollgate::proxy::Gateway;
 
 /// Build and run the server; never returns.
 pub fn run(config: Config, chain: Chain, services: Services, pid_dir: &std::path::Path) -> ! {
@@ -59,7 +59,7 @@ pub fn run(config: Config, chain: Chain, services: Services, pid_dir: &std::path
 
 /// Every `every` (30 s by default), release holds whose request outlived its hold (a gateway died mid-request;
 /// released, never charged, each release logged) and remove the unspent part of expired top-ups.
-fn spawn_hold_sweeper(ledger: Arc<dyn crate::store::ledger::LedgerStore>, every: std::time::Duration) {
+fn spawn_hold_sweeper(ledger: Arc<dyn tollgate::store::ledger::LedgerStore>, every: std::time::Duration) {
     let run = move || {
         let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
             log::error!("hold sweeper could not start");
@@ -68,13 +68,13 @@ fn spawn_hold_sweeper(ledger: Arc<dyn crate::store::ledger::LedgerStore>, every:
         rt.block_on(async move {
             loop {
                 tokio::time::sleep(every).await;
-                match ledger.sweep_expired_holds(crate::identity::now_ms()).await {
+                match ledger.sweep_expired_holds(tollgate::identity::now_ms()).await {
                     Ok(ids) if !ids.is_empty() => log::warn!("released {} expired holds: {ids:?}", ids.len()),
                     Ok(_) => {}
                     Err(e) => log::warn!("hold sweep failed: {e}"),
                 }
                 // Credit past its expiry (purchase balance lasts one year).
-                match ledger.sweep_expired_credit(crate::identity::now_ms()).await {
+                match ledger.sweep_expired_credit(tollgate::identity::now_ms()).await {
                     Ok(gone) => {
                         for (ws, cents) in gone {
                             log::info!("workspace {ws}: {cents} cents of credit expired");

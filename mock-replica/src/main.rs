@@ -11,26 +11,15 @@
 //! On startup it prints `listening on ADDR` (one line, flushed) so a test
 //! that bound port 0 can learn the port, then serves until killed.
 
-// A binary crate root resolves `mod` files next to itself, hence the paths.
-#[path = "mock_replica/body.rs"]
 mod body;
-#[path = "mock_replica/cli.rs"]
 mod cli;
-#[path = "mock_replica/completion.rs"]
 mod completion;
-#[path = "mock_replica/json.rs"]
 mod json;
-#[path = "mock_replica/knobs.rs"]
 mod knobs;
-#[path = "mock_replica/request.rs"]
 mod request;
-#[path = "mock_replica/routes.rs"]
 mod routes;
-#[path = "mock_replica/server.rs"]
 mod server;
-#[path = "mock_replica/sse.rs"]
 mod sse;
-#[path = "mock_replica/state.rs"]
 mod state;
 
 use std::io::Write as _;
