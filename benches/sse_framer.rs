@@ -150,7 +150,7 @@ fn bench_stream_phase(c: &mut Criterion) {
     // Sanity: the model is renamed on every frame and the stream ends cleanly.
     let (cx, _) = run_stream(&frames, stream_ctx(&config, true));
     assert!(cx.failure.is_none() && cx.response.saw_done && cx.usage.is_some());
-    assert_eq!(cx.response.delivered_frames, CONTENT_FRAMES as u64);
+    assert_eq!(cx.response.delivered_tokens, CONTENT_FRAMES as u64);
     let mut probe = stream_ctx(&config, false);
     let mut one = Some(frames[0].clone());
     tollgate_plugins::chat::on_stream_chunk(&mut one, false, &mut probe);

@@ -27,6 +27,21 @@ pub struct Services {
     pub ledger: Option<Arc<dyn LedgerStore>>,
 }
 
+/// The chain in the order its request phases run (response phases run it backwards), with
+/// each plugin's priority. It follows the spec's layers: the connection gate before the
+/// credential is read; authentication; the dialects translate onto the chat path and the chat
+/// path validates and estimates tokens; admission then sees the estimate; billing places its
+/// hold last, so a refused request never holds credit. In the log phase every plugin runs, and
+/// none depends on another's log hook (the core completes the usage first).
+pub const CHAIN_ORDER: [(&str, i16); 6] = [
+    ("connection_gate", gate::GATE_PRIORITY),
+    ("auth", auth::AUTH_PRIORITY),
+    ("dialects", dialects::DIALECTS_PRIORITY),
+    ("chat_completions", chat::CHAT_PRIORITY),
+    ("limits", limits::LIMITS_PRIORITY),
+    ("billing", billing::BILLING_PRIORITY),
+];
+
 const KNOWN: &str = "auth, billing, chat_completions, connection_gate, dialects, limits";
 
 /// Build the chain named in `tollgate.yaml`.
@@ -100,21 +115,33 @@ pub fn build(config: &Config, services: &Services) -> Result<Chain, ConfigErrors
 
 #[cfg(test)]
 mod tests {
+    use super::CHAIN_ORDER;
+
     /// The frozen order of the chain. Hand-written on purpose: regenerating it from the
     /// code would stop it guarding anything.
     #[test]
     fn chain_order_is_frozen() {
+        assert_eq!(
+            CHAIN_ORDER,
+            [
+                ("connection_gate", 600),
+                ("auth", 500),
+                ("dialects", 300),
+                ("chat_completions", 200),
+                ("limits", 150),
+                ("billing", 100),
+            ]
+        );
+        assert!(CHAIN_ORDER.windows(2).all(|w| w[0].1 > w[1].1), "strictly by priority, no ties");
+    }
+
+    /// Each plugin answers with its own row of the list.
+    #[test]
+    fn plugins_report_their_row() {
         use tollgate::plugin::Plugin;
-        let chat = super::chat::ChatCompletions;
-        assert_eq!((chat.name(), chat.priority()), ("chat_completions", 200));
-        // auth runs before the dialects, billing after them (it prices their estimate).
-        assert_eq!(super::auth::AUTH_PRIORITY, 500);
-        assert_eq!(super::billing::BILLING_PRIORITY, 100);
-        // dialects translate before the chat path, and after it on the way back.
-        assert_eq!(super::dialects::DIALECTS_PRIORITY, 300);
-        // The connection gate runs before the key is looked up; the per-key window and
-        // admission after the token estimate (chat 200) and before the hold (billing 100).
-        assert_eq!(super::gate::GATE_PRIORITY, 600);
-        assert_eq!(super::limits::LIMITS_PRIORITY, 150);
+        let plugins: [&dyn Plugin; 2] = [&super::chat::ChatCompletions, &super::dialects::Dialects::new(Vec::new())];
+        for p in plugins {
+            assert!(CHAIN_ORDER.contains(&(p.name(), p.priority())), "{} {}", p.name(), p.priority());
+        }
     }
 }

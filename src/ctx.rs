@@ -33,8 +33,9 @@ pub struct ResponseState {
     pub body_buf: BytesMut,
     /// Per choice index: final answer content (text or tool calls) was seen.
     pub answered: Vec<bool>,
-    /// Content-carrying frames delivered (the fallback completion count, clarification 13).
-    pub delivered_frames: u64,
+    /// Output tokens delivered, for a response that reports no usage (clarification 13): one
+    /// per content frame of a stream, or the answer text at four bytes a token.
+    pub delivered_tokens: u64,
     /// `data: [DONE]` passed through.
     pub saw_done: bool,
     /// Answer or reasoning text delivered to the client (bytes; fallback estimate).

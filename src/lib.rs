@@ -28,4 +28,3 @@ pub mod sse;
 pub mod store;
 pub mod usage;
 pub mod watchdog;
-

@@ -29,8 +29,8 @@ pub enum Flow {
 pub trait Plugin: Send + Sync {
     fn name(&self) -> &'static str;
 
-    /// Higher runs first. The order follows the spec's layers: gate, auth, limits,
-    /// admission, dialect, billing.
+    /// Higher runs first. The composition root lists the order in one place (in this
+    /// project, `CHAIN_ORDER` in `plugins/mod.rs`, pinned by a test).
     fn priority(&self) -> i16;
 
     /// After the route is known, before any body is read (gate, authentication, limits).

@@ -374,7 +374,7 @@ impl ProxyHttp for Gateway {
         } else if let Err(e) = guarded("response body", cx, |cx| {
             if eos {
                 crate::faults::panic_point("response_end");
-            } else if cx.response.delivered_frames > 0 {
+            } else if cx.response.delivered_tokens > 0 {
                 crate::faults::panic_point("response_after_output");
             }
             self.chain.on_response_chunk(body, eos, cx)
@@ -481,6 +481,14 @@ impl ProxyHttp for Gateway {
         }
         if e.is_some_and(|e| e.esource() == &ErrorSource::Downstream) {
             cx.client_gone = true;
+        }
+        // The settlement input is complete before any plugin's log hook runs (so the order of
+        // the log hooks carries no meaning): a response that reported no usage is counted
+        // from what was delivered.
+        if cx.usage.is_none() {
+            if let Some(model) = &cx.model {
+                cx.usage = crate::usage::from_delivered(model, cx.prompt_estimate, cx.response.delivered_tokens);
+            }
         }
         if let Err(p) = AssertUnwindSafe(self.chain.on_log(cx)).catch_unwind().await {
             panicked("log", &*p, &cx.request_id);

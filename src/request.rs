@@ -211,10 +211,10 @@ pub fn forwarded_body(cx: &mut RequestCtx, raw: Bytes) -> Result<Bytes, GatewayE
     let (Some(pool), Some(body)) = (cx.pool.as_ref(), cx.body.as_mut()) else {
         return Ok(raw);
     };
-    if body.get("model").and_then(Value::as_str) == Some(pool.upstream_model.as_str()) {
+    if body.get("model").and_then(Value::as_str) == Some(pool.to_upstream()) {
         return Ok(raw);
     }
-    body["model"] = Value::String(pool.upstream_model.clone());
+    body["model"] = Value::String(pool.to_upstream().to_string());
     serde_json::to_vec(body)
         .map(Bytes::from)
         .map_err(|e| GatewayError::internal(format!("could not serialize the body: {e}")))

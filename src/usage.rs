@@ -78,6 +78,22 @@ pub fn figures(
     }
 }
 
+/// Usage of a response for which no usage report arrived but output was delivered (a stream
+/// cut short, clarification 13): the prompt estimate and the delivered output. `None` when
+/// nothing was delivered (nothing is billed).
+pub fn from_delivered(model: &ModelEntry, prompt_estimate: u64, delivered_tokens: u64) -> Option<UsageFigures> {
+    (delivered_tokens > 0).then(|| {
+        figures(
+            model,
+            prompt_estimate,
+            0,
+            delivered_tokens,
+            prompt_estimate + delivered_tokens,
+            UsageBasis::DeliveredFrames,
+        )
+    })
+}
+
 /// `microcents` as dollars with exactly eight decimals, e.g. `0.00001234`.
 pub fn dollars(microcents: u64) -> String {
     format!("{}.{:08}", microcents / 100_000_000, microcents % 100_000_000)

@@ -11,8 +11,8 @@ use pingora::services::listening::Service;
 use tollgate::admin::AdminApp;
 use tollgate::config::Config;
 use tollgate::plugin::Chain;
-use tollgate_plugins::Services;
 use tollgate::proxy::Gateway;
+use tollgate_plugins::Services;
 
 /// Build and run the server; never returns.
 pub fn run(config: Config, chain: Chain, services: Services, pid_dir: &std::path::Path) -> ! {

@@ -5,8 +5,8 @@
 use base64::Engine;
 use serde_json::Value;
 
-use tollgate::error::{ErrorKind, GatewayError};
 use crate::shared::images::{ImageCount, MEDIA_TYPES, is_complete_image};
+use tollgate::error::{ErrorKind, GatewayError};
 
 const TEXT_PARTS: &[&str] = &["text", "refusal"];
 

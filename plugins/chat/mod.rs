@@ -30,6 +30,10 @@ use tollgate::routes::Route;
 
 pub struct ChatCompletions;
 
+/// After the dialects (300) translate onto the chat path; before admission (150), which needs
+/// the token estimate this phase makes.
+pub const CHAT_PRIORITY: i16 = 200;
+
 /// The chat serving path: chat completions, and the dialects a plugin translated onto it.
 fn is_chat(cx: &RequestCtx) -> bool {
     cx.route == Some(Route::ChatCompletions) || cx.on_chat_path
@@ -42,7 +46,7 @@ impl Plugin for ChatCompletions {
     }
 
     fn priority(&self) -> i16 {
-        200
+        CHAT_PRIORITY
     }
 
     async fn on_request(&self, _s: &mut Session, cx: &mut RequestCtx) -> Result<Flow, GatewayError> {
@@ -75,12 +79,6 @@ impl Plugin for ChatCompletions {
             Ok(())
         } else {
             response::on_chunk(body, eos, cx)
-        }
-    }
-
-    async fn on_log(&self, cx: &mut RequestCtx) {
-        if is_chat(cx) {
-            response::settle_usage(cx);
         }
     }
 }

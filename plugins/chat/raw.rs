@@ -137,12 +137,7 @@ fn write_choices<B: BufMut>(out: &mut B, list: &[Choice<'_>], part_key: &str) {
 
 /// The catalog id to put in `model`, when the replica's name is there (`rename_model`).
 fn renamed_model<'c>(top: &Members<'_>, cx: &'c RequestCtx) -> Option<&'c str> {
-    let (model, pool) = (cx.model.as_ref()?, cx.pool.as_ref()?);
-    if model.id == pool.upstream_model {
-        return None;
-    }
-    let current = json_raw::as_str(top.get("model")?)?;
-    (current.0 == pool.upstream_model.as_str()).then_some(model.id.as_str())
+    cx.pool.as_ref()?.from_upstream(&json_raw::as_str(top.get("model")?)?.0)
 }
 
 /// Write `top` with `model` renamed, `choices` rewritten where they changed, `usage`
@@ -208,7 +203,7 @@ pub fn json_body(raw: &[u8], cx: &mut RequestCtx) -> Option<Vec<u8>> {
         (Some(u), Some(m)) => usage::from_provider(u, m),
         _ => None,
     };
-    cx.response.delivered_frames = (text_bytes as u64).div_ceil(4);
+    cx.response.delivered_tokens = (text_bytes as u64).div_ceil(4);
     cx.response.delivered_text_bytes = text_bytes as u64;
     let usage_json = figures.map(|f| {
         cx.usage = Some(f);
@@ -259,7 +254,7 @@ pub fn stream_frame(data: &[u8], frame: &[u8], cx: &mut RequestCtx, out: &mut By
         if c.part.is_some() {
             changed |= c.out.changed;
             if c.out.output {
-                cx.response.delivered_frames += 1;
+                cx.response.delivered_tokens += 1;
                 cx.response.delivered_text_bytes += c.out.text_bytes as u64;
                 cx.first_token_seen.store(true, Ordering::Release);
             }
@@ -377,28 +372,24 @@ fn plain_frame(data: &[u8], frame: &[u8], cx: &mut RequestCtx, out: &mut BytesMu
         }
         if let Some(o) = o {
             if o.output {
-                cx.response.delivered_frames += 1;
+                cx.response.delivered_tokens += 1;
                 cx.response.delivered_text_bytes += o.text_bytes as u64;
                 cx.first_token_seen.store(true, Ordering::Release);
             }
             cx.response.answered[idx] |= o.answer;
         }
     }
-    let renamed = view.model.and_then(|m| {
-        let (model, pool) = (cx.model.as_ref()?, cx.pool.as_ref()?);
-        let current = json_raw::as_str(m)?;
-        (model.id != pool.upstream_model && current.0 == pool.upstream_model.as_str()).then_some((m, model))
-    });
+    let renamed = view.model.and_then(|m| Some((m, cx.pool.as_ref()?.from_upstream(&json_raw::as_str(m)?.0)?)));
     match renamed {
         None => out.extend_from_slice(frame),
-        Some((m, model)) => {
+        Some((m, id)) => {
             // `m` borrows from `data`: its offset there is where the name goes.
             let start = (m.get().as_ptr() as usize).saturating_sub(data.as_ptr() as usize);
             let end = start + m.get().len();
-            out.reserve(data.len() + model.id.len() + 8);
+            out.reserve(data.len() + id.len() + 8);
             out.extend_from_slice(b"data: ");
             out.extend_from_slice(&data[..start]);
-            json_raw::write_string(out, &model.id);
+            json_raw::write_string(out, id);
             out.extend_from_slice(&data[end..]);
             out.extend_from_slice(b"\n\n");
         }
@@ -417,10 +408,10 @@ mod tests {
     use serde_json::Value;
 
     use super::{json_body, stream_frame};
-    use tollgate::config::Config;
-    use tollgate::ctx::RequestCtx;
     use crate::chat::response::rewrite_value;
     use crate::chat::stream::on_frame_value;
+    use tollgate::config::Config;
+    use tollgate::ctx::RequestCtx;
     use tollgate::sse::data_payload;
 
     const UP: &str = "meta-llama/Llama-3.1-8B-Instruct";
@@ -470,7 +461,7 @@ mod tests {
             "{:?} {:?} {} {} {} {} {:?}",
             cx.usage,
             cx.response.answered,
-            cx.response.delivered_frames,
+            cx.response.delivered_tokens,
             cx.response.delivered_text_bytes,
             cx.response.saw_done,
             cx.first_token_seen.load(std::sync::atomic::Ordering::Relaxed),

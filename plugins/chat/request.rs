@@ -12,9 +12,9 @@ use bytes::Bytes;
 use serde_json::{Map, Value, json};
 
 use super::{capability, context, effort, images, messages, schema};
+use crate::shared::prompt_tokens::count_prompt_tokens;
 use tollgate::ctx::RequestCtx;
 use tollgate::error::{ErrorKind, GatewayError};
-use crate::shared::prompt_tokens::count_prompt_tokens;
 
 /// Forwarded as they are (spec rule 1, plus the fields of clarification 4).
 const FORWARDED: &[&str] = &[
@@ -120,7 +120,7 @@ pub fn rewrite(cx: &mut RequestCtx) -> Result<(), GatewayError> {
 
     let pool = cx.pool.clone().ok_or_else(|| GatewayError::internal("no pool resolved"))?;
     let mut out = Map::with_capacity(body.len() + 2);
-    out.insert("model".into(), Value::String(pool.upstream_model.clone()));
+    out.insert("model".into(), Value::String(pool.to_upstream().to_string()));
     for field in FORWARDED {
         if let Some(v) = body.remove(*field) {
             out.insert((*field).to_string(), v);

@@ -1,13 +1,13 @@
 //! Non-streamed chat responses, and what both response forms share: the choice
 //! normalisation (reasoning on `reasoning`, `service.output_status` when a choice ends
-//! without answer content), the model name, the usage splice, and the fallback settlement.
+//! without answer content), the model name and the usage splice.
 
 use bytes::Bytes;
 use serde_json::{Map, Value, json};
 
 use tollgate::ctx::RequestCtx;
 use tollgate::error::{ErrorKind, GatewayError};
-use tollgate::usage::{self, UsageBasis};
+use tollgate::usage;
 
 /// What one choice's `message` or `delta` carried.
 #[derive(Debug, Default, Clone, Copy)]
@@ -60,18 +60,14 @@ pub fn output_status(finish_reason: &str) -> Value {
 
 /// Replace the replica's model name with the catalog id the client used.
 pub fn rename_model(obj: &mut Map<String, Value>, cx: &RequestCtx) -> bool {
-    let (Some(model), Some(pool)) = (cx.model.as_ref(), cx.pool.as_ref()) else {
-        return false;
-    };
-    if model.id == pool.upstream_model {
-        return false;
-    }
-    match obj.get_mut("model") {
-        Some(m) if m.as_str() == Some(pool.upstream_model.as_str()) => {
-            *m = Value::String(model.id.clone());
+    let Some(pool) = cx.pool.as_ref() else { return false };
+    let Some(m) = obj.get_mut("model") else { return false };
+    match m.as_str().and_then(|name| pool.from_upstream(name)) {
+        Some(id) => {
+            *m = Value::String(id.to_string());
             true
         }
-        _ => false,
+        None => false,
     }
 }
 
@@ -148,7 +144,7 @@ pub(super) fn rewrite_value(raw: &[u8], cx: &mut RequestCtx) -> Result<Vec<u8>, 
         _ => None,
     };
     // Fallback count for settlement when the replica reported no usage.
-    cx.response.delivered_frames = (text_bytes as u64).div_ceil(4);
+    cx.response.delivered_tokens = (text_bytes as u64).div_ceil(4);
     cx.response.delivered_text_bytes = text_bytes as u64;
     let out = match figures {
         Some(f) => {
@@ -159,25 +155,6 @@ pub(super) fn rewrite_value(raw: &[u8], cx: &mut RequestCtx) -> Result<Vec<u8>, 
         None => serde_json::to_vec(&v).map_err(|e| GatewayError::internal(format!("serialize: {e}")))?,
     };
     Ok(out)
-}
-
-/// In `logging`: when no usage report arrived but output was delivered, bill the prompt
-/// estimate and the delivered output (clarification 13). Nothing delivered, nothing billed.
-pub fn settle_usage(cx: &mut RequestCtx) {
-    if cx.usage.is_some() || cx.response.delivered_frames == 0 {
-        return;
-    }
-    if let Some(model) = cx.model.as_ref() {
-        let completion = cx.response.delivered_frames;
-        cx.usage = Some(usage::figures(
-            model,
-            cx.prompt_estimate,
-            0,
-            completion,
-            cx.prompt_estimate + completion,
-            UsageBasis::DeliveredFrames,
-        ));
-    }
 }
 
 #[cfg(test)]

@@ -118,7 +118,7 @@ pub(super) fn on_frame_value(frame: &[u8], data: &[u8], cx: &mut RequestCtx, out
                 let o = normalize(delta);
                 changed |= o.changed;
                 if o.output {
-                    cx.response.delivered_frames += 1;
+                    cx.response.delivered_tokens += 1;
                     cx.response.delivered_text_bytes += o.text_bytes as u64;
                     cx.first_token_seen.store(true, Ordering::Release);
                 }

@@ -4,8 +4,8 @@
 //! can be tested without loading a catalog, and so the one place that knows where each
 //! capability lives in the catalog is here.
 
-use tollgate::config::ModelEntry;
 pub use crate::shared::effort::Effort;
+use tollgate::config::ModelEntry;
 
 /// The effort to forward for a requested one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

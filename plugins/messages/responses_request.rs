@@ -176,7 +176,10 @@ fn message(
     if !["user", "assistant", "system", "developer"].contains(&role) {
         return Err(GatewayError::invalid_request(
             &format!("{at}.role"),
-            format!("Role `{}` is not one of user, assistant, system, developer.", tollgate::request::truncate(role, 64)),
+            format!(
+                "Role `{}` is not one of user, assistant, system, developer.",
+                tollgate::request::truncate(role, 64)
+            ),
         ));
     }
     let content = match given(obj, "content") {

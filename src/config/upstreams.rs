@@ -71,6 +71,17 @@ pub struct Pool {
 }
 
 impl Pool {
+    /// The model name the replicas serve: what a forwarded request's `model` becomes.
+    pub fn to_upstream(&self) -> &str {
+        &self.upstream_model
+    }
+
+    /// The catalog id to show the client where a replica answer says `name`: `Some` only when
+    /// `name` is the replicas' own name and differs from the id (nothing to change otherwise).
+    pub fn from_upstream(&self, name: &str) -> Option<&str> {
+        (name == self.upstream_model && self.model_id != self.upstream_model).then_some(self.model_id.as_str())
+    }
+
     /// Sum of replica concurrency.
     pub fn capacity(&self) -> u32 {
         self.replicas.iter().map(|r| r.max_concurrency).sum()
@@ -149,4 +160,30 @@ pub(super) fn load(file: &Path, catalog: &Catalog, out: &mut Vec<ConfigProblem>)
         pools.by_model.insert(entry.id.clone(), Arc::new(pool));
     }
     (out.len() == before).then_some(pools)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pool(model_id: &str, upstream: &str) -> Pool {
+        Pool {
+            model_id: model_id.into(),
+            upstream_model: upstream.into(),
+            replicas: Vec::new(),
+            connect_timeout: Duration::from_millis(1),
+            busy_threshold_percent: 75,
+            authorization: None,
+        }
+    }
+
+    #[test]
+    fn the_model_name_is_renamed_both_ways_in_one_place() {
+        let p = pool("llama-3.1-8b", "meta-llama/Llama-3.1-8B");
+        assert_eq!(p.to_upstream(), "meta-llama/Llama-3.1-8B");
+        assert_eq!(p.from_upstream("meta-llama/Llama-3.1-8B"), Some("llama-3.1-8b"));
+        assert_eq!(p.from_upstream("something-else"), None, "another name is left as it is");
+        let same = pool("m", "m");
+        assert_eq!(same.from_upstream("m"), None, "nothing to change when the names agree");
+    }
 }

@@ -3,8 +3,8 @@
 use serde_json::{Value, json};
 
 use super::support::*;
-use tollgate::error::{ErrorKind, GatewayError};
 use crate::messages::{ModelCaps, Purpose, to_chat_with};
+use tollgate::error::{ErrorKind, GatewayError};
 
 const PNG: &str = "iVBORw0KGgo=";
 

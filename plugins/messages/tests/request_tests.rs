@@ -3,10 +3,10 @@
 use serde_json::{Value, json};
 
 use super::support::*;
-use tollgate::error::ErrorKind;
 use crate::messages::{
     ChatTranslation, ModelCaps, Purpose, WARN_EFFORT_CLAMPED, WARN_THINKING_NOT_DISABLED, to_chat, to_chat_with,
 };
+use tollgate::error::ErrorKind;
 
 fn base() -> Value {
     json!({ "model": "m1", "max_tokens": 100, "messages": [{ "role": "user", "content": "hi" }] })

@@ -3,8 +3,8 @@
 use serde_json::{Value, json};
 
 use super::support::*;
-use tollgate::error::{ErrorKind, GatewayError};
 use crate::messages::{ChatTranslation, ModelCaps, responses_to_chat, responses_to_chat_with};
+use tollgate::error::{ErrorKind, GatewayError};
 
 fn run(body: Value, caps: &ModelCaps) -> Result<ChatTranslation, GatewayError> {
     responses_to_chat_with(&body, caps)

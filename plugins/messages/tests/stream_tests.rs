@@ -5,8 +5,8 @@ use proptest::prelude::*;
 use serde_json::{Value, json};
 
 use super::support::*;
-use tollgate::error::{ErrorKind, GatewayError};
 use crate::messages::{MessagesStream, messages_error_from_chat, ping, sign_thinking};
+use tollgate::error::{ErrorKind, GatewayError};
 
 fn translate(sse: &[u8]) -> Vec<(String, Value)> {
     let mut s = MessagesStream::new("m1", KEY);

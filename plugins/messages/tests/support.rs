@@ -6,9 +6,9 @@ use std::sync::Arc;
 use bytes::BytesMut;
 use serde_json::{Value, json};
 
+use crate::messages::{Effort, ModelCaps};
 use tollgate::config::ModelEntry;
 use tollgate::error::{ErrorKind, GatewayError};
-use crate::messages::{Effort, ModelCaps};
 use tollgate::sse::{SseFramer, data_payload};
 
 pub const KEY: &[u8] = b"test-signing-key";

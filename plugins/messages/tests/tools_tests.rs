@@ -3,8 +3,8 @@
 use serde_json::{Value, json};
 
 use super::support::*;
-use tollgate::error::ErrorKind;
 use crate::messages::{Purpose, to_chat_with};
+use tollgate::error::ErrorKind;
 
 fn weather() -> Value {
     json!({ "name": "get_weather", "description": "Weather by city",
