@@ -8,6 +8,7 @@ mod effort;
 mod images;
 mod messages;
 mod raw;
+mod raw_frame;
 mod request;
 mod response;
 mod schema;

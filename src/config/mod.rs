@@ -7,15 +7,18 @@
 //! and `serve` can list them all at once; a bad config never starts a half-working server.
 
 mod catalog;
+mod catalog_check;
 mod chat_rules;
 mod gateway;
+mod identity;
 mod limits;
 mod tokenizer;
 mod upstreams;
 
 pub use catalog::{Catalog, ModelEntry, Pricing};
 pub use chat_rules::{ChatRules, SystemMessages};
-pub use gateway::{Budgets, GatewaySettings, IdentitySettings, PluginSpec, Secret};
+pub use gateway::{Budgets, GatewaySettings, PluginSpec};
+pub use identity::{IdentitySettings, Secret};
 pub use limits::{GateSettings, LimitSettings, Tiers};
 pub use tokenizer::PromptTokenizer;
 pub use upstreams::{Pool, Pools, Replica};

@@ -6,6 +6,7 @@
 pub mod ledger;
 pub mod postgres;
 mod postgres_ledger;
+mod postgres_pool;
 pub mod sqlite;
 mod sqlite_ledger;
 

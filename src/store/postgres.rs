@@ -5,53 +5,15 @@
 //! runtime that lives as long as the process. Multi-row changes lock the workspace row
 //! (`SELECT ... FOR UPDATE`), so key caps hold across gateway instances.
 
-use std::future::Future;
-use std::sync::OnceLock;
-use std::time::Duration;
-
 use async_trait::async_trait;
 use deadpool_postgres::GenericClient;
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
-use tokio_postgres::{NoTls, Row};
+use tokio_postgres::Row;
 
+pub use super::postgres_pool::PostgresStore;
+use super::postgres_pool::ko;
 use super::{CopyAudit, IdentityStore, KeyPatch, POSTGRES_MIGRATIONS, RotateOpts, StoreError, Successor};
 use crate::identity::lifecycle::{self, KeyOpError};
 use crate::identity::{KeyRecord, KeyScope, Millis, RateTier, Workspace};
-
-/// Longest a single store call may take before it counts as unavailable.
-const CALL_TIMEOUT: Duration = Duration::from_secs(5);
-
-fn store_runtime() -> Result<&'static tokio::runtime::Runtime, StoreError> {
-    static RT: OnceLock<Result<tokio::runtime::Runtime, String>> = OnceLock::new();
-    RT.get_or_init(|| {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("tollgate-store")
-            .enable_all()
-            .build()
-            .map_err(|e| e.to_string())
-    })
-    .as_ref()
-    .map_err(|e| StoreError::Unavailable(format!("store runtime: {e}")))
-}
-
-pub struct PostgresStore {
-    pool: Pool,
-    rt: tokio::runtime::Handle,
-}
-
-fn pg(e: tokio_postgres::Error) -> StoreError {
-    if let Some(db) = e.as_db_error() {
-        if db.code().code().starts_with("23") {
-            return StoreError::Conflict(db.message().to_string());
-        }
-    }
-    StoreError::Unavailable(e.to_string())
-}
-
-fn ko(e: tokio_postgres::Error) -> KeyOpError {
-    KeyOpError::from(pg(e))
-}
 
 const KEY_COLUMNS: &str = "id, workspace_id, name, scope, digest, format_version, encrypted_copy, created_by, \
      created_at, expires_at, revoked_at, grace_until, rotated_from, rotation_root, credits_only, \
@@ -151,65 +113,6 @@ async fn lock_workspace(c: &impl GenericClient, ws: &str) -> Result<(), KeyOpErr
         .map(|_| ())
 }
 
-impl PostgresStore {
-    pub async fn connect(url: &str) -> Result<PostgresStore, StoreError> {
-        let cfg: tokio_postgres::Config =
-            url.parse().map_err(|e| StoreError::Unavailable(format!("bad PostgreSQL URL: {e}")))?;
-        let rt = store_runtime()?.handle().clone();
-        let pool = rt
-            .spawn(async move {
-                let mgr = Manager::from_config(cfg, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
-                Pool::builder(mgr)
-                    .max_size(16)
-                    .runtime(Runtime::Tokio1)
-                    .wait_timeout(Some(CALL_TIMEOUT))
-                    .create_timeout(Some(CALL_TIMEOUT))
-                    .recycle_timeout(Some(CALL_TIMEOUT))
-                    .build()
-            })
-            .await
-            .map_err(|e| StoreError::Unavailable(e.to_string()))?
-            .map_err(|e| StoreError::Unavailable(format!("pool: {e}")))?;
-        let store = PostgresStore { pool, rt };
-        store.ping().await?;
-        Ok(store)
-    }
-
-    /// Run `f` with a pooled client on the store runtime, bounded by `CALL_TIMEOUT`.
-    async fn run<T, F, Fut>(&self, f: F) -> Result<T, KeyOpError>
-    where
-        T: Send + 'static,
-        F: FnOnce(deadpool_postgres::Object) -> Fut + Send + 'static,
-        Fut: Future<Output = Result<T, KeyOpError>> + Send + 'static,
-    {
-        let pool = self.pool.clone();
-        self.rt
-            .spawn(async move {
-                let work = async {
-                    let client = pool.get().await.map_err(|e| KeyOpError::Store(format!("pool: {e}")))?;
-                    f(client).await
-                };
-                tokio::time::timeout(CALL_TIMEOUT, work)
-                    .await
-                    .unwrap_or_else(|_| Err(KeyOpError::Store("PostgreSQL did not answer in time".into())))
-            })
-            .await
-            .map_err(|e| KeyOpError::Store(format!("store task failed: {e}")))?
-    }
-
-    pub(super) async fn read<T, F, Fut>(&self, f: F) -> Result<T, StoreError>
-    where
-        T: Send + 'static,
-        F: FnOnce(deadpool_postgres::Object) -> Fut + Send + 'static,
-        Fut: Future<Output = Result<T, tokio_postgres::Error>> + Send + 'static,
-    {
-        self.run(move |c| async move { f(c).await.map_err(ko) }).await.map_err(|e| match e {
-            KeyOpError::Store(m) => StoreError::Unavailable(m),
-            other => StoreError::Unavailable(other.to_string()),
-        })
-    }
-}
-
 #[async_trait]
 impl IdentityStore for PostgresStore {
     fn backend(&self) -> &'static str {
@@ -217,7 +120,7 @@ impl IdentityStore for PostgresStore {
     }
 
     async fn migrate(&self) -> Result<(), StoreError> {
-        self.read(|mut c| async move {
+        self.with_client(|mut c| async move {
             let tx = c.transaction().await?;
             // One migrating instance at a time.
             tx.execute("SELECT pg_advisory_xact_lock(7242001)", &[]).await?;
@@ -242,12 +145,12 @@ impl IdentityStore for PostgresStore {
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
-        self.read(|c| async move { c.execute("SELECT 1", &[]).await.map(|_| ()) }).await
+        self.with_client(|c| async move { c.execute("SELECT 1", &[]).await.map(|_| ()) }).await
     }
 
     async fn create_workspace(&self, ws: &Workspace) -> Result<(), StoreError> {
         let ws = ws.clone();
-        self.read(move |c| async move {
+        self.with_client(move |c| async move {
             c.execute(
                 &format!("INSERT INTO workspaces ({WS_COLUMNS}) VALUES ($1,$2,$3,$4,$5,$6)"),
                 &[&ws.id, &ws.name, &ws.rate_tier.as_str(), &ws.created_at, &ws.frozen, &ws.lifetime_purchases_cents],
@@ -260,7 +163,7 @@ impl IdentityStore for PostgresStore {
 
     async fn workspace(&self, id: &str) -> Result<Option<Workspace>, StoreError> {
         let id = id.to_string();
-        self.read(move |c| async move {
+        self.with_client(move |c| async move {
             match c.query_opt(&format!("SELECT {WS_COLUMNS} FROM workspaces WHERE id = $1"), &[&id]).await? {
                 Some(r) => ws_from_row(&r, 0).map(Some),
                 None => Ok(None),
@@ -284,12 +187,12 @@ impl IdentityStore for PostgresStore {
 
     async fn key(&self, id: &str) -> Result<Option<KeyRecord>, StoreError> {
         let id = id.to_string();
-        self.read(move |c| async move { get_key(&c, &id).await }).await
+        self.with_client(move |c| async move { get_key(&c, &id).await }).await
     }
 
     async fn key_by_digest(&self, digest: &str) -> Result<Option<(KeyRecord, Workspace)>, StoreError> {
         let digest = digest.to_string();
-        self.read(move |c| async move {
+        self.with_client(move |c| async move {
             let kcols: Vec<String> = KEY_COLUMNS.split(", ").map(|col| format!("k.{col}")).collect();
             let wcols: Vec<String> = WS_COLUMNS.split(", ").map(|col| format!("w.{col}")).collect();
             let sql = format!(
@@ -397,13 +300,15 @@ impl IdentityStore for PostgresStore {
 
     async fn delete_key(&self, id: &str) -> Result<bool, StoreError> {
         let id = id.to_string();
-        self.read(move |c| async move { c.execute("DELETE FROM api_keys WHERE id = $1", &[&id]).await.map(|n| n > 0) })
-            .await
+        self.with_client(move |c| async move {
+            c.execute("DELETE FROM api_keys WHERE id = $1", &[&id]).await.map(|n| n > 0)
+        })
+        .await
     }
 
     async fn record_copy(&self, a: &CopyAudit) -> Result<(), StoreError> {
         let a = a.clone();
-        self.read(move |c| async move {
+        self.with_client(move |c| async move {
             c.execute(
                 "INSERT INTO key_copy_audit (key_id, actor, role, at) VALUES ($1, $2, $3, $4)",
                 &[&a.key_id, &a.actor, &a.role, &a.at],
@@ -416,7 +321,7 @@ impl IdentityStore for PostgresStore {
 
     async fn copy_audit(&self, key_id: &str) -> Result<Vec<CopyAudit>, StoreError> {
         let key_id = key_id.to_string();
-        self.read(move |c| async move {
+        self.with_client(move |c| async move {
             let rows = c
                 .query("SELECT key_id, actor, role, at FROM key_copy_audit WHERE key_id = $1 ORDER BY id", &[&key_id])
                 .await?;

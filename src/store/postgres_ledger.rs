@@ -52,7 +52,7 @@ impl LedgerStore for PostgresStore {
         now: Millis,
     ) -> Result<(i64, i64), StoreError> {
         let (ws, source) = (workspace_id.to_string(), source.to_string());
-        self.read(move |mut c| async move {
+        self.with_client(move |mut c| async move {
             let tx = c.transaction().await?;
             let purchase = if source == "purchase" { amount_cents } else { 0 };
             let row = tx
@@ -77,7 +77,7 @@ impl LedgerStore for PostgresStore {
 
     async fn balance(&self, workspace_id: &str) -> Result<Option<Balance>, StoreError> {
         let ws = workspace_id.to_string();
-        self.read(move |c| async move {
+        self.with_client(move |c| async move {
             let row = c
                 .query_opt(
                     "SELECT balance_cents, held_cents, carry_microcents, lifetime_purchases_cents FROM workspaces WHERE id = $1",
@@ -107,7 +107,7 @@ impl LedgerStore for PostgresStore {
         now: Millis,
     ) -> Result<HoldOutcome, StoreError> {
         let (rid, ws, key) = (request_id.to_string(), workspace_id.to_string(), key_id.map(str::to_string));
-        self.read(move |c| async move {
+        self.with_client(move |c| async move {
             let st = c
                 .prepare_cached(
                     "WITH w AS (UPDATE workspaces SET balance_cents = balance_cents - $3, held_cents = held_cents + $3 \
@@ -133,7 +133,7 @@ impl LedgerStore for PostgresStore {
     async fn settle(&self, s: &Settlement) -> Result<SettleOutcome, StoreError> {
         let mut s = s.clone();
         s.cost_microcents = s.cost_microcents.max(0);
-        self.read(move |c| async move {
+        self.with_client(move |c| async move {
             // One statement, one round trip: lock the workspace row, release the hold, debit
             // whole cents with the carry, write both entries and the key's month spend. A
             // second settlement of the request finds its entry and changes nothing; two racing
@@ -188,7 +188,7 @@ impl LedgerStore for PostgresStore {
 
     async fn release_hold(&self, request_id: &str, now: Millis) -> Result<bool, StoreError> {
         let rid = request_id.to_string();
-        self.read(move |mut c| async move {
+        self.with_client(move |mut c| async move {
             let tx = c.transaction().await?;
             let released = release_open_hold(&tx, &rid, "released", now).await?;
             tx.commit().await?;
@@ -198,7 +198,7 @@ impl LedgerStore for PostgresStore {
     }
 
     async fn sweep_expired_holds(&self, now: Millis) -> Result<Vec<String>, StoreError> {
-        self.read(move |mut c| async move {
+        self.with_client(move |mut c| async move {
             let tx = c.transaction().await?;
             let rows = tx
                 .query(
@@ -221,7 +221,7 @@ impl LedgerStore for PostgresStore {
 
     async fn entries(&self, workspace_id: &str, limit: i64) -> Result<Vec<LedgerEntry>, StoreError> {
         let ws = workspace_id.to_string();
-        self.read(move |c| async move {
+        self.with_client(move |c| async move {
             let rows = c
                 .query(
                     "SELECT id, kind, source, amount_cents, request_id, cost_microcents, expires_at, created_at \
@@ -249,7 +249,7 @@ impl LedgerStore for PostgresStore {
 
     async fn derived_balance(&self, workspace_id: &str) -> Result<i64, StoreError> {
         let ws = workspace_id.to_string();
-        self.read(move |c| async move {
+        self.with_client(move |c| async move {
             c.query_one(
                 "SELECT COALESCE(SUM(amount_cents), 0)::BIGINT FROM ledger_entries WHERE workspace_id = $1",
                 &[&ws],
@@ -262,7 +262,7 @@ impl LedgerStore for PostgresStore {
 
     async fn spent_since(&self, workspace_id: &str, since: Millis) -> Result<i64, StoreError> {
         let ws = workspace_id.to_string();
-        self.read(move |c| async move {
+        self.with_client(move |c| async move {
             c.query_one(
                 "SELECT COALESCE(-SUM(amount_cents), 0)::BIGINT FROM ledger_entries \
                  WHERE workspace_id = $1 AND kind = 'settlement' AND created_at >= $2",
@@ -276,7 +276,7 @@ impl LedgerStore for PostgresStore {
 
     async fn key_month_spend(&self, key_id: &str, month: &str) -> Result<i64, StoreError> {
         let (key, month) = (key_id.to_string(), month.to_string());
-        self.read(move |c| async move {
+        self.with_client(move |c| async move {
             let row = c
                 .query_opt(
                     "SELECT spent_microcents FROM key_month_spend WHERE key_id = $1 AND month = $2",
@@ -290,14 +290,14 @@ impl LedgerStore for PostgresStore {
 
     async fn set_frozen(&self, workspace_id: &str, reason: Option<&str>) -> Result<bool, StoreError> {
         let (ws, reason) = (workspace_id.to_string(), reason.map(str::to_string));
-        self.read(move |c| async move {
+        self.with_client(move |c| async move {
             c.execute("UPDATE workspaces SET frozen = $2 WHERE id = $1", &[&ws, &reason]).await.map(|n| n > 0)
         })
         .await
     }
 
     async fn sweep_expired_credit(&self, now: Millis) -> Result<Vec<(String, i64)>, StoreError> {
-        self.read(move |mut c| async move {
+        self.with_client(move |mut c| async move {
             let due: Vec<String> = c
                 .query(
                     "SELECT DISTINCT workspace_id FROM ledger_entries \

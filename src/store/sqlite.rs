@@ -140,7 +140,9 @@ impl SqliteStore {
         .map_err(|e| KeyOpError::Store(format!("store task failed: {e}")))?
     }
 
-    pub(super) async fn read<T: Send + 'static>(
+    /// Run `f` on the connection (reads and write transactions alike), off the request's
+    /// thread, with store errors as `StoreError`.
+    pub(super) async fn with_conn<T: Send + 'static>(
         &self,
         f: impl FnOnce(&mut Connection) -> rusqlite::Result<T> + Send + 'static,
     ) -> Result<T, StoreError> {
@@ -162,7 +164,7 @@ impl IdentityStore for SqliteStore {
     }
 
     async fn migrate(&self) -> Result<(), StoreError> {
-        self.read(|c| {
+        self.with_conn(|c| {
             let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
             tx.execute_batch(
                 "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at INTEGER NOT NULL)",
@@ -185,12 +187,12 @@ impl IdentityStore for SqliteStore {
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
-        self.read(|c| c.query_row("SELECT 1", [], |_| Ok(()))).await
+        self.with_conn(|c| c.query_row("SELECT 1", [], |_| Ok(()))).await
     }
 
     async fn create_workspace(&self, ws: &Workspace) -> Result<(), StoreError> {
         let ws = ws.clone();
-        self.read(move |c| {
+        self.with_conn(move |c| {
             c.execute(
                 "INSERT INTO workspaces (id, name, rate_tier, created_at, frozen, lifetime_purchases_cents) VALUES (?1,?2,?3,?4,?5,?6)",
                 params![ws.id, ws.name, ws.rate_tier.as_str(), ws.created_at, ws.frozen, ws.lifetime_purchases_cents],
@@ -202,7 +204,7 @@ impl IdentityStore for SqliteStore {
 
     async fn workspace(&self, id: &str) -> Result<Option<Workspace>, StoreError> {
         let id = id.to_string();
-        self.read(move |c| {
+        self.with_conn(move |c| {
             c.query_row(
                 "SELECT id, name, rate_tier, created_at, frozen, lifetime_purchases_cents FROM workspaces WHERE id = ?1",
                 [id],
@@ -227,12 +229,12 @@ impl IdentityStore for SqliteStore {
 
     async fn key(&self, id: &str) -> Result<Option<KeyRecord>, StoreError> {
         let id = id.to_string();
-        self.read(move |c| get_key(c, &id)).await
+        self.with_conn(move |c| get_key(c, &id)).await
     }
 
     async fn key_by_digest(&self, digest: &str) -> Result<Option<(KeyRecord, Workspace)>, StoreError> {
         let digest = digest.to_string();
-        self.read(move |c| {
+        self.with_conn(move |c| {
             let cols: String = KEY_COLUMNS.split(", ").map(|col| format!("k.{col}")).collect::<Vec<_>>().join(", ");
             c.prepare_cached(&format!(
                 "SELECT {cols}, w.id, w.name, w.rate_tier, w.created_at, w.frozen, w.lifetime_purchases_cents \
@@ -331,12 +333,12 @@ impl IdentityStore for SqliteStore {
 
     async fn delete_key(&self, id: &str) -> Result<bool, StoreError> {
         let id = id.to_string();
-        self.read(move |c| c.execute("DELETE FROM api_keys WHERE id = ?1", [id]).map(|n| n > 0)).await
+        self.with_conn(move |c| c.execute("DELETE FROM api_keys WHERE id = ?1", [id]).map(|n| n > 0)).await
     }
 
     async fn record_copy(&self, a: &CopyAudit) -> Result<(), StoreError> {
         let a = a.clone();
-        self.read(move |c| {
+        self.with_conn(move |c| {
             c.execute(
                 "INSERT INTO key_copy_audit (key_id, actor, role, at) VALUES (?1, ?2, ?3, ?4)",
                 params![a.key_id, a.actor, a.role, a.at],
@@ -348,7 +350,7 @@ impl IdentityStore for SqliteStore {
 
     async fn copy_audit(&self, key_id: &str) -> Result<Vec<CopyAudit>, StoreError> {
         let key_id = key_id.to_string();
-        self.read(move |c| {
+        self.with_conn(move |c| {
             let mut st =
                 c.prepare("SELECT key_id, actor, role, at FROM key_copy_audit WHERE key_id = ?1 ORDER BY id")?;
             let rows = st.query_map([key_id], |r| {

@@ -23,7 +23,7 @@ impl LedgerStore for SqliteStore {
         now: Millis,
     ) -> Result<(i64, i64), StoreError> {
         let (ws, source) = (workspace_id.to_string(), source.to_string());
-        self.read(move |c| {
+        self.with_conn(move |c| {
             let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let purchase = if source == "purchase" { amount_cents } else { 0 };
             tx.prepare_cached(
@@ -48,7 +48,7 @@ impl LedgerStore for SqliteStore {
 
     async fn balance(&self, workspace_id: &str) -> Result<Option<Balance>, StoreError> {
         let ws = workspace_id.to_string();
-        self.read(move |c| {
+        self.with_conn(move |c| {
             c.prepare_cached("SELECT balance_cents, held_cents, carry_microcents, lifetime_purchases_cents FROM workspaces WHERE id = ?1")?.query_row([ws],
                 |r| {
                     Ok(Balance {
@@ -74,7 +74,7 @@ impl LedgerStore for SqliteStore {
         now: Millis,
     ) -> Result<HoldOutcome, StoreError> {
         let (rid, ws, key) = (request_id.to_string(), workspace_id.to_string(), key_id.map(str::to_string));
-        self.read(move |c| {
+        self.with_conn(move |c| {
             let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let n = tx
                 .prepare_cached(
@@ -106,7 +106,7 @@ impl LedgerStore for SqliteStore {
 
     async fn settle(&self, s: &Settlement) -> Result<SettleOutcome, StoreError> {
         let s = s.clone();
-        self.read(move |c| {
+        self.with_conn(move |c| {
             let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let done: Option<i64> = tx
                 .query_row(
@@ -142,7 +142,7 @@ impl LedgerStore for SqliteStore {
 
     async fn release_hold(&self, request_id: &str, now: Millis) -> Result<bool, StoreError> {
         let rid = request_id.to_string();
-        self.read(move |c| {
+        self.with_conn(move |c| {
             let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let released = release_open_hold(&tx, &rid, "released", now)?;
             tx.commit()?;
@@ -152,7 +152,7 @@ impl LedgerStore for SqliteStore {
     }
 
     async fn sweep_expired_holds(&self, now: Millis) -> Result<Vec<String>, StoreError> {
-        self.read(move |c| {
+        self.with_conn(move |c| {
             let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let ids: Vec<String> = {
                 let mut st = tx.prepare("SELECT request_id FROM holds WHERE state = 'open' AND expires_at <= ?1")?;
@@ -169,7 +169,7 @@ impl LedgerStore for SqliteStore {
 
     async fn entries(&self, workspace_id: &str, limit: i64) -> Result<Vec<LedgerEntry>, StoreError> {
         let ws = workspace_id.to_string();
-        self.read(move |c| {
+        self.with_conn(move |c| {
             let mut st = c.prepare(
                 "SELECT id, kind, source, amount_cents, request_id, cost_microcents, expires_at, created_at \
                  FROM ledger_entries WHERE workspace_id = ?1 ORDER BY id DESC LIMIT ?2",
@@ -193,7 +193,7 @@ impl LedgerStore for SqliteStore {
 
     async fn derived_balance(&self, workspace_id: &str) -> Result<i64, StoreError> {
         let ws = workspace_id.to_string();
-        self.read(move |c| {
+        self.with_conn(move |c| {
             c.prepare_cached("SELECT COALESCE(SUM(amount_cents), 0) FROM ledger_entries WHERE workspace_id = ?1")?
                 .query_row([ws], |r| r.get(0))
         })
@@ -202,7 +202,7 @@ impl LedgerStore for SqliteStore {
 
     async fn spent_since(&self, workspace_id: &str, since: Millis) -> Result<i64, StoreError> {
         let ws = workspace_id.to_string();
-        self.read(move |c| {
+        self.with_conn(move |c| {
             c.prepare_cached(
                 "SELECT COALESCE(-SUM(amount_cents), 0) FROM ledger_entries \
                  WHERE workspace_id = ?1 AND kind = 'settlement' AND created_at >= ?2",
@@ -214,7 +214,7 @@ impl LedgerStore for SqliteStore {
 
     async fn key_month_spend(&self, key_id: &str, month: &str) -> Result<i64, StoreError> {
         let (key, month) = (key_id.to_string(), month.to_string());
-        self.read(move |c| {
+        self.with_conn(move |c| {
             c.prepare_cached("SELECT spent_microcents FROM key_month_spend WHERE key_id = ?1 AND month = ?2")?
                 .query_row(params![key, month], |r| r.get(0))
                 .optional()
@@ -225,7 +225,7 @@ impl LedgerStore for SqliteStore {
 
     async fn set_frozen(&self, workspace_id: &str, reason: Option<&str>) -> Result<bool, StoreError> {
         let (ws, reason) = (workspace_id.to_string(), reason.map(str::to_string));
-        self.read(move |c| {
+        self.with_conn(move |c| {
             c.prepare_cached("UPDATE workspaces SET frozen = ?2 WHERE id = ?1")?
                 .execute(params![ws, reason])
                 .map(|n| n > 0)
@@ -234,7 +234,7 @@ impl LedgerStore for SqliteStore {
     }
 
     async fn sweep_expired_credit(&self, now: Millis) -> Result<Vec<(String, i64)>, StoreError> {
-        self.read(move |c| {
+        self.with_conn(move |c| {
             let due: Vec<String> = {
                 let mut st = c.prepare(
                     "SELECT DISTINCT workspace_id FROM ledger_entries \

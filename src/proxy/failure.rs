@@ -1,0 +1,154 @@
+//! How a request that failed is answered, and what a held answer becomes at the end: the
+//! classification of proxy errors no phase classified, the one place that writes an error
+//! response, an error frame or a replacement for a held answer (`fail_to_proxy`), and panics
+//! caught in phases.
+
+use std::panic::AssertUnwindSafe;
+use std::time::Duration;
+
+use pingora::http::ResponseHeader;
+use pingora::proxy::{FailToProxy, Session};
+use pingora::{Error, ErrorSource, ErrorType};
+
+use crate::ctx::RequestCtx;
+use crate::envelope;
+use crate::error::{ErrorKind, GatewayError};
+use crate::held_output::{Mode, OutputHold};
+use crate::responder;
+use crate::watchdog::{Fired, Watchdog};
+
+/// Classify a proxy error that no phase classified.
+fn classify(e: &Error, cx: &RequestCtx) -> GatewayError {
+    use ErrorType::*;
+    if let Some(fired) = cx.watchdog.as_ref().and_then(Watchdog::fired) {
+        let what = match fired {
+            Fired::FirstToken => "No token arrived within the first-token budget.",
+            Fired::Response => "The response did not finish within the response budget.",
+        };
+        return timeout_error(what);
+    }
+    match (e.etype(), e.esource()) {
+        (ConnectTimedout | ConnectRefused | ConnectNoRoute | ConnectError | ConnectProxyFailure, _) => {
+            GatewayError::new(ErrorKind::UpstreamUnreachable, "The model server could not be reached.")
+        }
+        (ReadTimedout | WriteTimedout, ErrorSource::Upstream) => {
+            timeout_error("The model server did not answer within the response budget.")
+        }
+        (_, ErrorSource::Upstream) => {
+            GatewayError::new(ErrorKind::UpstreamFailed, "The model server failed after the request was admitted.")
+        }
+        _ => GatewayError::internal("The gateway failed unexpectedly."),
+    }
+}
+
+/// `fail_to_proxy`: answer `e` (or the failure a phase already classified) in the form the
+/// client can still receive: a whole error response, a replacement for a held answer, or an
+/// error frame on a stream that already opened.
+pub(super) async fn answer(s: &mut Session, e: &Error, cx: &mut RequestCtx) -> FailToProxy {
+    let err = match cx.failure.take() {
+        Some(err) => err,
+        None => classify(e, cx),
+    };
+    if let Some(h) = cx.heartbeat.take() {
+        h.stop(); // before our own write of the error frame
+    }
+    let held = cx.output.clone().filter(OutputHold::is_holding);
+    let code = if let Some(hold) = held {
+        // Nothing of the response reached the client: replace all of it.
+        let replaced = responder::error_wire(cx, &err).is_ok_and(|wire| hold.replace(wire));
+        if replaced { err.status() } else { 200 }
+    } else if header_sent(s) {
+        // A stream that already ended (`[DONE]`, or an error frame) gets nothing more.
+        if cx.response.streaming && !cx.response.saw_done {
+            let frame_err = match err.kind {
+                ErrorKind::UpstreamFailed | ErrorKind::ResponseTimeout | ErrorKind::UpstreamHttpError => err.clone(),
+                _ => GatewayError::new(ErrorKind::UpstreamStreamError, err.message.clone()),
+            };
+            let frame = envelope::sse_error_frame(&frame_err, cx.envelope, &cx.request_id);
+            if let Err(we) = s.write_response_body(Some(frame), true).await {
+                log::debug!("{}: error frame not written: {we}", cx.request_id);
+            }
+        }
+        // A non-streamed body already started cannot change status: the connection
+        // is closed so the client sees an incomplete response (see docs/decisions.md).
+        200
+    } else {
+        let status = err.status();
+        if let Err(we) = responder::error(s, cx, &err).await {
+            log::debug!("{}: error response not written: {we}", cx.request_id);
+        }
+        status
+    };
+    cx.failure = Some(err);
+    FailToProxy { error_code: code, can_reuse_downstream: false }
+}
+
+/// In `logging`: a held answer that never completed is replaced by an error, a replacement is
+/// sent before the connection closes, and the switch is reset for a kept connection. Returns
+/// the status the client saw (for the access line).
+pub(super) async fn finish_output(s: &mut Session, cx: &mut RequestCtx) -> u16 {
+    let mut status = s.response_written().map(|r| r.status.as_u16()).unwrap_or(0);
+    if let Some(h) = cx.output.clone().filter(OutputHold::is_holding) {
+        // A held answer whose body never came to an end (no phase released or replaced
+        // it): the client must not wait for it.
+        let err = GatewayError::new(ErrorKind::UpstreamFailed, "The model server's answer did not complete.");
+        if responder::error_wire(cx, &err).is_ok_and(|wire| h.replace(wire)) {
+            s.set_keepalive(None);
+        }
+    }
+    if let Some(h) = &cx.output {
+        if h.lock().mode == Mode::Replaced {
+            status = cx.failure.as_ref().map_or(500, GatewayError::status);
+            // Pingora drops a connection it will not reuse without closing it: send the
+            // replacement response first.
+            let _ = tokio::time::timeout(Duration::from_secs(2), s.downstream_session.shutdown()).await;
+        }
+        h.finish();
+    }
+    status
+}
+
+/// A panic caught in a phase: logged once with its message, answered as `500 internal_error`
+/// (never a dropped connection where a response can still be written).
+pub(super) fn panicked(phase: &str, payload: &(dyn std::any::Any + Send), request_id: &str) -> GatewayError {
+    let what = payload
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("(no message)");
+    log::error!("{request_id}: panic in the {phase} phase: {what}");
+    GatewayError::internal("The gateway failed unexpectedly.")
+}
+
+/// Run a synchronous phase, turning a panic into an internal error.
+pub(super) fn guarded<T>(
+    phase: &str,
+    cx: &mut RequestCtx,
+    f: impl FnOnce(&mut RequestCtx) -> Result<T, GatewayError>,
+) -> Result<T, GatewayError> {
+    match std::panic::catch_unwind(AssertUnwindSafe(|| f(&mut *cx))) {
+        Ok(r) => r,
+        Err(p) => Err(panicked(phase, &*p, &cx.request_id)),
+    }
+}
+
+fn timeout_error(what: &str) -> GatewayError {
+    GatewayError::new(
+        ErrorKind::ResponseTimeout,
+        format!("{what} For non-streaming requests set `stream: true` or lower `max_tokens`."),
+    )
+}
+
+/// A replica answer that can carry no body: `204`, `304`, or a zero `Content-Length`.
+pub(super) fn has_no_body(resp: &ResponseHeader) -> bool {
+    matches!(resp.status.as_u16(), 204 | 304)
+        || resp
+            .headers
+            .get("content-length")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.trim().parse::<u64>() == Ok(0))
+}
+
+fn header_sent(s: &Session) -> bool {
+    s.response_written().is_some_and(|r| !r.status.is_informational())
+}
