@@ -12,9 +12,9 @@ mod support;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use tollgate::identity::RateTier;
-use tollgate::identity::cache::KeyCache;
 use tollgate::identity::keys::KeySecrets;
-use tollgate::identity::service::{Identity, NewKey};
+use tollgate::identity_service::cache::KeyCache;
+use tollgate::identity_service::{Identity, NewKey};
 use tollgate::store::StoreConfig;
 
 fn identity(rt: &tokio::runtime::Runtime, config: StoreConfig, cache: KeyCache) -> Option<(Identity, String)> {

@@ -11,7 +11,7 @@ use pingora::proxy::Session;
 use tollgate::ctx::RequestCtx;
 use tollgate::error::{ErrorKind, GatewayError};
 use tollgate::identity::KeyScope;
-use tollgate::identity::service::{AuthFailure, Identity};
+use tollgate::identity_service::{AuthFailure, Identity};
 use tollgate::plugin::{Flow, Plugin};
 use tollgate::routes::Route;
 

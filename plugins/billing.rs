@@ -10,9 +10,9 @@ use bytes::Bytes;
 use pingora::proxy::Session;
 use serde_json::json;
 
+use tollgate::clock::{Millis, iso, now_ms, utc_month_bounds};
 use tollgate::ctx::RequestCtx;
 use tollgate::error::{ErrorKind, GatewayError};
-use tollgate::identity::{Millis, iso, now_ms};
 use tollgate::plugin::{Flow, Plugin};
 use tollgate::routes::Route;
 use tollgate::store::ledger::{HoldOutcome, LedgerStore, MICROCENTS_PER_CENT, Settlement};
@@ -39,17 +39,6 @@ impl Billing {
     pub fn new(ledger: Arc<dyn LedgerStore>, topup_url: String, hold_ttl_ms: Millis) -> Self {
         Billing { ledger, topup_url, hold_ttl_ms }
     }
-}
-
-/// Start of the UTC month containing `ms`, and of the next one.
-pub fn utc_month_bounds(ms: Millis) -> (Millis, Millis, String) {
-    let ts = jiff::Timestamp::from_millisecond(ms).unwrap_or(jiff::Timestamp::UNIX_EPOCH);
-    let date = ts.to_zoned(jiff::tz::TimeZone::UTC).date();
-    let first = date.first_of_month();
-    let next = first.checked_add(jiff::Span::new().months(1)).unwrap_or(first);
-    let at =
-        |d: jiff::civil::Date| d.to_zoned(jiff::tz::TimeZone::UTC).map(|z| z.timestamp().as_millisecond()).unwrap_or(0);
-    (at(first), at(next), format!("{:04}-{:02}", first.year(), first.month()))
 }
 
 /// `free_window_ended_at` only when the called model's free window closed within the last
@@ -249,21 +238,5 @@ impl Finish {
             wait = (wait * 2).min(std::time::Duration::from_secs(60));
         }
         log::error!("settlement abandoned after an hour of retries; the hold expires and is released");
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn month_bounds_are_utc_calendar_months() {
-        let ms = "2026-11-22T07:00:00Z".parse::<jiff::Timestamp>().unwrap().as_millisecond();
-        let (start, next, month) = utc_month_bounds(ms);
-        assert_eq!(iso(start), "2026-11-01T00:00:00Z");
-        assert_eq!(iso(next), "2026-12-01T00:00:00Z");
-        assert_eq!(month, "2026-11");
-        let dec = "2026-12-31T23:59:59Z".parse::<jiff::Timestamp>().unwrap().as_millisecond();
-        assert_eq!(iso(utc_month_bounds(dec).1), "2027-01-01T00:00:00Z");
     }
 }

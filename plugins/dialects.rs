@@ -53,7 +53,7 @@ struct DialectState {
 fn echo_version(s: &Session, cx: &mut RequestCtx) {
     for name in ["vendor-version", "anthropic-version"] {
         if let Some(v) = s.req_header().headers.get(name).and_then(|v| v.to_str().ok()) {
-            if tollgate::request::printable_ascii(v.as_bytes(), 128) {
+            if tollgate::text::printable_ascii(v.as_bytes(), 128) {
                 cx.response_headers.push((name, v.to_string()));
             }
         }

@@ -15,10 +15,10 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use pingora::proxy::Session;
 
+use tollgate::clock::now_ms;
 use tollgate::config::GateSettings;
 use tollgate::ctx::RequestCtx;
 use tollgate::error::{ErrorKind, GatewayError};
-use tollgate::identity::now_ms;
 use tollgate::limits::{Check, FallbackLimiter, Verdict, WindowLimit};
 use tollgate::plugin::{Flow, Plugin};
 

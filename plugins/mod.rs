@@ -15,7 +15,7 @@ pub mod shared;
 use std::sync::Arc;
 
 use tollgate::config::{Config, ConfigErrors, ConfigProblem};
-use tollgate::identity::service::Identity;
+use tollgate::identity_service::Identity;
 use tollgate::limits::{FallbackLimiter, FallbackOptions};
 use tollgate::plugin::{Chain, Plugin};
 use tollgate::store::ledger::LedgerStore;

@@ -8,6 +8,7 @@
 
 pub mod admin;
 pub mod body_replay;
+pub mod clock;
 pub mod config;
 pub mod ctx;
 pub mod envelope;
@@ -16,6 +17,7 @@ pub mod faults;
 pub mod heartbeat;
 pub mod held_output;
 pub mod identity;
+pub mod identity_service;
 pub mod json_raw;
 pub mod limits;
 pub mod placement;
@@ -26,5 +28,6 @@ pub mod responder;
 pub mod routes;
 pub mod sse;
 pub mod store;
+pub mod text;
 pub mod usage;
 pub mod watchdog;

@@ -10,6 +10,7 @@ use crate::ctx::RequestCtx;
 use crate::error::{ErrorKind, GatewayError};
 use crate::placement::{self, NoSlot};
 use crate::routes::{self, Route, RouteMatch};
+use crate::text::{printable_ascii, truncate};
 
 /// Match the route; unknown paths and wrong methods are errors in the right envelope.
 pub fn route(s: &Session, cx: &mut RequestCtx) -> Result<Route, GatewayError> {
@@ -57,14 +58,6 @@ fn base_url(s: &Session, cx: &RequestCtx) -> String {
         .filter(|h| !h.is_empty() && h.len() <= 255 && h.bytes().all(|b| b.is_ascii_graphic()))
         .unwrap_or("localhost");
     format!("http://{host}")
-}
-
-/// Non-blank printable ASCII of at most `max` characters.
-pub fn printable_ascii(value: &[u8], max: usize) -> bool {
-    !value.is_empty()
-        && value.len() <= max
-        && value.iter().all(|&b| (0x20..0x7f).contains(&b))
-        && value.iter().any(|&b| b != b' ')
 }
 
 /// Validate `X-Client-Request-Id` (echoed back when valid).
@@ -237,32 +230,9 @@ pub fn refusal_from_upstream(body: &[u8]) -> GatewayError {
     err
 }
 
-/// At most `max` bytes of `s`, cut at a character boundary.
-pub fn truncate(s: &str, max: usize) -> &str {
-    if s.len() <= max {
-        return s;
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s[..end]
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn trace_header_rule() {
-        assert!(printable_ascii(b"abc-123", 512));
-        assert!(!printable_ascii(b"", 512));
-        assert!(!printable_ascii(b"   ", 512));
-        assert!(!printable_ascii(b"a\tb", 512));
-        assert!(!printable_ascii("é".as_bytes(), 512));
-        assert!(printable_ascii(&[b'a'; 512], 512));
-        assert!(!printable_ascii(&[b'a'; 513], 512));
-    }
 
     #[test]
     fn paused_retry_after_is_capped_and_60_once_passed() {

@@ -113,7 +113,7 @@ pub async fn model_get(s: &mut Session, cx: &mut RequestCtx, chain: &Chain) -> R
     let model = cx.config.catalog.get(id).cloned().ok_or_else(|| {
         GatewayError::new(
             ErrorKind::ModelNotFound,
-            format!("The model `{}` does not exist. Use an id from GET /v1/models.", crate::request::truncate(id, 200)),
+            format!("The model `{}` does not exist. Use an id from GET /v1/models.", crate::text::truncate(id, 200)),
         )
         .with_param("model")
     })?;

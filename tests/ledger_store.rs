@@ -7,7 +7,8 @@ mod common;
 use std::sync::Arc;
 
 use common::pg;
-use tollgate::identity::{RateTier, Workspace, now_ms};
+use tollgate::clock::now_ms;
+use tollgate::identity::{RateTier, Workspace};
 use tollgate::store::ledger::{HoldOutcome, LedgerStore, SettleOutcome, Settlement};
 use tollgate::store::{StoreConfig, Stores};
 

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use common::redis::RedisChild;
-use tollgate::identity::now_ms;
+use tollgate::clock::now_ms;
 use tollgate::limits::{
     Check, ConcurrencyGate, Counting, DisabledLimiter, FallbackLimiter, FallbackOptions, InProcessLimiter, Lease,
     LimiterError, LimiterStore, Outcome, RedisLimiter, RedisOptions, Renewal, TokenBudget, Verdict, WindowLimit,

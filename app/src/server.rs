@@ -68,13 +68,13 @@ fn spawn_hold_sweeper(ledger: Arc<dyn tollgate::store::ledger::LedgerStore>, eve
         rt.block_on(async move {
             loop {
                 tokio::time::sleep(every).await;
-                match ledger.sweep_expired_holds(tollgate::identity::now_ms()).await {
+                match ledger.sweep_expired_holds(tollgate::clock::now_ms()).await {
                     Ok(ids) if !ids.is_empty() => log::warn!("released {} expired holds: {ids:?}", ids.len()),
                     Ok(_) => {}
                     Err(e) => log::warn!("hold sweep failed: {e}"),
                 }
                 // Credit past its expiry (purchase balance lasts one year).
-                match ledger.sweep_expired_credit(tollgate::identity::now_ms()).await {
+                match ledger.sweep_expired_credit(tollgate::clock::now_ms()).await {
                     Ok(gone) => {
                         for (ws, cents) in gone {
                             log::info!("workspace {ws}: {cents} cents of credit expired");

@@ -35,7 +35,7 @@ fn check_one(i: usize, m: &Value) -> Result<(), GatewayError> {
         Some(r) => {
             return Err(GatewayError::invalid_request(
                 &format!("messages[{i}].role"),
-                format!("Role `{}` is not one of {}.", tollgate::request::truncate(r, 64), ROLES.join(", ")),
+                format!("Role `{}` is not one of {}.", tollgate::text::truncate(r, 64), ROLES.join(", ")),
             ));
         }
         None => return Err(GatewayError::missing_field(&format!("messages[{i}].role"))),

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
-use tollgate::identity::now_ms;
+use tollgate::clock::now_ms;
 use tollgate::limits::{FallbackLimiter, Lease, Renewal};
 
 /// Live leases of this instance, and the thread that renews them.

@@ -22,10 +22,11 @@ use pingora::proxy::Session;
 use pingora_limits::inflight::Inflight;
 use serde_json::{Map, Value, json};
 
+use tollgate::clock::now_ms;
 use tollgate::config::{LimitSettings, ModelEntry};
 use tollgate::ctx::RequestCtx;
 use tollgate::error::{ErrorKind, GatewayError};
-use tollgate::identity::{Principal, now_ms};
+use tollgate::identity::Principal;
 use tollgate::limits::{Check, ConcurrencyGate, FallbackLimiter, LimiterError, TokenBudget, Verdict, WindowLimit};
 use tollgate::plugin::{Flow, Plugin};
 use tollgate::routes::Route;

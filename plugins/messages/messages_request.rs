@@ -127,7 +127,7 @@ fn reasoning_effort(
                     "thinking.type",
                     format!(
                         "`thinking.type` `{}` is not one of enabled, adaptive, disabled.",
-                        tollgate::request::truncate(other, 64)
+                        tollgate::text::truncate(other, 64)
                     ),
                 ));
             }
@@ -142,7 +142,7 @@ fn reasoning_effort(
                     "output_config.effort",
                     format!(
                         "`output_config.effort` `{}` is not one of none, minimal, low, medium, high, xhigh, max.",
-                        tollgate::request::truncate(s, 64)
+                        tollgate::text::truncate(s, 64)
                     ),
                 )
             })?),
@@ -180,7 +180,7 @@ fn response_format(
             "output_config.format.type",
             format!(
                 "`output_config.format.type` `{}` is not supported; use json_schema.",
-                tollgate::request::truncate(t, 64)
+                tollgate::text::truncate(t, 64)
             ),
         ));
     }

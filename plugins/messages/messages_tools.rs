@@ -52,7 +52,7 @@ pub fn tools(v: Option<&Value>, caps: &ModelCaps) -> Result<Tools, GatewayError>
                     format!(
                         "Tool type `{}` is a vendor server tool and is not supported; declare client tools \
                          with `name`, `description` and `input_schema`.",
-                        tollgate::request::truncate(t, 64)
+                        tollgate::text::truncate(t, 64)
                     ),
                 ));
             }
@@ -99,7 +99,7 @@ pub fn tool_choice(v: Option<&Value>, names: &[String]) -> Result<Choice, Gatewa
             if !names.iter().any(|n| n == name) {
                 return Err(GatewayError::invalid_request(
                     "tool_choice.name",
-                    format!("`tool_choice.name` `{}` names no tool in `tools`.", tollgate::request::truncate(name, 64)),
+                    format!("`tool_choice.name` `{}` names no tool in `tools`.", tollgate::text::truncate(name, 64)),
                 ));
             }
             json!({ "type": "function", "function": { "name": name } })
@@ -109,7 +109,7 @@ pub fn tool_choice(v: Option<&Value>, names: &[String]) -> Result<Choice, Gatewa
                 "tool_choice.type",
                 format!(
                     "`tool_choice.type` `{}` is not one of auto, none, tool, any.",
-                    tollgate::request::truncate(other, 64)
+                    tollgate::text::truncate(other, 64)
                 ),
             ));
         }

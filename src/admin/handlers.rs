@@ -7,9 +7,10 @@ use serde_json::{Value, json};
 
 use super::fields::Fields;
 use super::{AdminApp, AdminError, json_response};
+use crate::clock::{iso, now_ms};
 use crate::identity::lifecycle::{KeyOpError, MAX_LIVE_PER_SCOPE};
-use crate::identity::service::{CopyRole, Identity, NewKey};
-use crate::identity::{KeyRecord, KeyScope, RateTier, Workspace, iso, now_ms};
+use crate::identity::{KeyRecord, KeyScope, RateTier, Workspace};
+use crate::identity_service::{CopyRole, Identity, NewKey};
 use crate::store::{KeyPatch, RotateOpts, StoreError};
 
 type Answer = Result<Response<Vec<u8>>, AdminError>;

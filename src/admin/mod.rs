@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 use subtle::ConstantTimeEq;
 
 use crate::config::Config;
-use crate::identity::service::Identity;
+use crate::identity_service::Identity;
 
 /// Largest admin request body.
 const MAX_BODY: usize = 64 * 1024;

@@ -3,7 +3,8 @@
 //! keys of the same history revoked) and revocation. Store backends read the rows under a
 //! lock, ask these functions, then write what they say, so both behave identically.
 
-use super::{KeyRecord, KeyState, Millis};
+use super::{KeyRecord, KeyState};
+use crate::clock::Millis;
 
 pub const MAX_LIVE_PER_SCOPE: usize = 10;
 pub const MAX_LIVE_DURING_ROTATION: usize = 20;

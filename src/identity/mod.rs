@@ -3,24 +3,12 @@
 //! `keys.rs`, and the lifecycle rules (caps, rotation, grace) as pure functions in
 //! `lifecycle.rs`, so both store backends apply exactly the same decisions.
 
-pub mod cache;
 pub mod keys;
 pub mod lifecycle;
-pub mod service;
 
 use serde::Serialize;
 
-/// Milliseconds since the Unix epoch (the stores keep every instant in this unit).
-pub type Millis = i64;
-
-pub fn now_ms() -> Millis {
-    jiff::Timestamp::now().as_millisecond()
-}
-
-/// ISO 8601 of a stored instant.
-pub fn iso(ms: Millis) -> String {
-    jiff::Timestamp::from_millisecond(ms).map(|t| t.to_string()).unwrap_or_default()
-}
+use crate::clock::Millis;
 
 /// Rate tier of a workspace (`X-RateLimit-Tier`, `plan_tier`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

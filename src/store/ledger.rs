@@ -5,7 +5,7 @@
 use async_trait::async_trait;
 
 use super::StoreError;
-use crate::identity::Millis;
+use crate::clock::Millis;
 
 pub const MICROCENTS_PER_CENT: i64 = 1_000_000;
 

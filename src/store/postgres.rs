@@ -12,8 +12,9 @@ use tokio_postgres::Row;
 pub use super::postgres_pool::PostgresStore;
 use super::postgres_pool::ko;
 use super::{CopyAudit, IdentityStore, KeyPatch, POSTGRES_MIGRATIONS, RotateOpts, StoreError, Successor};
+use crate::clock::Millis;
 use crate::identity::lifecycle::{self, KeyOpError};
-use crate::identity::{KeyRecord, KeyScope, Millis, RateTier, Workspace};
+use crate::identity::{KeyRecord, KeyScope, RateTier, Workspace};
 
 const KEY_COLUMNS: &str = "id, workspace_id, name, scope, digest, format_version, encrypted_copy, created_by, \
      created_at, expires_at, revoked_at, grace_until, rotated_from, rotation_root, credits_only, \
@@ -134,7 +135,7 @@ impl IdentityStore for PostgresStore {
                     tx.batch_execute(sql).await?;
                     tx.execute(
                         "INSERT INTO schema_migrations (version, name, applied_at) VALUES ($1, $2, $3)",
-                        &[version, name, &crate::identity::now_ms()],
+                        &[version, name, &crate::clock::now_ms()],
                     )
                     .await?;
                 }

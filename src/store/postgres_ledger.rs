@@ -10,7 +10,7 @@ use super::ledger::{
     Balance, HoldOutcome, LedgerEntry, LedgerStore, LiveTopUp, SettleOutcome, Settlement, expiring_credit,
 };
 use super::postgres::PostgresStore;
-use crate::identity::Millis;
+use crate::clock::Millis;
 
 /// Release the request's open hold into `state`, crediting it back. `false` if none open.
 async fn release_open_hold(

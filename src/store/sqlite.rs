@@ -9,8 +9,9 @@ use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
 
 use super::{CopyAudit, IdentityStore, KeyPatch, RotateOpts, SQLITE_MIGRATIONS, StoreError, Successor};
+use crate::clock::Millis;
 use crate::identity::lifecycle::{self, KeyOpError};
-use crate::identity::{KeyRecord, KeyScope, Millis, RateTier, Workspace};
+use crate::identity::{KeyRecord, KeyScope, RateTier, Workspace};
 
 pub struct SqliteStore {
     conn: Arc<Mutex<Connection>>,
@@ -177,7 +178,7 @@ impl IdentityStore for SqliteStore {
                     tx.execute_batch(sql)?;
                     tx.execute(
                         "INSERT INTO schema_migrations (version, name, applied_at) VALUES (?1, ?2, ?3)",
-                        params![version, name, crate::identity::now_ms()],
+                        params![version, name, crate::clock::now_ms()],
                     )?;
                 }
             }

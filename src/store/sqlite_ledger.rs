@@ -10,7 +10,7 @@ use super::ledger::{
     expiring_credit,
 };
 use super::sqlite::SqliteStore;
-use crate::identity::Millis;
+use crate::clock::Millis;
 
 #[async_trait]
 impl LedgerStore for SqliteStore {

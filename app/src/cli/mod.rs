@@ -8,9 +8,9 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use tollgate::config::{self, Config};
-use tollgate::identity::cache::KeyCache;
 use tollgate::identity::keys::KeySecrets;
-use tollgate::identity::service::Identity;
+use tollgate::identity_service::Identity;
+use tollgate::identity_service::cache::KeyCache;
 use tollgate_plugins::Services;
 
 pub const USAGE: &str = "usage:

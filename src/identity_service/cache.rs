@@ -11,7 +11,7 @@ use std::future::Future;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-use super::{KeyRecord, Workspace};
+use crate::identity::{KeyRecord, Workspace};
 use crate::store::StoreError;
 
 pub type Found = (Arc<KeyRecord>, Arc<Workspace>);

@@ -4,10 +4,14 @@
 
 use std::sync::Arc;
 
-use super::cache::{Found, KeyCache};
-use super::keys::{self, KeySecrets};
-use super::lifecycle::{self, KeyOpError};
-use super::{KeyRecord, KeyScope, KeyState, Millis, Principal, RateTier, Workspace, now_ms};
+pub mod cache;
+
+use cache::{Found, KeyCache};
+
+use crate::clock::{Millis, now_ms};
+use crate::identity::keys::{self, KeySecrets};
+use crate::identity::lifecycle::{self, KeyOpError};
+use crate::identity::{KeyRecord, KeyScope, KeyState, Principal, RateTier, Workspace};
 use crate::store::{CopyAudit, IdentityStore, KeyPatch, RotateOpts, StoreError};
 
 /// Why a presented key was refused.
