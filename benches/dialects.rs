@@ -18,7 +18,7 @@ use std::path::Path;
 use bytes::BytesMut;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use serde_json::{Value, json};
-use tollgate_plugins::messages::{
+use tollgate_plugins::dialects::{
     MessagesStream, Purpose, ResponsesStream, chat_to_response, from_chat, responses_to_chat, to_chat,
 };
 

@@ -9,7 +9,6 @@ pub mod chat;
 pub mod dialects;
 pub mod gate;
 pub mod limits;
-pub mod messages;
 pub mod shared;
 
 use std::sync::Arc;

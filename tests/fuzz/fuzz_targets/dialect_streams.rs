@@ -3,7 +3,7 @@
 
 use bytes::BytesMut;
 use libfuzzer_sys::fuzz_target;
-use tollgate_plugins::messages::{MessagesStream, ResponsesStream};
+use tollgate_plugins::dialects::{MessagesStream, ResponsesStream};
 use tollgate::sse::SseFramer;
 
 fuzz_target!(|data: &[u8]| {

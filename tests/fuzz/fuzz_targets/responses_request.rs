@@ -4,7 +4,7 @@
 mod common;
 
 use libfuzzer_sys::fuzz_target;
-use tollgate_plugins::messages::responses_to_chat;
+use tollgate_plugins::dialects::responses_to_chat;
 
 fuzz_target!(|data: &[u8]| {
     let Some((model, body)) = common::split(data) else { return };

@@ -3,7 +3,7 @@
 use serde_json::json;
 
 use super::support::*;
-use crate::messages::{Purpose, estimate_input_tokens, to_chat_with};
+use crate::dialects::{Purpose, estimate_input_tokens, to_chat_with};
 
 #[test]
 fn an_empty_body_costs_the_reply_primer() {

@@ -5,7 +5,7 @@ use proptest::prelude::*;
 use serde_json::{Value, json};
 
 use super::support::*;
-use crate::messages::{ResponsesStream, chat_to_response, render_json};
+use crate::dialects::{ResponsesStream, chat_to_response, render_json};
 
 fn chat(message: Value, finish: &str) -> Value {
     json!({

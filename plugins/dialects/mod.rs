@@ -1,5 +1,6 @@
 //! The messages dialect (`POST /v1/messages`, `POST /v1/messages/count_tokens`) and the
-//! Responses adapter (`POST /v1/responses`), as pure translators over the chat path.
+//! Responses adapter (`POST /v1/responses`): the `dialects` plugin (`plugin.rs`, the proxy
+//! wiring) and the pure translators over the chat path it calls.
 //!
 //! Both dialects are served by the chat serving path (spec "What the service does" 2): a
 //! request is translated into a chat-completions body, the chat plugin forwards and
@@ -18,6 +19,7 @@ mod messages_request;
 mod messages_response;
 mod messages_stream;
 mod messages_tools;
+mod plugin;
 mod render;
 mod responses;
 mod responses_request;
@@ -34,6 +36,7 @@ pub use count_tokens::estimate_input_tokens;
 pub use messages_request::{to_chat, to_chat_with};
 pub use messages_response::{from_chat, paid_extra_of, stop_reason};
 pub use messages_stream::{MessagesStream, messages_error_from_chat, ping};
+pub use plugin::{DIALECTS_PRIORITY, Dialects, signing_key};
 pub use render::to_vec as render_json;
 pub use responses::chat_to_response;
 pub use responses_request::{responses_to_chat, responses_to_chat_with};

@@ -10,11 +10,11 @@ use pingora::http::ResponseHeader;
 use pingora::proxy::Session;
 use serde_json::{Value, json};
 
-use super::messages::{
+use super::{
     ChatTranslation, MessagesStream, Purpose, ResponsesStream, chat_to_response, from_chat, paid_extra_of, render_json,
     responses_to_chat, to_chat,
 };
-use super::shared::prompt_tokens::count_prompt_tokens;
+use crate::shared::prompt_tokens::count_prompt_tokens;
 use tollgate::ctx::RequestCtx;
 use tollgate::error::GatewayError;
 use tollgate::plugin::{Flow, Plugin};
@@ -98,7 +98,7 @@ impl Plugin for Dialects {
                 let stream = MessagesStream::new(&model.id, &self.signing_key);
                 if t.stream {
                     // Spec "Limits": a `ping` every 15 seconds while the replica is silent.
-                    cx.heartbeat_payload = Some(crate::messages::ping());
+                    cx.heartbeat_payload = Some(super::ping());
                 }
                 self.translate(cx, t, Translator::Messages(stream));
             }

@@ -3,7 +3,7 @@
 use serde_json::{Value, json};
 
 use super::support::*;
-use crate::messages::{Purpose, to_chat_with};
+use crate::dialects::{Purpose, to_chat_with};
 use tollgate::error::ErrorKind;
 
 fn weather() -> Value {

@@ -3,7 +3,7 @@
 use serde_json::{Value, json};
 
 use super::support::*;
-use crate::messages::{from_chat, paid_extra_of, sign_thinking, stop_reason, verify_thinking};
+use crate::dialects::{from_chat, paid_extra_of, sign_thinking, stop_reason, verify_thinking};
 
 fn chat(message: Value, finish: &str) -> Value {
     json!({

@@ -3,7 +3,7 @@
 use serde_json::{Value, json};
 
 use super::support::*;
-use crate::messages::{
+use crate::dialects::{
     ChatTranslation, ModelCaps, Purpose, WARN_EFFORT_CLAMPED, WARN_THINKING_NOT_DISABLED, to_chat, to_chat_with,
 };
 use tollgate::error::ErrorKind;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use bytes::BytesMut;
 use serde_json::{Value, json};
 
-use crate::messages::{Effort, ModelCaps};
+use crate::dialects::{Effort, ModelCaps};
 use tollgate::config::ModelEntry;
 use tollgate::error::{ErrorKind, GatewayError};
 use tollgate::sse::{SseFramer, data_payload};

@@ -5,7 +5,7 @@ use proptest::prelude::*;
 use serde_json::{Value, json};
 
 use super::support::*;
-use crate::messages::{MessagesStream, messages_error_from_chat, ping, sign_thinking};
+use crate::dialects::{MessagesStream, messages_error_from_chat, ping, sign_thinking};
 use tollgate::error::{ErrorKind, GatewayError};
 
 fn translate(sse: &[u8]) -> Vec<(String, Value)> {

@@ -3,7 +3,7 @@
 use serde_json::{Value, json};
 
 use super::support::*;
-use crate::messages::{ModelCaps, Purpose, to_chat_with};
+use crate::dialects::{ModelCaps, Purpose, to_chat_with};
 use tollgate::error::{ErrorKind, GatewayError};
 
 const PNG: &str = "iVBORw0KGgo=";

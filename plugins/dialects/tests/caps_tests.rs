@@ -1,5 +1,5 @@
 use super::support::*;
-use crate::messages::{Effort, EffortChoice, ModelCaps, ReasoningOff};
+use crate::dialects::{Effort, EffortChoice, ModelCaps, ReasoningOff};
 
 #[test]
 fn efforts_parse_in_the_spec_order() {
