@@ -42,9 +42,10 @@ fn load_config() -> Arc<Config> {
 fn chat_ctx(config: &Arc<Config>) -> RequestCtx {
     let mut cx = RequestCtx::new(config.clone());
     cx.route = Some(Route::ChatCompletions);
-    cx.model = config.catalog.get(MODEL_ID).cloned();
-    cx.pool = config.pools.get(MODEL_ID).cloned();
-    assert!(cx.model.is_some() && cx.pool.is_some(), "{MODEL_ID} not configured");
+    if let (Some(model), Some(pool)) = (config.catalog.get(MODEL_ID).cloned(), config.pools.get(MODEL_ID).cloned()) {
+        cx.placement = Some(tollgate::ctx::Placement::new(model, pool));
+    }
+    assert!(cx.placement.is_some(), "{MODEL_ID} not configured");
     // Dropped by the bench, not by a shutdown: keep Drop quiet.
     cx.logged = true;
     cx

@@ -77,9 +77,10 @@ fn load_config() -> Arc<Config> {
 fn stream_ctx(config: &Arc<Config>, include_usage: bool) -> RequestCtx {
     let mut cx = RequestCtx::new(config.clone());
     cx.route = Some(Route::ChatCompletions);
-    cx.model = config.catalog.get(MODEL_ID).cloned();
-    cx.pool = config.pools.get(MODEL_ID).cloned();
-    assert!(cx.model.is_some() && cx.pool.is_some(), "{MODEL_ID} not configured");
+    if let (Some(model), Some(pool)) = (config.catalog.get(MODEL_ID).cloned(), config.pools.get(MODEL_ID).cloned()) {
+        cx.placement = Some(tollgate::ctx::Placement::new(model, pool));
+    }
+    assert!(cx.placement.is_some(), "{MODEL_ID} not configured");
     cx.stream = true;
     cx.include_usage = include_usage;
     cx.response.streaming = true;

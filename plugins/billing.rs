@@ -44,7 +44,7 @@ impl Billing {
 /// `free_window_ended_at` only when the called model's free window closed within the last
 /// seven days; otherwise the field is absent (not null).
 fn with_free_window(err: GatewayError, cx: &RequestCtx) -> GatewayError {
-    match cx.model.as_ref().and_then(|m| m.free_window_recently_ended(now_ms())) {
+    match cx.model().and_then(|m| m.free_window_recently_ended(now_ms())) {
         Some(end) => err.with_field("free_window_ended_at", iso(end)),
         None => err,
     }
@@ -82,9 +82,9 @@ impl Billing {
 
     /// The hold of clarification 12, in whole cents (rounded up).
     fn hold_cents(cx: &RequestCtx) -> i64 {
-        let Some(pricing) = cx.model.as_ref().and_then(|m| m.pricing_at(now_ms())) else { return 0 };
+        let Some(pricing) = cx.model().and_then(|m| m.pricing_at(now_ms())) else { return 0 };
         let ceiling =
-            cx.output_ceiling.or(cx.model.as_ref().and_then(|m| m.max_output_tokens)).unwrap_or(DEFAULT_OUTPUT_CEILING);
+            cx.output_ceiling.or(cx.model().and_then(|m| m.max_output_tokens)).unwrap_or(DEFAULT_OUTPUT_CEILING);
         let micro = tollgate::usage::cost_microcents(Some(&pricing), cx.prompt_estimate, 0, ceiling);
         // Whole cents, rounded up (the hold must cover the cost).
         let micro = i64::try_from(micro).unwrap_or(i64::MAX);

@@ -42,6 +42,25 @@ pub struct ResponseState {
     pub delivered_text_bytes: u64,
 }
 
+/// What placement resolved for one request, in one value: the catalog entry and its pool,
+/// then the replica slot held and the replicas already tried.
+pub struct Placement {
+    pub model: Arc<ModelEntry>,
+    pub pool: Arc<Pool>,
+    /// The replica slot held for this request (released on drop); `None` before placement
+    /// and after a replica failed to connect, until another is placed.
+    pub slot: Option<Slot>,
+    /// Replica indexes already tried (at most two are).
+    pub tried: Vec<usize>,
+}
+
+impl Placement {
+    /// Resolved, not yet placed on a replica.
+    pub fn new(model: Arc<ModelEntry>, pool: Arc<Pool>) -> Self {
+        Placement { model, pool, slot: None, tried: Vec::new() }
+    }
+}
+
 pub struct RequestCtx {
     pub config: Arc<Config>,
     pub request_id: String,
@@ -59,8 +78,8 @@ pub struct RequestCtx {
     pub body: Option<Value>,
     /// The body to send to the replica; `None` means the body as received.
     pub upstream_body: Option<Bytes>,
-    pub model: Option<Arc<ModelEntry>>,
-    pub pool: Option<Arc<Pool>>,
+    /// Where the request goes, once its `model` is resolved (inference routes).
+    pub placement: Option<Placement>,
     /// A dialect plugin translated this request onto the chat serving path.
     pub on_chat_path: bool,
     /// The client asked for `stream: true`.
@@ -73,10 +92,6 @@ pub struct RequestCtx {
     pub output_ceiling: Option<u64>,
     /// Plugin state by type (a plugin's own struct; the core never looks inside).
     pub ext: Extensions,
-    /// The replica slot held for this request; released on drop.
-    pub slot: Option<Slot>,
-    /// Replica indexes already tried.
-    pub tried: Vec<usize>,
     /// Headers added to the client response (e.g. `X-Service-Output-Clamped`).
     pub response_headers: Vec<(&'static str, String)>,
     /// A failure already classified by a phase, for `fail_to_proxy` to render.
@@ -137,6 +152,16 @@ fn next_request_id() -> String {
 }
 
 impl RequestCtx {
+    /// The resolved model (`None` before resolution and on routes without one).
+    pub fn model(&self) -> Option<&Arc<ModelEntry>> {
+        self.placement.as_ref().map(|p| &p.model)
+    }
+
+    /// The resolved model's pool.
+    pub fn pool(&self) -> Option<&Arc<Pool>> {
+        self.placement.as_ref().map(|p| &p.pool)
+    }
+
     pub fn new(config: Arc<Config>) -> Self {
         RequestCtx {
             config,
@@ -149,16 +174,13 @@ impl RequestCtx {
             body_read: false,
             body: None,
             upstream_body: None,
-            model: None,
-            pool: None,
+            placement: None,
             on_chat_path: false,
             stream: false,
             include_usage: false,
             prompt_estimate: 0,
             output_ceiling: None,
             ext: Extensions::default(),
-            slot: None,
-            tried: Vec::new(),
             response_headers: Vec::new(),
             failure: None,
             watchdog: None,

@@ -164,8 +164,7 @@ pub fn resolve_model(cx: &mut RequestCtx, route: Route) -> Result<(), GatewayErr
             format!("The model `{}` has no replicas serving it on this gateway.", model.id),
         )
     })?;
-    cx.model = Some(model.clone());
-    cx.pool = Some(pool.clone());
+    cx.placement = Some(crate::ctx::Placement::new(model.clone(), pool.clone()));
     Ok(())
 }
 
@@ -184,10 +183,10 @@ pub fn paused(id: &str, until: Timestamp) -> GatewayError {
 
 /// Reserve a replica slot (`429 hosted_model_at_capacity` when the replicas tried are full).
 pub fn place(cx: &mut RequestCtx) -> Result<(), GatewayError> {
-    let pool = cx.pool.clone().ok_or_else(|| GatewayError::internal("no pool resolved"))?;
-    match placement::place(&pool, &cx.tried) {
+    let p = cx.placement.as_mut().ok_or_else(|| GatewayError::internal("no pool resolved"))?;
+    match placement::place(&p.pool, &p.tried) {
         Ok(slot) => {
-            cx.slot = Some(slot);
+            p.slot = Some(slot);
             Ok(())
         }
         Err(NoSlot::AtCapacity | NoSlot::Exhausted) => Err(GatewayError::new(
@@ -201,7 +200,7 @@ pub fn place(cx: &mut RequestCtx) -> Result<(), GatewayError> {
 /// The body for routes no plugin rewrote: unchanged, except the model name the replicas
 /// serve (they would not know the catalog id).
 pub fn forwarded_body(cx: &mut RequestCtx, raw: Bytes) -> Result<Bytes, GatewayError> {
-    let (Some(pool), Some(body)) = (cx.pool.as_ref(), cx.body.as_mut()) else {
+    let (Some(pool), Some(body)) = (cx.placement.as_ref().map(|p| &p.pool), cx.body.as_mut()) else {
         return Ok(raw);
     };
     if body.get("model").and_then(Value::as_str) == Some(pool.to_upstream()) {

@@ -136,7 +136,7 @@ fn write_choices<B: BufMut>(out: &mut B, list: &[Choice<'_>], part_key: &str) {
 
 /// The catalog id to put in `model`, when the replica's name is there (`rename_model`).
 fn renamed_model<'c>(top: &Members<'_>, cx: &'c RequestCtx) -> Option<&'c str> {
-    cx.pool.as_ref()?.from_upstream(&json_raw::as_str(top.get("model")?)?.0)
+    cx.pool()?.from_upstream(&json_raw::as_str(top.get("model")?)?.0)
 }
 
 /// Write `top` with `model` renamed, `choices` rewritten where they changed, `usage`
@@ -198,7 +198,7 @@ pub fn json_body(raw: &[u8], cx: &mut RequestCtx) -> Option<Vec<u8>> {
         }
     }
     let no_answer = choices_seen > 0 && !answered_any;
-    let figures = match (provider.as_ref(), cx.model.as_ref()) {
+    let figures = match (provider.as_ref(), cx.model()) {
         (Some(u), Some(m)) => usage::from_provider(u, m),
         _ => None,
     };

@@ -115,7 +115,7 @@ pub(super) fn plain_frame(data: &[u8], frame: &[u8], cx: &mut RequestCtx, out: &
             cx.response.answered[idx] |= o.answer;
         }
     }
-    let renamed = view.model.and_then(|m| Some((m, cx.pool.as_ref()?.from_upstream(&json_raw::as_str(m)?.0)?)));
+    let renamed = view.model.and_then(|m| Some((m, cx.pool()?.from_upstream(&json_raw::as_str(m)?.0)?)));
     match renamed {
         None => out.extend_from_slice(frame),
         Some((m, id)) => {

@@ -47,9 +47,9 @@ fn ctx() -> RequestCtx {
         .clone();
     let mut cx = RequestCtx::new(config.clone());
     cx.route = Some(tollgate::routes::Route::ChatCompletions);
-    cx.model = config.catalog.get("llama-3.1-8b-instruct").cloned();
-    cx.pool = config.pools.get("llama-3.1-8b-instruct").cloned();
-    assert!(cx.model.is_some() && cx.pool.is_some());
+    let model = config.catalog.get("llama-3.1-8b-instruct").cloned().unwrap();
+    let pool = config.pools.get("llama-3.1-8b-instruct").cloned().unwrap();
+    cx.placement = Some(tollgate::ctx::Placement::new(model, pool));
     cx.logged = true;
     cx
 }

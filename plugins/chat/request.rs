@@ -69,7 +69,7 @@ pub fn rewrite(cx: &mut RequestCtx) -> Result<(), GatewayError> {
     let Some(Value::Object(body)) = cx.body.take() else {
         return Err(GatewayError::internal("chat body missing"));
     };
-    let model = cx.model.clone().ok_or_else(|| GatewayError::internal("no model resolved"))?;
+    let model = cx.model().cloned().ok_or_else(|| GatewayError::internal("no model resolved"))?;
     let list = messages::check(body.get("messages"))?;
     for field in ["prompt_cache_options", "prompt_cache_retention"] {
         if body.contains_key(field) {
@@ -118,7 +118,7 @@ pub fn rewrite(cx: &mut RequestCtx) -> Result<(), GatewayError> {
     schema::sanitize_body(&mut body)?;
     let applied_effort = effort::apply(&mut body, &model.chat, json_format)?;
 
-    let pool = cx.pool.clone().ok_or_else(|| GatewayError::internal("no pool resolved"))?;
+    let pool = cx.pool().cloned().ok_or_else(|| GatewayError::internal("no pool resolved"))?;
     let mut out = Map::with_capacity(body.len() + 2);
     out.insert("model".into(), Value::String(pool.to_upstream().to_string()));
     for field in FORWARDED {

@@ -60,7 +60,7 @@ pub fn output_status(finish_reason: &str) -> Value {
 
 /// Replace the replica's model name with the catalog id the client used.
 pub fn rename_model(obj: &mut Map<String, Value>, cx: &RequestCtx) -> bool {
-    let Some(pool) = cx.pool.as_ref() else { return false };
+    let Some(pool) = cx.pool() else { return false };
     let Some(m) = obj.get_mut("model") else { return false };
     match m.as_str().and_then(|name| pool.from_upstream(name)) {
         Some(id) => {
@@ -139,7 +139,7 @@ pub(super) fn rewrite_value(raw: &[u8], cx: &mut RequestCtx) -> Result<Vec<u8>, 
     }
     let no_answer = choices_seen > 0 && !answered_any;
     let provider = obj.remove("usage");
-    let figures = match (provider.as_ref(), cx.model.as_ref()) {
+    let figures = match (provider.as_ref(), cx.model()) {
         (Some(u), Some(m)) => usage::from_provider(u, m),
         _ => None,
     };

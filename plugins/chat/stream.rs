@@ -135,7 +135,7 @@ pub(super) fn on_frame_value(frame: &[u8], data: &[u8], cx: &mut RequestCtx, out
     }
     let provider_usage = obj.remove("usage").filter(|u| !u.is_null());
     if let Some(u) = provider_usage {
-        let figures = cx.model.as_ref().and_then(|m| usage::from_provider(&u, m));
+        let figures = cx.model().and_then(|m| usage::from_provider(&u, m));
         let no_answer = !cx.response.answered.is_empty() && cx.response.answered.iter().all(|a| !a);
         if let Some(f) = figures {
             cx.usage = Some(f);

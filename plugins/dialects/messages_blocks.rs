@@ -51,7 +51,7 @@ enum Part {
 }
 
 /// State carried across turns.
-struct Cx<'c> {
+struct BlockCheck<'c> {
     caps: &'c ModelCaps,
     images: ImageCount,
     /// `tool_use` ids seen so far: a `tool_result` must answer one of them.
@@ -129,13 +129,13 @@ pub fn translate(messages: Option<&Value>, caps: &ModelCaps) -> Result<Vec<Value
             "`messages` needs at least one user or assistant message.",
         ));
     }
-    let mut cx = Cx { caps, images: ImageCount::default(), tool_use_ids: HashSet::new() };
+    let mut check = BlockCheck { caps, images: ImageCount::default(), tool_use_ids: HashSet::new() };
     let mut out = Vec::with_capacity(turns.len() + 2);
     for turn in turns {
         match turn.role {
             Role::System => out.push(system_turn(&turn)?),
-            Role::User => user_turn(&mut cx, &turn, &mut out)?,
-            Role::Assistant => out.push(assistant_turn(&mut cx, &turn)?),
+            Role::User => user_turn(&mut check, &turn, &mut out)?,
+            Role::Assistant => out.push(assistant_turn(&mut check, &turn)?),
         }
     }
     Ok(out)
@@ -207,7 +207,7 @@ fn system_turn(turn: &Turn<'_>) -> Result<Value, GatewayError> {
     Ok(json!({ "role": "system", "content": texts.join(JOIN) }))
 }
 
-fn user_turn(cx: &mut Cx<'_>, turn: &Turn<'_>, out: &mut Vec<Value>) -> Result<(), GatewayError> {
+fn user_turn(check: &mut BlockCheck<'_>, turn: &Turn<'_>, out: &mut Vec<Value>) -> Result<(), GatewayError> {
     let mut parts = Vec::new();
     let mut carried = Vec::new();
     let mut tool_messages = 0;
@@ -218,9 +218,9 @@ fn user_turn(cx: &mut Cx<'_>, turn: &Turn<'_>, out: &mut Vec<Value>) -> Result<(
         };
         match b.kind() {
             "text" => parts.push(Part::Text(text_of(o, &b.param)?)),
-            "image" => parts.push(Part::Image(cx.image(o, &b.param)?)),
+            "image" => parts.push(Part::Image(check.image(o, &b.param)?)),
             "tool_result" => {
-                out.push(cx.tool_result(o, &b.param, &mut carried)?);
+                out.push(check.tool_result(o, &b.param, &mut carried)?);
                 tool_messages += 1;
             }
             "tool_use" | "thinking" | "redacted_thinking" => {
@@ -237,7 +237,7 @@ fn user_turn(cx: &mut Cx<'_>, turn: &Turn<'_>, out: &mut Vec<Value>) -> Result<(
     Ok(())
 }
 
-fn assistant_turn(cx: &mut Cx<'_>, turn: &Turn<'_>) -> Result<Value, GatewayError> {
+fn assistant_turn(check: &mut BlockCheck<'_>, turn: &Turn<'_>) -> Result<Value, GatewayError> {
     let mut texts = Vec::new();
     let mut calls = Vec::new();
     for b in &turn.blocks {
@@ -247,7 +247,7 @@ fn assistant_turn(cx: &mut Cx<'_>, turn: &Turn<'_>) -> Result<Value, GatewayErro
         };
         match b.kind() {
             "text" => texts.push(text_of(o, &b.param)?),
-            "tool_use" => calls.push(cx.tool_use(o, &b.param)?),
+            "tool_use" => calls.push(check.tool_use(o, &b.param)?),
             // Prior reasoning is accepted with any signature and never reaches the model.
             "thinking" | "redacted_thinking" => {}
             "image" | "tool_result" => return Err(wrong_place(b, "this block is only accepted in user messages")),
@@ -262,7 +262,7 @@ fn assistant_turn(cx: &mut Cx<'_>, turn: &Turn<'_>) -> Result<Value, GatewayErro
     Ok(msg)
 }
 
-impl Cx<'_> {
+impl BlockCheck<'_> {
     fn image(&mut self, o: &Map<String, Value>, param: &str) -> Result<Value, GatewayError> {
         if !self.caps.image_input {
             return Err(GatewayError::new(

@@ -65,7 +65,7 @@ impl Dialects {
         if !t.warnings.is_empty() {
             cx.response_headers.push(("x-service-hint-warnings", t.warnings.join(", ")));
         }
-        let model_id = cx.model.as_ref().map(|m| m.id.clone()).unwrap_or_default();
+        let model_id = cx.model().map(|m| m.id.clone()).unwrap_or_default();
         cx.ext.insert(DialectState {
             model_id,
             stream: t.stream,
@@ -89,7 +89,7 @@ impl Plugin for Dialects {
     }
 
     async fn on_request(&self, s: &mut Session, cx: &mut RequestCtx) -> Result<Flow, GatewayError> {
-        let (Some(route), Some(model)) = (cx.route, cx.model.clone()) else { return Ok(Flow::Continue) };
+        let (Some(route), Some(model)) = (cx.route, cx.model().cloned()) else { return Ok(Flow::Continue) };
         let body = cx.body.clone().unwrap_or(Value::Null);
         match route {
             Route::Messages => {

@@ -119,7 +119,8 @@ impl Limits {
     }
 
     async fn admit(&self, cx: &mut RequestCtx) -> Result<(), GatewayError> {
-        let (Some(p), Some(model), Some(pool)) = (cx.principal.as_ref(), cx.model.clone(), cx.pool.clone()) else {
+        let (Some(p), Some(model), Some(pool)) = (cx.principal.as_ref(), cx.model().cloned(), cx.pool().cloned())
+        else {
             return Ok(());
         };
         // Admission checks waiting on the store on this instance (the guard leaves on drop).
@@ -228,7 +229,7 @@ impl Plugin for Limits {
         if let Some(Admission(held)) = cx.ext.get_mut::<Admission>() {
             if let Some(held) = held.take() {
                 // Before the release: a reading taken after it no longer counts this request.
-                if let Some(model) = &cx.model {
+                if let Some(model) = cx.model() {
                     self.busy.ended(&model.id);
                 }
                 held.release().await;

@@ -134,7 +134,7 @@ impl ProxyHttp for Gateway {
     }
 
     async fn upstream_peer(&self, _s: &mut Session, cx: &mut RequestCtx) -> Result<Box<HttpPeer>> {
-        let (Some(slot), Some(pool)) = (cx.slot.as_ref(), cx.pool.as_ref()) else {
+        let Some((slot, pool)) = cx.placement.as_ref().and_then(|p| Some((p.slot.as_ref()?, &p.pool))) else {
             return Error::e_explain(ErrorType::InternalError, "no replica placed");
         };
         let mut peer = HttpPeer::new(slot.replica.addr, false, String::new());
@@ -160,13 +160,13 @@ impl ProxyHttp for Gateway {
         cx: &mut RequestCtx,
         mut e: Box<Error>,
     ) -> Box<Error> {
-        if let Some(slot) = cx.slot.take() {
-            cx.tried.push(slot.index);
-        }
-        if let Some(pool) = cx.pool.clone() {
-            if let Ok(next) = crate::placement::place(&pool, &cx.tried) {
+        if let Some(p) = cx.placement.as_mut() {
+            if let Some(slot) = p.slot.take() {
+                p.tried.push(slot.index);
+            }
+            if let Ok(next) = crate::placement::place(&p.pool, &p.tried) {
                 log::info!("{}: replica connect failed, trying another", cx.request_id);
-                cx.slot = Some(next);
+                p.slot = Some(next);
                 e.set_retry(true);
                 return e;
             }
@@ -207,14 +207,14 @@ impl ProxyHttp for Gateway {
         for h in ["accept-encoding", "authorization", "x-api-key", "expect", "cookie"] {
             req.remove_header(h);
         }
-        if let Some(slot) = &cx.slot {
+        if let Some(slot) = cx.placement.as_ref().and_then(|p| p.slot.as_ref()) {
             req.insert_header("host", slot.replica.authority.as_str())?;
         }
         if let Some(path) = cx.route.and_then(Route::upstream_path) {
             let uri = http::Uri::from_static(path);
             req.set_uri(uri);
         }
-        if let Some(auth) = cx.pool.as_ref().and_then(|p| p.authorization.as_deref()) {
+        if let Some(auth) = cx.pool().and_then(|p| p.authorization.as_deref()) {
             req.insert_header("authorization", auth)?;
         }
         Ok(())
@@ -367,7 +367,7 @@ impl ProxyHttp for Gateway {
         // the log hooks carries no meaning): a response that reported no usage is counted
         // from what was delivered.
         if cx.usage.is_none() {
-            if let Some(model) = &cx.model {
+            if let Some(model) = cx.model() {
                 cx.usage = crate::usage::from_delivered(model, cx.prompt_estimate, cx.response.delivered_tokens);
             }
         }
@@ -382,7 +382,7 @@ impl ProxyHttp for Gateway {
             s.req_header().uri.path(),
             status,
             cx.failure.as_ref().map(|f| f.kind.code()).unwrap_or("-"),
-            cx.model.as_ref().map(|m| m.id.as_str()).unwrap_or("-"),
+            cx.model().map(|m| m.id.as_str()).unwrap_or("-"),
             cx.started.elapsed().as_millis(),
             cx.usage,
             if cx.client_gone { " client_gone" } else { "" },

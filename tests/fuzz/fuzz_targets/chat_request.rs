@@ -16,8 +16,9 @@ fuzz_target!(|data: &[u8]| {
     let mut cx = RequestCtx::new(config.clone());
     cx.logged = true; // dropped by the fuzzer, not by a shutdown
     cx.route = Some(Route::ChatCompletions);
-    cx.model = config.catalog.get(model).cloned();
-    cx.pool = config.pools.get(model).cloned();
+    if let (Some(model), Some(pool)) = (config.catalog.get(model).cloned(), config.pools.get(model).cloned()) {
+        cx.placement = Some(tollgate::ctx::Placement::new(model, pool));
+    }
     cx.body = Some(body);
     if let Err(e) = tollgate_plugins::chat::rewrite_request(&mut cx) {
         common::assert_client_error(&e);
