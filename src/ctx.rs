@@ -25,7 +25,7 @@ pub struct ResponseState {
     pub upstream_status: Option<u16>,
     /// The replica answered 4xx: its body is collected and replaced by our 400.
     pub upstream_refused: bool,
-    /// The response is an event stream.
+    /// The replica answered an event stream (set by the core from its `Content-Type`).
     pub streaming: bool,
     /// Partial SSE frame carried between chunks.
     pub framer: SseFramer,

@@ -63,9 +63,7 @@ impl Plugin for ChatCompletions {
         }
         // The body is rewritten, so its length changes: pingora then sends it chunked.
         resp.remove_header("content-length");
-        let is_sse = resp.headers.get("content-type").is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
-        cx.response.streaming = is_sse;
-        if is_sse {
+        if cx.response.streaming {
             let _ = resp.insert_header("cache-control", "no-cache");
         }
         Ok(())

@@ -263,6 +263,10 @@ impl ProxyHttp for Gateway {
             resp.insert_header("content-type", "application/json")?;
             return Ok(());
         }
+        // The answer's form, read once by the core: it decides how failures are written
+        // (an error frame or a whole response) and which answers are held.
+        cx.response.streaming =
+            resp.headers.get("content-type").is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
         guarded("response header", cx, |cx| self.chain.on_response_header(resp, cx)).map_err(|e| {
             cx.failure = Some(e);
             Error::explain(ErrorType::InternalError, "response header phase failed")
