@@ -325,6 +325,12 @@ impl ProxyHttp for Gateway {
             if let Some(h) = &cx.output {
                 h.release(); // the body is good: what was held goes out before it
             }
+            // The replica has answered: its slot frees now, before the client has the end of
+            // the answer (not after settlement in the log phase), so a client's next request
+            // finds the capacity this one used.
+            if let Some(p) = cx.placement.as_mut() {
+                p.slot = None;
+            }
         }
         if let Some(h) = &cx.heartbeat {
             if eos || cx.failure.is_some() {
