@@ -47,7 +47,7 @@ async fn billed_request(l: &dyn LedgerStore, ws: &str) {
         request_id: rid,
         workspace_id: ws.into(),
         key_id: Some("k".into()),
-        cost_microcents: 3_000_000,
+        cost: tollgate::money::Microcents(3_000_000),
         now,
         month: "2026-11".into(),
     };

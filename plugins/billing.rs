@@ -13,9 +13,10 @@ use serde_json::json;
 use tollgate::clock::{Millis, iso, now_ms, utc_month_bounds};
 use tollgate::ctx::RequestCtx;
 use tollgate::error::{ErrorKind, GatewayError};
+use tollgate::money::{MICROCENTS_PER_CENT, Microcents};
 use tollgate::plugin::{Flow, Plugin};
 use tollgate::routes::Route;
-use tollgate::store::ledger::{HoldOutcome, LedgerStore, MICROCENTS_PER_CENT, Settlement};
+use tollgate::store::ledger::{HoldOutcome, LedgerStore, Settlement};
 
 pub const BILLING_PRIORITY: i16 = 100;
 /// Output ceiling used for the hold when neither the request nor the model gives one (C12).
@@ -85,10 +86,8 @@ impl Billing {
         let Some(pricing) = cx.model().and_then(|m| m.pricing_at(now_ms())) else { return 0 };
         let ceiling =
             cx.output_ceiling.or(cx.model().and_then(|m| m.max_output_tokens)).unwrap_or(DEFAULT_OUTPUT_CEILING);
-        let micro = tollgate::usage::cost_microcents(Some(&pricing), cx.prompt_estimate, 0, ceiling);
         // Whole cents, rounded up (the hold must cover the cost).
-        let micro = i64::try_from(micro).unwrap_or(i64::MAX);
-        micro / MICROCENTS_PER_CENT + i64::from(micro % MICROCENTS_PER_CENT != 0)
+        tollgate::usage::cost_microcents(Some(&pricing), cx.prompt_estimate, 0, ceiling).ceil_cents().0
     }
 }
 
@@ -176,9 +175,9 @@ impl Plugin for Billing {
     async fn on_log(&self, cx: &mut RequestCtx) {
         let Some(p) = cx.principal.as_ref() else { return };
         let held = cx.ext.get::<Hold>().copied();
-        let cost = cx.usage.map(|u| u.cost_microcents).unwrap_or(0);
+        let cost = cx.usage.map(|u| u.cost).unwrap_or_default();
         let now = now_ms();
-        let action = match (cx.usage.is_some() && cost > 0, held) {
+        let action = match (cx.usage.is_some() && cost > Microcents::ZERO, held) {
             // Something billable was delivered: settle (releases the hold in the same step).
             (true, _) => {
                 let (_, _, month) = utc_month_bounds(now);
@@ -186,7 +185,7 @@ impl Plugin for Billing {
                     request_id: cx.request_id.clone(),
                     workspace_id: p.workspace_id.clone(),
                     key_id: Some(p.key_id.clone()),
-                    cost_microcents: i64::try_from(cost).unwrap_or(i64::MAX),
+                    cost,
                     now,
                     month,
                 })

@@ -20,6 +20,7 @@ pub mod identity;
 pub mod identity_service;
 pub mod json_raw;
 pub mod limits;
+pub mod money;
 pub mod placement;
 pub mod plugin;
 pub mod proxy;

@@ -8,6 +8,7 @@
 use serde_json::Value;
 
 use crate::config::{ModelEntry, Pricing};
+use crate::money::Microcents;
 
 /// Where the counts came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,13 +27,13 @@ pub struct UsageFigures {
     pub total_tokens: u64,
     /// Input tokens billed at the cached rate (0 when the model has no active cached tier).
     pub cached_tokens: u64,
-    pub cost_microcents: u64,
+    pub cost: Microcents,
     pub basis: UsageBasis,
 }
 
 /// Cost in microcents, rounded half up to a whole microcent.
-pub fn cost_microcents(pricing: Option<&Pricing>, prompt: u64, cached: u64, completion: u64) -> u64 {
-    let Some(p) = pricing else { return 0 };
+pub fn cost_microcents(pricing: Option<&Pricing>, prompt: u64, cached: u64, completion: u64) -> Microcents {
+    let Some(p) = pricing else { return Microcents::ZERO };
     let cached = cached.min(prompt);
     let uncached = u128::from(prompt - cached);
     let cached_rate = u128::from(p.cached_input.unwrap_or(p.input));
@@ -40,7 +41,7 @@ pub fn cost_microcents(pricing: Option<&Pricing>, prompt: u64, cached: u64, comp
         + u128::from(cached) * cached_rate
         + u128::from(completion) * u128::from(p.output);
     let micro = (scaled + 500_000) / 1_000_000;
-    u64::try_from(micro).unwrap_or(u64::MAX)
+    Microcents(u64::try_from(micro).unwrap_or(u64::MAX))
 }
 
 /// Figures from a replica's `usage` object; `None` when it is not one.
@@ -67,13 +68,14 @@ pub fn figures(
     let cached = if cached_tier { reported_cached.min(prompt) } else { 0 };
     // Spec, Usage object rules: a response with no billable output settles at zero (its
     // prompt is not charged either).
-    let cost = if completion == 0 { 0 } else { cost_microcents(pricing.as_ref(), prompt, cached, completion) };
+    let cost =
+        if completion == 0 { Microcents::ZERO } else { cost_microcents(pricing.as_ref(), prompt, cached, completion) };
     UsageFigures {
         prompt_tokens: prompt,
         completion_tokens: completion,
         total_tokens: total,
         cached_tokens: cached,
-        cost_microcents: cost,
+        cost,
         basis,
     }
 }
@@ -96,7 +98,7 @@ pub fn from_delivered(model: &ModelEntry, prompt_estimate: u64, delivered_tokens
 
 /// `microcents` as dollars with exactly eight decimals, e.g. `0.00001234`.
 pub fn dollars(microcents: u64) -> String {
-    format!("{}.{:08}", microcents / 100_000_000, microcents % 100_000_000)
+    Microcents(microcents).dollars()
 }
 
 /// The chat-dialect Usage object as JSON text. `no_answer` adds
@@ -125,8 +127,8 @@ pub fn render_chat_usage(u: &UsageFigures, no_answer: bool) -> String {
         u.completion_tokens,
         u.total_tokens,
         u.cached_tokens,
-        dollars(u.cost_microcents),
-        u.cost_microcents,
+        u.cost.dollars(),
+        u.cost.0,
         u.cached_tokens,
         accounting
     )
@@ -146,19 +148,19 @@ mod tests {
         let p = pricing(10_000_000, 30_000_000, Some(5_000_000));
         // 1000 prompt (400 cached), 100 completion:
         // 600*10 + 400*5 + 100*30 = 6000 + 2000 + 3000 = 11000 microcents.
-        assert_eq!(cost_microcents(Some(&p), 1000, 400, 100), 11_000);
+        assert_eq!(cost_microcents(Some(&p), 1000, 400, 100), Microcents(11_000));
         // No cached tier: cached tokens billed at the input rate.
         let q = pricing(10_000_000, 30_000_000, None);
-        assert_eq!(cost_microcents(Some(&q), 1000, 400, 100), 13_000);
-        assert_eq!(cost_microcents(None, 1000, 0, 100), 0);
+        assert_eq!(cost_microcents(Some(&q), 1000, 400, 100), Microcents(13_000));
+        assert_eq!(cost_microcents(None, 1000, 0, 100), Microcents(0));
     }
 
     #[test]
     fn sub_microcent_costs_round_half_up() {
         let p = pricing(150_000, 0, None); // $0.0015 per Mtok = 0.15 microcents per token
-        assert_eq!(cost_microcents(Some(&p), 3, 0, 0), 0); // 0.45
-        assert_eq!(cost_microcents(Some(&p), 4, 0, 0), 1); // 0.6
-        assert_eq!(cost_microcents(Some(&p), 10, 0, 0), 2); // 1.5
+        assert_eq!(cost_microcents(Some(&p), 3, 0, 0), Microcents(0)); // 0.45
+        assert_eq!(cost_microcents(Some(&p), 4, 0, 0), Microcents(1)); // 0.6
+        assert_eq!(cost_microcents(Some(&p), 10, 0, 0), Microcents(2)); // 1.5
     }
 
     #[test]
@@ -175,7 +177,7 @@ mod tests {
             completion_tokens: 5,
             total_tokens: 15,
             cached_tokens: 4,
-            cost_microcents: 1_234,
+            cost: Microcents(1_234),
             basis: UsageBasis::ProviderReported,
         };
         let v: Value = serde_json::from_str(&render_chat_usage(&u, true)).unwrap_or_default();

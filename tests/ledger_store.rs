@@ -38,12 +38,12 @@ async fn workspace(s: &Stores) -> String {
     ws.id
 }
 
-fn settlement(ws: &str, rid: &str, cost: i64) -> Settlement {
+fn settlement(ws: &str, rid: &str, cost: u64) -> Settlement {
     Settlement {
         request_id: rid.into(),
         workspace_id: ws.into(),
         key_id: Some("key_a".into()),
-        cost_microcents: cost,
+        cost: tollgate::money::Microcents(cost),
         now: now_ms(),
         month: "2026-11".into(),
     }

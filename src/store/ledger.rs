@@ -6,8 +6,9 @@ use async_trait::async_trait;
 
 use super::StoreError;
 use crate::clock::Millis;
+use crate::money::Microcents;
 
-pub const MICROCENTS_PER_CENT: i64 = 1_000_000;
+pub use crate::money::MICROCENTS_PER_CENT;
 
 /// A workspace's money, as stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,7 +39,8 @@ pub struct Settlement {
     pub request_id: String,
     pub workspace_id: String,
     pub key_id: Option<String>,
-    pub cost_microcents: i64,
+    /// The cost the client saw (the usage object), debited with the carry rule.
+    pub cost: Microcents,
     pub now: Millis,
     /// UTC month of the settlement, `YYYY-MM` (the key spending limit's period).
     pub month: String,
@@ -153,12 +155,6 @@ pub fn expiring_credit(balance_cents: i64, live: &[LiveTopUp], now: Millis) -> (
     (expired, swept)
 }
 
-/// Whole cents to debit for `cost` given the carried remainder: (debit, new carry).
-pub fn debit_with_carry(carry_microcents: i64, cost_microcents: i64) -> (i64, i64) {
-    let total = carry_microcents + cost_microcents.max(0);
-    (total / MICROCENTS_PER_CENT, total % MICROCENTS_PER_CENT)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -178,19 +174,5 @@ mod tests {
         assert_eq!(expiring_credit(1_300, &live, year + 1_000), (1_200, vec![3, 2]));
         // A negative balance has nothing to expire.
         assert_eq!(expiring_credit(-50, &live, year), (0, vec![2]));
-    }
-
-    #[test]
-    fn sub_cent_costs_carry_until_a_cent_is_due() {
-        let mut carry = 0;
-        let mut debited = 0;
-        for _ in 0..10 {
-            let (d, c) = debit_with_carry(carry, 250_000); // a quarter cent each
-            debited += d;
-            carry = c;
-        }
-        assert_eq!(debited, 2);
-        assert_eq!(carry, 500_000);
-        assert_eq!(debited * MICROCENTS_PER_CENT + carry, 10 * 250_000, "nothing lost, nothing invented");
     }
 }

@@ -131,8 +131,7 @@ impl LedgerStore for PostgresStore {
     }
 
     async fn settle(&self, s: &Settlement) -> Result<SettleOutcome, StoreError> {
-        let mut s = s.clone();
-        s.cost_microcents = s.cost_microcents.max(0);
+        let s = s.clone();
         self.with_client(move |c| async move {
             // One statement, one round trip: lock the workspace row, release the hold, debit
             // whole cents with the carry, write both entries and the key's month spend. A
@@ -164,8 +163,10 @@ impl LedgerStore for PostgresStore {
                      SELECT (SELECT debit FROM d), (SELECT balance_cents FROM w), EXISTS (SELECT 1 FROM c)",
                 )
                 .await?;
+            // The debit rule of `money::debit_with_carry`, as integer SQL on the locked row.
+            let cost = s.cost.as_i64();
             let params: [&(dyn tokio_postgres::types::ToSql + Sync); 6] =
-                [&s.request_id, &s.workspace_id, &s.cost_microcents, &s.key_id, &s.month, &s.now];
+                [&s.request_id, &s.workspace_id, &cost, &s.key_id, &s.month, &s.now];
             let row = match c.query_one(&st, &params).await {
                 Ok(row) => row,
                 Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION) => {

@@ -6,11 +6,11 @@ use rusqlite::{OptionalExtension, TransactionBehavior, params};
 
 use super::StoreError;
 use super::ledger::{
-    Balance, HoldOutcome, LedgerEntry, LedgerStore, LiveTopUp, SettleOutcome, Settlement, debit_with_carry,
-    expiring_credit,
+    Balance, HoldOutcome, LedgerEntry, LedgerStore, LiveTopUp, SettleOutcome, Settlement, expiring_credit,
 };
 use super::sqlite::SqliteStore;
 use crate::clock::Millis;
+use crate::money::{Microcents, debit_with_carry};
 
 #[async_trait]
 impl LedgerStore for SqliteStore {
@@ -121,15 +121,16 @@ impl LedgerStore for SqliteStore {
             release_open_hold(&tx, &s.request_id, "settled", s.now)?;
             let carry: i64 =
                 tx.prepare_cached("SELECT carry_microcents FROM workspaces WHERE id = ?1")?.query_row([&s.workspace_id], |r| r.get(0))?;
-            let (debit, carry) = debit_with_carry(carry, s.cost_microcents);
+            let (debit, carry) = debit_with_carry(Microcents::from_stored(carry), s.cost);
+            let (debit, carry, cost) = (debit.0, carry.as_i64(), s.cost.as_i64());
             tx.prepare_cached("UPDATE workspaces SET balance_cents = balance_cents - ?2, carry_microcents = ?3 WHERE id = ?1")?.execute(params![s.workspace_id, debit, carry],
             )?;
             tx.prepare_cached("INSERT INTO ledger_entries (workspace_id, kind, amount_cents, request_id, key_id, cost_microcents, created_at) \
-                 VALUES (?1, 'settlement', ?2, ?3, ?4, ?5, ?6)")?.execute(params![s.workspace_id, -debit, s.request_id, s.key_id, s.cost_microcents, s.now],
+                 VALUES (?1, 'settlement', ?2, ?3, ?4, ?5, ?6)")?.execute(params![s.workspace_id, -debit, s.request_id, s.key_id, cost, s.now],
             )?;
             if let Some(key) = &s.key_id {
                 tx.prepare_cached("INSERT INTO key_month_spend (key_id, month, spent_microcents) VALUES (?1, ?2, ?3) \
-                     ON CONFLICT (key_id, month) DO UPDATE SET spent_microcents = spent_microcents + excluded.spent_microcents")?.execute(params![key, s.month, s.cost_microcents],
+                     ON CONFLICT (key_id, month) DO UPDATE SET spent_microcents = spent_microcents + excluded.spent_microcents")?.execute(params![key, s.month, cost],
                 )?;
             }
             let balance: i64 =

@@ -346,7 +346,7 @@ fn the_chat_plugins_own_frames_translate() {
         completion_tokens: 9,
         total_tokens: 59,
         cached_tokens: 30,
-        cost_microcents: 4_321,
+        cost: tollgate::money::Microcents(4_321),
         basis: UsageBasis::ProviderReported,
     };
     let usage =
