@@ -82,7 +82,7 @@ fn stream_ctx(config: &Arc<Config>, include_usage: bool) -> RequestCtx {
     }
     assert!(cx.placement.is_some(), "{MODEL_ID} not configured");
     cx.stream = true;
-    cx.include_usage = include_usage;
+    cx.ext.insert(tollgate_plugins::shared::ChatRequest { include_usage, output_ceiling: None });
     cx.response.streaming = true;
     cx.response.upstream_status = Some(200);
     // Dropped by the bench, not by a shutdown: keep Drop quiet.

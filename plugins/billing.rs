@@ -84,8 +84,10 @@ impl Billing {
     /// The hold of clarification 12, in whole cents (rounded up).
     fn hold_cents(cx: &RequestCtx) -> i64 {
         let Some(pricing) = cx.model().and_then(|m| m.pricing_at(now_ms())) else { return 0 };
-        let ceiling =
-            cx.output_ceiling.or(cx.model().and_then(|m| m.max_output_tokens)).unwrap_or(DEFAULT_OUTPUT_CEILING);
+        let ceiling = crate::shared::ChatRequest::of(cx)
+            .output_ceiling
+            .or(cx.model().and_then(|m| m.max_output_tokens))
+            .unwrap_or(DEFAULT_OUTPUT_CEILING);
         // Whole cents, rounded up (the hold must cover the cost).
         tollgate::usage::cost_microcents(Some(&pricing), cx.prompt_estimate, 0, ceiling).ceil_cents().0
     }

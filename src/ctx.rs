@@ -80,16 +80,10 @@ pub struct RequestCtx {
     pub upstream_body: Option<Bytes>,
     /// Where the request goes, once its `model` is resolved (inference routes).
     pub placement: Option<Placement>,
-    /// A dialect plugin translated this request onto the chat serving path.
-    pub on_chat_path: bool,
     /// The client asked for `stream: true`.
     pub stream: bool,
-    /// The client asked for `stream_options.include_usage: true`.
-    pub include_usage: bool,
     /// Prompt tokens as estimated before generation (used when no usage report arrives).
     pub prompt_estimate: u64,
-    /// Output tokens the request may generate (`max_tokens` after clamping), when given.
-    pub output_ceiling: Option<u64>,
     /// Plugin state by type (a plugin's own struct; the core never looks inside).
     pub ext: Extensions,
     /// Headers added to the client response (e.g. `X-Service-Output-Clamped`).
@@ -175,11 +169,8 @@ impl RequestCtx {
             body: None,
             upstream_body: None,
             placement: None,
-            on_chat_path: false,
             stream: false,
-            include_usage: false,
             prompt_estimate: 0,
-            output_ceiling: None,
             ext: Extensions::default(),
             response_headers: Vec::new(),
             failure: None,

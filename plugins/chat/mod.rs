@@ -37,7 +37,7 @@ pub const CHAT_PRIORITY: i16 = 200;
 
 /// The chat serving path: chat completions, and the dialects a plugin translated onto it.
 fn is_chat(cx: &RequestCtx) -> bool {
-    cx.route == Some(Route::ChatCompletions) || cx.on_chat_path
+    cx.route == Some(Route::ChatCompletions) || cx.ext.get::<crate::shared::OnChatPath>().is_some()
 }
 
 #[async_trait]

@@ -116,7 +116,7 @@ fn bodies_match_the_value_path() {
 
 fn run(frames: &[String], fast: bool) -> (Vec<Value>, String) {
     let mut cx = ctx();
-    cx.include_usage = true;
+    cx.ext.insert(crate::shared::ChatRequest { include_usage: true, output_ceiling: None });
     let mut outs = Vec::new();
     for f in frames {
         let frame = Bytes::from(f.clone());

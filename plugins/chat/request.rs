@@ -64,7 +64,8 @@ fn positive_int(body: &Map<String, Value>, field: &str) -> Result<Option<u64>, G
     }
 }
 
-/// Validate the chat request and set `cx.upstream_body`, `cx.stream`, `cx.include_usage`.
+/// Validate the chat request and set `cx.upstream_body`, `cx.stream` and the `ChatRequest`
+/// facts the later phases read.
 pub fn rewrite(cx: &mut RequestCtx) -> Result<(), GatewayError> {
     let Some(Value::Object(body)) = cx.body.take() else {
         return Err(GatewayError::internal("chat body missing"));
@@ -148,11 +149,11 @@ pub fn rewrite(cx: &mut RequestCtx) -> Result<(), GatewayError> {
     // The same counter as the context check (tokenizer or bytes/4 rule; decisions.md 63).
     cx.prompt_estimate = prompt_tokens;
     cx.stream = stream;
-    cx.include_usage = include_usage;
-    cx.output_ceiling = match clamped {
+    let output_ceiling = match clamped {
         Some(c) => Some(max_completion_tokens.or(max_tokens).map_or(c, |v| v.min(c))),
         None => max_completion_tokens.or(max_tokens),
     };
+    cx.ext.insert(crate::shared::ChatRequest { include_usage, output_ceiling });
     cx.upstream_body = Some(Bytes::from(bytes));
     Ok(())
 }

@@ -139,7 +139,7 @@ pub(super) fn on_frame_value(frame: &[u8], data: &[u8], cx: &mut RequestCtx, out
         let no_answer = !cx.response.answered.is_empty() && cx.response.answered.iter().all(|a| !a);
         if let Some(f) = figures {
             cx.usage = Some(f);
-            if cx.include_usage || (no_answer && choices_empty) {
+            if crate::shared::ChatRequest::of(cx).include_usage || (no_answer && choices_empty) {
                 match with_usage(obj, &usage::render_chat_usage(&f, no_answer)) {
                     Ok(bytes) => {
                         out.extend_from_slice(b"data: ");

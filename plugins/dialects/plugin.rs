@@ -74,7 +74,7 @@ impl Dialects {
             translator,
         });
         cx.body = Some(t.body);
-        cx.on_chat_path = true;
+        cx.ext.insert(crate::shared::OnChatPath);
     }
 }
 

@@ -145,7 +145,8 @@ impl Limits {
         let shared_scope = if f.shared_declared { Scope::SharedModel } else { Scope::Capacity };
         gates.push(gate(shared_scope, shared_key, f.shared_concurrency));
         let (scopes, gates): (Vec<Scope>, Vec<ConcurrencyGate>) = gates.into_iter().unzip();
-        let tokens = cx.prompt_estimate.saturating_add(cx.output_ceiling.unwrap_or(0));
+        let ceiling = crate::shared::ChatRequest::of(cx).output_ceiling;
+        let tokens = cx.prompt_estimate.saturating_add(ceiling.unwrap_or(0));
         let shared_index = gates.len() - 1;
         let check = Check {
             now_ms: now,

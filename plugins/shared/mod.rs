@@ -4,3 +4,23 @@
 pub mod effort;
 pub mod images;
 pub mod prompt_tokens;
+
+/// What the chat serving path decided about a request, for the phases after it: the chat
+/// response phases read `include_usage`; admission (limits) and the hold (billing) read the
+/// output ceiling. Kept in `cx.ext` (the core never reads it); absent off the chat path.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ChatRequest {
+    /// The client asked for `stream_options.include_usage: true`.
+    pub include_usage: bool,
+    /// Output tokens the request may generate (`max_tokens` after clamping), when given.
+    pub output_ceiling: Option<u64>,
+}
+
+impl ChatRequest {
+    pub fn of(cx: &tollgate::ctx::RequestCtx) -> ChatRequest {
+        cx.ext.get::<ChatRequest>().copied().unwrap_or_default()
+    }
+}
+
+/// Marker in `cx.ext`: a dialect plugin translated this request onto the chat serving path.
+pub struct OnChatPath;
