@@ -166,17 +166,22 @@ async fn keepalive_connection_serves_many_rewritten_requests() {
     assert_eq!(mock.stats().await["requests"], 20);
 }
 
+/// Two chat requests in one write, the second with `extra` header lines.
+fn two_pipelined(key: &str, extra: &str) -> Vec<u8> {
+    let (a, b) = (chat_json(5), chat_json(6));
+    let mut wire = post_head(key, a.len(), "");
+    wire.extend_from_slice(&a);
+    wire.extend_from_slice(&post_head(key, b.len(), extra));
+    wire.extend_from_slice(&b);
+    wire
+}
+
 #[tokio::test]
 async fn a_pipelining_client_gets_every_answer() {
     let mock = Mock::start();
     let gw = Gateway::start(&mock);
     let mut c = Conn::open(gw.port);
-    let a = chat_json(5);
-    let b = chat_json(6);
-    let mut wire = post_head(&gw.key, a.len(), "");
-    wire.extend_from_slice(&a);
-    wire.extend_from_slice(&post_head(&gw.key, b.len(), ""));
-    wire.extend_from_slice(&b);
+    let mut wire = two_pipelined(&gw.key, "");
     wire.extend_from_slice(
         format!("GET /v1/models HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {}\r\n\r\n", gw.key).as_bytes(),
     );
@@ -339,13 +344,7 @@ async fn a_pipelined_request_asking_to_close_is_answered_then_the_connection_clo
     let mock = Mock::start();
     let gw = Gateway::start(&mock);
     let mut c = Conn::open(gw.port);
-    let a = chat_json(5);
-    let b = chat_json(6);
-    let mut wire = post_head(&gw.key, a.len(), "");
-    wire.extend_from_slice(&a);
-    wire.extend_from_slice(&post_head(&gw.key, b.len(), "Connection: close\r\n"));
-    wire.extend_from_slice(&b);
-    c.send(&wire);
+    c.send(&two_pipelined(&gw.key, "Connection: close\r\n"));
     let first = c.read();
     assert_eq!(first.status, 200);
     assert_eq!(first.header("connection"), Some("keep-alive"));
