@@ -76,8 +76,6 @@ pub struct RequestCtx {
     pub body_read: bool,
     /// The parsed request body (inference routes).
     pub body: Option<Value>,
-    /// The body to send to the replica; `None` means the body as received.
-    pub upstream_body: Option<Bytes>,
     /// Where the request goes, once its `model` is resolved (inference routes).
     pub placement: Option<Placement>,
     /// The client asked for `stream: true`.
@@ -167,7 +165,6 @@ impl RequestCtx {
             client_request_id: None,
             body_read: false,
             body: None,
-            upstream_body: None,
             placement: None,
             stream: false,
             prompt_estimate: 0,

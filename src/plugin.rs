@@ -17,10 +17,14 @@ use crate::ctx::RequestCtx;
 use crate::error::GatewayError;
 
 /// What a request phase decided.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Flow {
     /// Go on to the next plugin and then upstream.
     Continue,
+    /// Go on, and send the replica this body: the request as the dialect's serving path
+    /// rewrote it (the request phase's result; the last one given wins). Meaningless from
+    /// the headers phase, where no body has been read.
+    Forward(Bytes),
     /// A response was already written (for example a replay); stop here.
     Handled,
 }
@@ -38,8 +42,9 @@ pub trait Plugin: Send + Sync {
         Ok(Flow::Continue)
     }
 
-    /// After the body is read and the model resolved, before placement. A dialect plugin
-    /// validates here and sets `cx.upstream_body`.
+    /// After the body is read and the model resolved, before placement. The serving path of
+    /// the request's dialect validates here and returns `Flow::Forward` with the body for the
+    /// replica.
     async fn on_request(&self, _session: &mut Session, _cx: &mut RequestCtx) -> Result<Flow, GatewayError> {
         Ok(Flow::Continue)
     }
@@ -93,13 +98,18 @@ impl Chain {
         Ok(Flow::Continue)
     }
 
+    /// `Handled` as soon as a plugin answered; else `Forward` with the last body a plugin gave
+    /// (`Continue` when none did).
     pub async fn on_request(&self, s: &mut Session, cx: &mut RequestCtx) -> Result<Flow, GatewayError> {
+        let mut forward = None;
         for p in &self.plugins {
-            if p.on_request(s, cx).await? == Flow::Handled {
-                return Ok(Flow::Handled);
+            match p.on_request(s, cx).await? {
+                Flow::Handled => return Ok(Flow::Handled),
+                Flow::Forward(body) => forward = Some(body),
+                Flow::Continue => {}
             }
         }
-        Ok(Flow::Continue)
+        Ok(forward.map_or(Flow::Continue, Flow::Forward))
     }
 
     /// Response phases run in the reverse order (an onion): the plugin nearest the replica

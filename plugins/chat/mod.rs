@@ -52,7 +52,7 @@ impl Plugin for ChatCompletions {
 
     async fn on_request(&self, _s: &mut Session, cx: &mut RequestCtx) -> Result<Flow, GatewayError> {
         if is_chat(cx) {
-            request::rewrite(cx)?;
+            return request::rewrite(cx).map(Flow::Forward);
         }
         Ok(Flow::Continue)
     }

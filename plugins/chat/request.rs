@@ -64,9 +64,9 @@ fn positive_int(body: &Map<String, Value>, field: &str) -> Result<Option<u64>, G
     }
 }
 
-/// Validate the chat request and set `cx.upstream_body`, `cx.stream` and the `ChatRequest`
-/// facts the later phases read.
-pub fn rewrite(cx: &mut RequestCtx) -> Result<(), GatewayError> {
+/// Validate the chat request, set `cx.stream` and the `ChatRequest` facts the later phases
+/// read, and return the body for the replica.
+pub fn rewrite(cx: &mut RequestCtx) -> Result<Bytes, GatewayError> {
     let Some(Value::Object(body)) = cx.body.take() else {
         return Err(GatewayError::internal("chat body missing"));
     };
@@ -154,6 +154,5 @@ pub fn rewrite(cx: &mut RequestCtx) -> Result<(), GatewayError> {
         None => max_completion_tokens.or(max_tokens),
     };
     cx.ext.insert(crate::shared::ChatRequest { include_usage, output_ceiling });
-    cx.upstream_body = Some(Bytes::from(bytes));
-    Ok(())
+    Ok(Bytes::from(bytes))
 }

@@ -68,10 +68,12 @@ impl Gateway {
         let raw = read_json_body(s, cx).await?;
         request::resolve_model(cx, route)?;
         crate::faults::panic_point("request");
-        if self.chain.on_request(s, cx).await? == Flow::Handled {
-            return Ok(Flow::Handled);
-        }
-        if route.is_generation() && cx.upstream_body.is_none() {
+        let rewritten = match self.chain.on_request(s, cx).await? {
+            Flow::Handled => return Ok(Flow::Handled),
+            Flow::Forward(body) => Some(body),
+            Flow::Continue => None,
+        };
+        if route.is_generation() && rewritten.is_none() {
             // Generation routes must be translated by a dialect plugin (upstream model name,
             // usage always requested); none in the chain took this one.
             return Err(GatewayError::new(
@@ -80,7 +82,7 @@ impl Gateway {
             ));
         }
         request::place(cx)?;
-        let body = match cx.upstream_body.take() {
+        let body = match rewritten {
             Some(b) => b,
             None => request::forwarded_body(cx, raw)?,
         };
@@ -124,7 +126,7 @@ impl ProxyHttp for Gateway {
             Err(p) => Err(panicked("request", &*p, &cx.request_id)),
         };
         match outcome {
-            Ok(Flow::Continue) => Ok(false),
+            Ok(Flow::Continue | Flow::Forward(_)) => Ok(false),
             Ok(Flow::Handled) => Ok(true),
             Err(err) => {
                 responder::error(s, cx, &err).await?;
