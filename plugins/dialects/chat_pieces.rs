@@ -8,6 +8,28 @@ use serde_json::Value;
 
 use super::messages_response::reasoning_text;
 
+/// One whole chat SSE frame as both translators read it.
+pub enum ChatFrame {
+    /// `data: [DONE]`.
+    Done,
+    /// An error object in place of a chunk (the chat path's error frame).
+    Error(Value),
+    /// A `chat.completion.chunk` or the usage frame.
+    Chunk(Value),
+}
+
+/// Read a frame as `SseFramer` yields it; `None` for frames without data (comments) and data
+/// that is not JSON.
+pub fn read_frame(frame: &[u8]) -> Option<ChatFrame> {
+    let data = tollgate::sse::data_payload(frame)?;
+    let data = data.trim_ascii();
+    if data == b"[DONE]" {
+        return Some(ChatFrame::Done);
+    }
+    let v: Value = serde_json::from_slice(data).ok()?;
+    Some(if v.get("error").is_some() && v.get("choices").is_none() { ChatFrame::Error(v) } else { ChatFrame::Chunk(v) })
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub enum Piece<'a> {
     Reasoning(&'a str),

@@ -10,13 +10,12 @@
 use bytes::{Bytes, BytesMut};
 use serde_json::{Value, json};
 
-use super::chat_pieces::{Piece, pieces};
+use super::chat_pieces::{ChatFrame, Piece, pieces, read_frame};
 use super::messages_response::{message_id, paid_extra_of, stop_reason, tool_use_id, usage};
 use super::render::sse_event;
 use super::signature::sign_thinking;
 use tollgate::envelope;
 use tollgate::error::GatewayError;
-use tollgate::sse::data_payload;
 
 /// The heartbeat sent every 15 seconds while the model is silent.
 pub fn ping() -> Bytes {
@@ -81,16 +80,11 @@ impl MessagesStream {
     /// One whole chat SSE frame (as `SseFramer` yields it): `[DONE]`, an error frame or a
     /// chunk. Frames without data (comments) and data that is not JSON give nothing.
     pub fn on_sse_frame(&mut self, frame: &[u8], out: &mut BytesMut) {
-        let Some(data) = data_payload(frame) else { return };
-        let data = data.trim_ascii();
-        if data == b"[DONE]" {
-            self.on_done(out);
-            return;
-        }
-        match serde_json::from_slice::<Value>(data) {
-            Ok(v) if v.get("error").is_some() && v.get("choices").is_none() => self.on_error(&v, out),
-            Ok(v) => self.on_chat_frame(&v, out),
-            Err(_) => {}
+        match read_frame(frame) {
+            Some(ChatFrame::Done) => self.on_done(out),
+            Some(ChatFrame::Error(v)) => self.on_error(&v, out),
+            Some(ChatFrame::Chunk(v)) => self.on_chat_frame(&v, out),
+            None => {}
         }
     }
 

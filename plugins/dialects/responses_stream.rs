@@ -10,7 +10,7 @@
 use bytes::BytesMut;
 use serde_json::{Value, json};
 
-use super::chat_pieces::{Piece, pieces};
+use super::chat_pieces::{ChatFrame, Piece, pieces, read_frame};
 use super::render::sse_event;
 use super::responses::{
     function_call_item, id_suffix, message_item, reasoning_item, responses_usage, skeleton, status_of,
@@ -70,16 +70,11 @@ impl ResponsesStream {
 
     /// One whole chat SSE frame: `[DONE]`, an error frame or a chunk.
     pub fn on_sse_frame(&mut self, frame: &[u8], out: &mut BytesMut) {
-        let Some(data) = tollgate::sse::data_payload(frame) else { return };
-        let data = data.trim_ascii();
-        if data == b"[DONE]" {
-            self.on_done(out);
-            return;
-        }
-        match serde_json::from_slice::<Value>(data) {
-            Ok(v) if v.get("error").is_some() && v.get("choices").is_none() => self.on_error(&v, out),
-            Ok(v) => self.on_chat_frame(&v, out),
-            Err(_) => {}
+        match read_frame(frame) {
+            Some(ChatFrame::Done) => self.on_done(out),
+            Some(ChatFrame::Error(v)) => self.on_error(&v, out),
+            Some(ChatFrame::Chunk(v)) => self.on_chat_frame(&v, out),
+            None => {}
         }
     }
 
