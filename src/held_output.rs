@@ -93,6 +93,11 @@ impl OutputHold {
     pub fn is_holding(&self) -> bool {
         self.lock().mode == Mode::Hold
     }
+
+    /// The answer was replaced by an error response (the connection is then closed).
+    pub fn is_replaced(&self) -> bool {
+        self.lock().mode == Mode::Replaced
+    }
 }
 
 #[cfg(test)]

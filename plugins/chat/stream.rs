@@ -88,11 +88,12 @@ fn is_chunk(obj: &serde_json::Map<String, Value>) -> bool {
 
 /// One frame through a `Value` (frames `raw::stream_frame` does not take).
 pub(super) fn on_frame_value(frame: &[u8], data: &[u8], cx: &mut RequestCtx, out: &mut BytesMut) {
-    let mut parsed = serde_json::from_slice::<Value>(data).ok();
-    let Some(obj) = parsed.as_mut().and_then(Value::as_object_mut) else {
+    let mut v = match serde_json::from_slice::<Value>(data) {
+        Ok(v @ Value::Object(_)) => v,
         // Clarification 11: a frame that is not a chat chunk is a malformed answer.
-        return fail_stream(cx, out, "The model server sent a malformed stream frame.");
+        _ => return fail_stream(cx, out, "The model server sent a malformed stream frame."),
     };
+    let Some(obj) = v.as_object_mut() else { return };
     if obj.contains_key("error") && !obj.contains_key("choices") {
         // The replica reported a failure inside the stream: end with our error frame.
         return fail_stream(cx, out, "The model server failed during generation.");
@@ -100,8 +101,6 @@ pub(super) fn on_frame_value(frame: &[u8], data: &[u8], cx: &mut RequestCtx, out
     if !is_chunk(obj) {
         return fail_stream(cx, out, "The model server sent a malformed stream frame.");
     }
-    let Some(v) = parsed.as_mut() else { return };
-    let Some(obj) = v.as_object_mut() else { return };
     let mut changed = rename_model(obj, cx);
     let mut choices_empty = true;
     if let Some(choices) = obj.get_mut("choices").and_then(Value::as_array_mut) {
@@ -154,11 +153,11 @@ pub(super) fn on_frame_value(frame: &[u8], data: &[u8], cx: &mut RequestCtx, out
         if choices_empty {
             return; // a usage-only frame the client did not ask for
         }
-        emit_json(v, out);
+        emit_json(&v, out);
         return;
     }
     if changed {
-        emit_json(v, out);
+        emit_json(&v, out);
     } else {
         out.extend_from_slice(frame);
     }

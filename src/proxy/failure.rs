@@ -13,7 +13,7 @@ use pingora::{Error, ErrorSource, ErrorType};
 use crate::ctx::RequestCtx;
 use crate::envelope;
 use crate::error::{ErrorKind, GatewayError};
-use crate::held_output::{Mode, OutputHold};
+use crate::held_output::OutputHold;
 use crate::responder;
 use crate::watchdog::{Fired, Watchdog};
 
@@ -52,11 +52,9 @@ pub(super) async fn answer(s: &mut Session, e: &Error, cx: &mut RequestCtx) -> F
     if let Some(h) = cx.heartbeat.take() {
         h.stop(); // before our own write of the error frame
     }
-    let held = cx.output.clone().filter(OutputHold::is_holding);
-    let code = if let Some(hold) = held {
-        // Nothing of the response reached the client: replace all of it.
-        let replaced = responder::error_wire(cx, &err).is_ok_and(|wire| hold.replace(wire));
-        if replaced { err.status() } else { 200 }
+    let code = if replace_held(cx, &err) {
+        // Nothing of the response had reached the client: all of it was replaced.
+        err.status()
     } else if header_sent(s) {
         // A stream that already ended (`[DONE]`, or an error frame) gets nothing more.
         if cx.response.streaming && !cx.response.saw_done {
@@ -69,8 +67,8 @@ pub(super) async fn answer(s: &mut Session, e: &Error, cx: &mut RequestCtx) -> F
                 log::debug!("{}: error frame not written: {we}", cx.request_id);
             }
         }
-        // A non-streamed body already started cannot change status: the connection
-        // is closed so the client sees an incomplete response (see docs/decisions.md).
+        // A body that was not held (routes forwarded as they are) and already started cannot
+        // change status: the connection is closed, so the client sees an incomplete response.
         200
     } else {
         let status = err.status();
@@ -88,16 +86,14 @@ pub(super) async fn answer(s: &mut Session, e: &Error, cx: &mut RequestCtx) -> F
 /// the status the client saw (for the access line).
 pub(super) async fn finish_output(s: &mut Session, cx: &mut RequestCtx) -> u16 {
     let mut status = s.response_written().map(|r| r.status.as_u16()).unwrap_or(0);
-    if let Some(h) = cx.output.clone().filter(OutputHold::is_holding) {
-        // A held answer whose body never came to an end (no phase released or replaced
-        // it): the client must not wait for it.
-        let err = GatewayError::new(ErrorKind::UpstreamFailed, "The model server's answer did not complete.");
-        if responder::error_wire(cx, &err).is_ok_and(|wire| h.replace(wire)) {
-            s.set_keepalive(None);
-        }
+    // A held answer whose body never came to an end (no phase released or replaced it): the
+    // client must not wait for it.
+    let err = GatewayError::new(ErrorKind::UpstreamFailed, "The model server's answer did not complete.");
+    if replace_held(cx, &err) {
+        s.set_keepalive(None);
     }
     if let Some(h) = &cx.output {
-        if h.lock().mode == Mode::Replaced {
+        if h.is_replaced() {
             status = cx.failure.as_ref().map_or(500, GatewayError::status);
             // Pingora drops a connection it will not reuse without closing it: send the
             // replacement response first.
@@ -106,6 +102,13 @@ pub(super) async fn finish_output(s: &mut Session, cx: &mut RequestCtx) -> u16 {
         h.finish();
     }
     status
+}
+
+/// While the answer is held, replace all of it with `err` as a whole response; `false` when
+/// nothing is held (bytes of the answer may already be on the wire).
+fn replace_held(cx: &mut RequestCtx, err: &GatewayError) -> bool {
+    let Some(hold) = cx.output.clone().filter(OutputHold::is_holding) else { return false };
+    responder::error_wire(cx, err).is_ok_and(|wire| hold.replace(wire))
 }
 
 /// A panic caught in a phase: logged once with its message, answered as `500 internal_error`

@@ -93,9 +93,7 @@ impl Gateway {
         cx.output = Some(hold);
         Ok(Flow::Continue)
     }
-}
 
-impl Gateway {
     /// Arm the dialect's heartbeat on a plain HTTP/1 client connection (the only kind the
     /// public listener serves): chunked when the client speaks HTTP/1.1, since the rewritten
     /// body has no length.
@@ -333,17 +331,15 @@ impl ProxyHttp for Gateway {
             if let Some(p) = cx.placement.as_mut() {
                 p.slot = None;
             }
+            if let Some(w) = &cx.watchdog {
+                w.disarm();
+            }
         }
         if let Some(h) = &cx.heartbeat {
             if eos || cx.failure.is_some() {
                 h.stop(); // the end, or an error frame already ended the stream
             } else if body.as_ref().is_some_and(|b| !b.is_empty()) {
                 h.pulse.delivering();
-            }
-        }
-        if eos {
-            if let Some(w) = &cx.watchdog {
-                w.disarm();
             }
         }
         Ok(None)
