@@ -3,10 +3,11 @@
 //!
 //!   request: `to_chat` (messages) and `responses_to_chat` on a parsed body of a small
 //!       conversation with a system prompt, a tool and a prior tool call;
-//!   response: `from_chat` (messages, with a thinking signature) and `chat_to_response` on a
-//!       normalised chat completion;
-//!   frame: one content delta through `MessagesStream` / `ResponsesStream` (the steady state of
-//!       a stream: one delta in, one event out), measured over a 64-frame stream and divided.
+//!   response: a whole answer's typed pieces (as the chat path reads them) to a Messages
+//!       response (with a thinking signature) and to a Responses object;
+//!   frame: one content delta's pieces through `MessagesStream` / `ResponsesStream` (the steady
+//!       state of a stream: one delta in, one event out), measured over a 64-frame stream and
+//!       divided. Reading the chat text is the chat path's cost (benches/body_rewrite.rs).
 //!
 //! Run from the package root (the catalog is `conf/models.yaml`, through conf/tollgate.yaml):
 //!   cargo bench --bench dialects -- --warm-up-time 1 --measurement-time 3
@@ -19,8 +20,9 @@ use bytes::BytesMut;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use serde_json::{Value, json};
 use tollgate_plugins::dialects::{
-    MessagesStream, Purpose, ResponsesStream, chat_to_response, from_chat, responses_to_chat, to_chat,
+    MessagesStream, Purpose, ResponsesStream, messages_from_answer, responses_from_answer, responses_to_chat, to_chat,
 };
+use tollgate_plugins::shared::answer::{AnswerTranslator, AnswerView, ChunkMeta, Form, Piece, pieces};
 
 const MODEL_ID: &str = "llama-3.1-8b-instruct";
 const KEY: &[u8] = b"bench signing key 0123456789abcdef";
@@ -92,31 +94,33 @@ fn bench(c: &mut Criterion) {
         b.iter(|| to_chat(black_box(&mb), &model, Purpose::Generate).unwrap())
     });
     g.bench_function("request/responses_to_chat", |b| b.iter(|| responses_to_chat(black_box(&rb), &model).unwrap()));
-    let chat = chat_completion();
-    g.bench_function("response/messages_from_chat", |b| b.iter(|| from_chat(black_box(&chat), MODEL_ID, KEY, None)));
-    g.bench_function("response/responses_from_chat", |b| b.iter(|| chat_to_response(black_box(&chat))));
+    let chat = serde_json::to_vec(&chat_completion()).unwrap();
+    let view = AnswerView::parse(&chat).unwrap();
+    let (meta, answer) = (view.meta(), pieces(&view, Form::Body));
+    g.bench_function("response/messages_from_answer", |b| {
+        b.iter(|| messages_from_answer(&meta, black_box(&answer), None, MODEL_ID, KEY))
+    });
+    g.bench_function("response/responses_from_answer", |b| {
+        b.iter(|| responses_from_answer(&meta, black_box(&answer), None, MODEL_ID))
+    });
     let frames = chat_stream();
+    // The chunks as the chat path hands them to a translator (`None`: the stream's end).
+    let views: Vec<Option<AnswerView<'_>>> = frames.iter().map(|f| AnswerView::parse(&f[6..f.len() - 2])).collect();
+    let chunks: Vec<Option<(ChunkMeta<'_>, Vec<Piece<'_>>)>> =
+        views.iter().map(|v| v.as_ref().map(|v| (v.meta(), pieces(v, Form::Chunk)))).collect();
+    let run = |t: &mut dyn AnswerTranslator| {
+        let mut out = BytesMut::with_capacity(16 * 1024);
+        for c in &chunks {
+            match c {
+                Some((meta, p)) => t.on_chunk(meta, p, &mut out),
+                None => t.on_done(&mut out),
+            }
+        }
+        out
+    };
     g.throughput(Throughput::Elements(FRAMES));
-    g.bench_function("stream_64_frames/messages", |b| {
-        b.iter(|| {
-            let mut s = MessagesStream::new(MODEL_ID, KEY);
-            let mut out = BytesMut::with_capacity(16 * 1024);
-            for f in &frames {
-                s.on_sse_frame(f, &mut out);
-            }
-            out
-        })
-    });
-    g.bench_function("stream_64_frames/responses", |b| {
-        b.iter(|| {
-            let mut s = ResponsesStream::new(MODEL_ID);
-            let mut out = BytesMut::with_capacity(16 * 1024);
-            for f in &frames {
-                s.on_sse_frame(f, &mut out);
-            }
-            out
-        })
-    });
+    g.bench_function("stream_64_frames/messages", |b| b.iter(|| run(&mut MessagesStream::new(MODEL_ID, KEY))));
+    g.bench_function("stream_64_frames/responses", |b| b.iter(|| run(&mut ResponsesStream::new(MODEL_ID))));
     g.finish();
 }
 

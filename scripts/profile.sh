@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Count the gateway's CPU cost per request on the plain proxy path, deterministically.
 #
-# Usage: scripts/profile.sh [--bin PATH] [--mock PATH] [--case json|sse] [--tool callgrind|strace]
+# Usage: scripts/profile.sh [--bin PATH] [--mock PATH] [--case json|sse|msgs] [--tool callgrind|strace]
 #                           [--requests N] [--base M] [--keep DIR]
 #
 #   --bin       gateway binary (default target/release/tollgate under $CARGO_TARGET_DIR or ./target)
 #   --mock      mock replica binary (default: tollgate-mock-replica next to --bin)
-#   --case      json: non-streamed, 16 tokens (default); sse: `"stream": true`, 64 tokens
+#   --case      json: non-streamed, 16 tokens (default); sse: `"stream": true`, 64 tokens;
+#               msgs: a messages-dialect stream of 64 tokens (`/v1/messages`, plugins
+#               `dialects` + `chat_completions`)
 #   --tool      callgrind (default): instructions per request; strace: syscalls per request
 #   --requests  requests in the measured run (default 2000)
 #   --base      requests in the baseline run subtracted from it (default 200): startup,
@@ -43,7 +45,7 @@ BIN=${BIN:-${CARGO_TARGET_DIR:-$ROOT/target}/release/tollgate}
 MOCK=${MOCK:-$(dirname "$BIN")/tollgate-mock-replica}
 [[ -x $BIN ]] || { echo "no gateway binary at $BIN" >&2; exit 1; }
 [[ -x $MOCK ]] || { echo "no mock replica at $MOCK" >&2; exit 1; }
-case $CASE in json | sse) ;; *) echo "--case json|sse" >&2; exit 2 ;; esac
+case $CASE in json | sse | msgs) ;; *) echo "--case json|sse|msgs" >&2; exit 2 ;; esac
 case $TOOL in callgrind | strace) ;; *) echo "--tool callgrind|strace" >&2; exit 2 ;; esac
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/tollgate-profile.XXXXXX")
@@ -80,7 +82,7 @@ models:
   - id: llama-3.1-8b-instruct
     display_name: Llama 3.1 8B Instruct
     created: 1721692800
-    supported_endpoints: [chat_completions]
+    supported_endpoints: [chat_completions, messages]
     max_output_tokens: 8192
     context_window: 131072
     pricing: { input: 0.10, output: 0.30 }
@@ -97,28 +99,39 @@ MESSAGES='[{"role":"system","content":"You are a helpful assistant."},{"role":"u
 if [[ $CASE == json ]]; then
     printf '{"model":"llama-3.1-8b-instruct","messages":%s,"max_tokens":512}' "$MESSAGES" >"$WORK/body.json"
     TOKENS=16
-else
+elif [[ $CASE == sse ]]; then
     printf '{"model":"llama-3.1-8b-instruct","messages":%s,"max_tokens":512,"stream":true,"stream_options":{"include_usage":true}}' \
         "$MESSAGES" >"$WORK/body.json"
     TOKENS=64
+else
+    printf '{"model":"llama-3.1-8b-instruct","system":"You are a helpful assistant.","messages":[{"role":"user","content":"Write one short sentence about gateways."}],"max_tokens":512,"stream":true}' \
+        >"$WORK/body.json"
+    TOKENS=64
+fi
+REQUEST_PATH=/v1/chat/completions
+PLUGINS="  - name: chat_completions"
+if [[ $CASE == msgs ]]; then
+    REQUEST_PATH=/v1/messages
+    PLUGINS=$'  - name: dialects\n  - name: chat_completions'
 fi
 
 # client PORT COUNT: COUNT identical POSTs on one keep-alive connection; fails on any non-200.
 client() {
-    python3 - "$1" "$2" "$WORK/body.json" "$TOKENS" "$CASE" <<'PY'
+    python3 - "$1" "$2" "$WORK/body.json" "$TOKENS" "$CASE" "$REQUEST_PATH" <<'PY'
 import http.client, sys
-port, count, body_file, tokens, case = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+port, count, body_file, tokens, case, path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6]
 body = open(body_file, "rb").read()
 conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
 for i in range(count):
-    conn.putrequest("POST", "/v1/chat/completions", skip_accept_encoding=True)
+    conn.putrequest("POST", path, skip_accept_encoding=True)
     conn.putheader("Content-Type", "application/json")
     conn.putheader("x-mock-tokens", tokens)
     conn.putheader("Content-Length", str(len(body)))
     conn.endheaders(body)
     r = conn.getresponse()
     data = r.read()
-    if r.status != 200 or (case == "sse" and b"data: [DONE]" not in data) or b'"cost"' not in data:
+    done = {"json": b'"cost"', "sse": b"data: [DONE]", "msgs": b"event: message_stop"}[case]
+    if r.status != 200 or done not in data or (case != "msgs" and b'"cost"' not in data):
         sys.exit(f"request {i}: HTTP {r.status}: {data[:300]!r}")
 conn.close()
 PY
@@ -139,7 +152,7 @@ shutdown:
   grace_period_seconds: 1
   graceful_shutdown_timeout_seconds: 1
 plugins:
-  - name: chat_completions
+$(printf '%b' "$PLUGINS")
 EOF
     if [[ $TOOL == callgrind ]]; then
         out=$OUTDIR/callgrind.$CASE.$count

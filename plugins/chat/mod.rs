@@ -1,18 +1,29 @@
-//! The chat-completions dialect: the request rewrite for the replica, and the response
-//! normalisation on the way back (reasoning on `reasoning`, `service.output_status`, the
-//! hosted Usage object with cost), streamed or not.
+//! The chat-completions dialect and the chat serving path: the request rewrite for the
+//! replica, and the one response pipeline on the way back. Every body or stream frame is read
+//! once into a borrowed view (`shared::answer`), accounted once (`account.rs`: delivered
+//! output, answered choices), priced from the replica's usage (`tollgate::usage`), then
+//! either edited in place for the chat dialect (`edits.rs`: reasoning on `reasoning`,
+//! `service.output_status`, the hosted Usage object with cost) or handed as typed pieces to
+//! the translator a dialect registered (`shared::answer::Translation`).
 
+mod account;
 mod capability;
 mod context;
+mod edits;
 mod effort;
 mod images;
 mod messages;
-mod raw;
-mod raw_frame;
 mod request;
 mod response;
 mod schema;
 mod stream;
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod pipeline_reference;
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod pipeline_tests;
 
 // The pure phases, public for the benches.
 pub use request::rewrite as rewrite_request;
@@ -37,7 +48,7 @@ pub const CHAT_PRIORITY: i16 = 200;
 
 /// The chat serving path: chat completions, and the dialects a plugin translated onto it.
 fn is_chat(cx: &RequestCtx) -> bool {
-    cx.route == Some(Route::ChatCompletions) || cx.ext.get::<crate::shared::OnChatPath>().is_some()
+    cx.route == Some(Route::ChatCompletions) || cx.ext.get::<crate::shared::answer::Translation>().is_some()
 }
 
 #[async_trait]

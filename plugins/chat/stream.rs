@@ -1,15 +1,16 @@
-//! Streamed chat responses, frame by frame as they arrive (never buffered beyond one
-//! partial frame): reasoning renamed, `service.output_status` on a no-answer terminal
-//! frame, the usage frame priced and forwarded only when asked for (or when no choice
-//! answered), `[DONE]` passed through; a stream that ends without `[DONE]` gets one error
-//! frame instead.
-
-use std::sync::atomic::Ordering;
+//! Streamed chat responses, frame by frame as they arrive (never buffered beyond one partial
+//! frame). Each frame is read once into the borrowed view and accounted; then the chat
+//! dialect gets it copied as it arrived or edited in place (reasoning renamed,
+//! `service.output_status` on a no-answer terminal frame, the usage frame priced and
+//! forwarded only when asked for, or when no choice answered), while a dialect's translator
+//! gets its typed pieces and usage. A stream that ends without `[DONE]` gets one error frame
+//! (or the translator's error event) instead.
 
 use bytes::{Bytes, BytesMut};
-use serde_json::Value;
 
-use super::response::{normalize, output_status, rename_model, with_usage};
+use super::account::{account, no_answer, priced};
+use super::edits::{Edits, one_line};
+use crate::shared::answer::{AnswerView, Form, PricedUsage, Translation, pieces};
 use tollgate::ctx::RequestCtx;
 use tollgate::envelope;
 use tollgate::error::{ErrorKind, GatewayError};
@@ -22,143 +23,112 @@ pub fn on_chunk(body: &mut Option<Bytes>, eos: bool, cx: &mut RequestCtx) {
     }
     let mut out = BytesMut::new();
     while let Some(frame) = cx.response.framer.next_frame() {
-        on_frame(frame, cx, &mut out);
+        on_frame(&frame, cx, &mut out);
     }
     if eos {
         if cx.response.framer.has_partial() {
             // A last frame without its blank line: complete it.
             let mut rest = BytesMut::from(&cx.response.framer.take_rest()[..]);
             rest.extend_from_slice(b"\n\n");
-            on_frame(rest.freeze(), cx, &mut out);
+            on_frame(&rest, cx, &mut out);
         }
         if !cx.response.saw_done && cx.failure.is_none() {
-            let err = GatewayError::new(
+            end_with(
+                cx,
+                &mut out,
                 ErrorKind::UpstreamStreamError,
                 "The model server ended the stream early; the response is incomplete.",
             );
-            out.extend_from_slice(&envelope::sse_error_frame(&err, cx.envelope, &cx.request_id));
-            cx.failure = Some(err);
         }
     }
     *body = (!out.is_empty()).then(|| out.freeze());
 }
 
-fn emit_json(v: &Value, out: &mut BytesMut) {
-    out.extend_from_slice(b"data: ");
-    if serde_json::to_writer(bytes::BufMut::writer(&mut *out), v).is_err() {
-        log::warn!("stream frame could not be serialized");
+/// End the stream with one error frame (or the translator's error event): nothing after it
+/// is forwarded (see `on_frame`), and no second one is written.
+fn end_with(cx: &mut RequestCtx, out: &mut BytesMut, kind: ErrorKind, message: &str) {
+    let err = GatewayError::new(kind, message);
+    match cx.ext.get_mut::<Translation>() {
+        Some(t) => t.0.on_failure(&err, &cx.request_id, out),
+        None => out.extend_from_slice(&envelope::sse_error_frame(&err, cx.envelope, &cx.request_id)),
     }
-    out.extend_from_slice(b"\n\n");
+    cx.failure = Some(err);
+    cx.response.saw_done = true;
 }
 
-fn on_frame(frame: Bytes, cx: &mut RequestCtx, out: &mut BytesMut) {
+fn malformed(cx: &mut RequestCtx, out: &mut BytesMut) {
+    // Clarification 11: a frame that is not a chat chunk is a malformed answer.
+    end_with(cx, out, ErrorKind::UpstreamFailed, "The model server sent a malformed stream frame.");
+}
+
+pub(super) fn on_frame(frame: &[u8], cx: &mut RequestCtx, out: &mut BytesMut) {
     if cx.failure.is_some() {
         return; // the stream already ended with an error frame: nothing follows it
     }
-    let Some(data) = data_payload(&frame) else {
-        out.extend_from_slice(&frame);
+    let translating = cx.ext.get::<Translation>().is_some();
+    let Some(data) = data_payload(frame) else {
+        if !translating {
+            out.extend_from_slice(frame); // comments and bare fields pass through
+        }
         return;
     };
     if data.trim_ascii() == b"[DONE]" {
         cx.response.saw_done = true;
-        out.extend_from_slice(b"data: [DONE]\n\n");
+        match cx.ext.get_mut::<Translation>() {
+            Some(t) => t.0.on_done(out),
+            None => out.extend_from_slice(b"data: [DONE]\n\n"),
+        }
         return;
     }
-    if super::raw::stream_frame(&data, &frame, cx, out).is_none() {
-        on_frame_value(&frame, &data, cx, out);
-    }
-}
-
-/// End the stream with one error frame: nothing after it is forwarded (see `on_frame`).
-fn fail_stream(cx: &mut RequestCtx, out: &mut BytesMut, message: &str) {
-    let err = GatewayError::new(ErrorKind::UpstreamFailed, message);
-    out.extend_from_slice(&envelope::sse_error_frame(&err, cx.envelope, &cx.request_id));
-    cx.failure = Some(err);
-    cx.response.saw_done = true; // ended: no second error frame, whatever the replica does next
-}
-
-/// A chat chunk: an object whose `choices` is a list of objects, or a usage-only frame.
-fn is_chunk(obj: &serde_json::Map<String, Value>) -> bool {
-    match obj.get("choices") {
-        Some(Value::Array(list)) => list.iter().all(Value::is_object),
-        None => obj.get("usage").is_some_and(Value::is_object),
-        Some(_) => false,
-    }
-}
-
-/// One frame through a `Value` (frames `raw::stream_frame` does not take).
-pub(super) fn on_frame_value(frame: &[u8], data: &[u8], cx: &mut RequestCtx, out: &mut BytesMut) {
-    let mut v = match serde_json::from_slice::<Value>(data) {
-        Ok(v @ Value::Object(_)) => v,
-        // Clarification 11: a frame that is not a chat chunk is a malformed answer.
-        _ => return fail_stream(cx, out, "The model server sent a malformed stream frame."),
-    };
-    let Some(obj) = v.as_object_mut() else { return };
-    if obj.contains_key("error") && !obj.contains_key("choices") {
+    let joined = matches!(data, std::borrow::Cow::Owned(_));
+    let data = one_line(data);
+    let Some(view) = AnswerView::parse(&data) else { return malformed(cx, out) };
+    if view.is_error() {
         // The replica reported a failure inside the stream: end with our error frame.
-        return fail_stream(cx, out, "The model server failed during generation.");
+        return end_with(cx, out, ErrorKind::UpstreamFailed, "The model server failed during generation.");
     }
-    if !is_chunk(obj) {
-        return fail_stream(cx, out, "The model server sent a malformed stream frame.");
+    let usage_report = view.usage.value();
+    // A chat chunk: `choices` is a list of objects, or it is a usage-only frame.
+    if view.choices.is_none() && !usage_report.is_some_and(tollgate::json_raw::is_object) {
+        return malformed(cx, out);
     }
-    let mut changed = rename_model(obj, cx);
-    let mut choices_empty = true;
-    if let Some(choices) = obj.get_mut("choices").and_then(Value::as_array_mut) {
-        choices_empty = choices.is_empty();
-        for (pos, choice) in choices.iter_mut().enumerate() {
-            let Some(choice) = choice.as_object_mut() else {
-                continue;
-            };
-            let idx = choice.get("index").and_then(Value::as_u64).map_or(pos, |i| i as usize).min(64);
-            if cx.response.answered.len() <= idx {
-                cx.response.answered.resize(idx + 1, false);
-            }
-            if let Some(delta) = choice.get_mut("delta").and_then(Value::as_object_mut) {
-                let o = normalize(delta);
-                changed |= o.changed;
-                if o.output {
-                    cx.response.delivered_tokens += 1;
-                    cx.response.delivered_text_bytes += o.text_bytes as u64;
-                    cx.first_token_seen.store(true, Ordering::Release);
-                }
-                cx.response.answered[idx] |= o.answer;
-            }
-            let finished = choice.get("finish_reason").and_then(Value::as_str).map(str::to_owned);
-            if let Some(fr) = finished {
-                if !cx.response.answered[idx] {
-                    choice.insert("service".into(), output_status(&fr));
-                    changed = true;
-                }
-            }
-        }
+    let mut edits = Edits::new(&data);
+    if account(&view, Form::Chunk, cx, &mut edits).is_none() {
+        return malformed(cx, out);
     }
-    let provider_usage = obj.remove("usage").filter(|u| !u.is_null());
-    if let Some(u) = provider_usage {
-        let figures = cx.model().and_then(|m| usage::from_provider(&u, m));
-        let no_answer = !cx.response.answered.is_empty() && cx.response.answered.iter().all(|a| !a);
-        if let Some(f) = figures {
-            cx.usage = Some(f);
-            if crate::shared::ChatRequest::of(cx).include_usage || (no_answer && choices_empty) {
-                match with_usage(obj, &usage::render_chat_usage(&f, no_answer)) {
-                    Ok(bytes) => {
-                        out.extend_from_slice(b"data: ");
-                        out.extend_from_slice(&bytes);
-                        out.extend_from_slice(b"\n\n");
-                    }
-                    Err(e) => log::warn!("usage frame not rendered: {e}"),
-                }
-                return;
-            }
+    let figures = usage_report.and_then(|u| priced(u, cx));
+    if figures.is_some() {
+        cx.usage = figures;
+    }
+    let no_answer = no_answer(cx);
+    if let Some(t) = cx.ext.get_mut::<Translation>() {
+        t.0.on_chunk(&view.meta(), &pieces(&view, Form::Chunk), out);
+        if let Some(figures) = figures {
+            t.0.on_usage(PricedUsage { figures, no_answer });
         }
-        if choices_empty {
-            return; // a usage-only frame the client did not ask for
-        }
-        emit_json(&v, out);
         return;
     }
-    if changed {
-        emit_json(&v, out);
-    } else {
-        out.extend_from_slice(frame);
+    if let Some(u) = usage_report {
+        let choices_empty = view.choices.as_ref().is_none_or(Vec::is_empty);
+        let asked = crate::shared::ChatRequest::of(cx).include_usage;
+        let planned = match figures {
+            Some(f) if asked || (no_answer && choices_empty) => {
+                edits.replace_value(u, usage::render_chat_usage(&f, no_answer).into_bytes())
+            }
+            // A usage-only frame the client did not ask for.
+            _ if choices_empty => return,
+            _ => edits.remove_member(u),
+        };
+        if planned.is_none() {
+            return malformed(cx, out);
+        }
     }
+    if edits.is_empty() && !joined {
+        out.extend_from_slice(frame);
+        return;
+    }
+    out.reserve(data.len() + 16);
+    out.extend_from_slice(b"data: ");
+    edits.write(out);
+    out.extend_from_slice(b"\n\n");
 }

@@ -6,47 +6,48 @@
 use serde_json::{Map, Value, json};
 
 use super::signature::sign_thinking;
+use crate::shared::answer::{ChunkMeta, Piece, PricedUsage};
 
-/// The Messages response for `chat` (the chat plugin's normalised body). `model_id` is the
-/// catalog id the client named; `key` signs thinking blocks; `paid_extra` (an object such
-/// as [`paid_extra_of`] builds) is merged into `usage` when a plan or Standby paid.
-pub fn from_chat(chat: &Value, model_id: &str, key: &[u8], paid_extra: Option<&Value>) -> Value {
-    let choice = chat.pointer("/choices/0");
-    let message = choice.and_then(|c| c.get("message"));
+/// The Messages response for a whole chat answer (its first choice's pieces, as the chat
+/// path read them). `model_id` is the catalog id the client named; `key` signs thinking
+/// blocks.
+pub fn from_answer(
+    meta: &ChunkMeta<'_>,
+    pieces: &[Piece<'_>],
+    usage_of: Option<&PricedUsage>,
+    model_id: &str,
+    key: &[u8],
+) -> Value {
     let mut content = Vec::new();
-    if let Some(thinking) = message.and_then(reasoning_text).filter(|t| !t.is_empty()) {
-        content.push(json!({ "type": "thinking", "thinking": thinking, "signature": sign_thinking(key, thinking) }));
+    let mut finish = None;
+    let mut tool_use = false;
+    for piece in pieces {
+        match piece {
+            Piece::Reasoning(thinking) => content
+                .push(json!({ "type": "thinking", "thinking": thinking, "signature": sign_thinking(key, thinking) })),
+            Piece::Text(text) => content.push(json!({ "type": "text", "text": text })),
+            Piece::Tool { id, name, args, .. } => {
+                tool_use = true;
+                content.push(json!({
+                    "type": "tool_use",
+                    "id": tool_use_id(id.as_deref()),
+                    "name": name.as_deref().unwrap_or(""),
+                    "input": parse_input(args.as_deref()),
+                }));
+            }
+            Piece::Finish(f) => finish = Some(f.as_ref()),
+        }
     }
-    if let Some(text) = message.and_then(|m| m.get("content")).and_then(Value::as_str).filter(|t| !t.is_empty()) {
-        content.push(json!({ "type": "text", "text": text }));
-    }
-    let calls = message.and_then(|m| m.get("tool_calls")).and_then(Value::as_array).map(Vec::as_slice).unwrap_or(&[]);
-    for call in calls {
-        let function = call.get("function");
-        content.push(json!({
-            "type": "tool_use",
-            "id": tool_use_id(call.get("id").and_then(Value::as_str)),
-            "name": function.and_then(|f| f.get("name")).and_then(Value::as_str).unwrap_or(""),
-            "input": parse_input(function.and_then(|f| f.get("arguments"))),
-        }));
-    }
-    let finish = choice.and_then(|c| c.get("finish_reason")).and_then(Value::as_str);
     json!({
-        "id": message_id(chat.get("id").and_then(Value::as_str)),
+        "id": message_id(meta.id.as_deref()),
         "type": "message",
         "role": "assistant",
         "content": content,
         "model": model_id,
-        "stop_reason": stop_reason(finish, !calls.is_empty()),
+        "stop_reason": stop_reason(finish, tool_use),
         "stop_sequence": null,
-        "usage": usage(chat.get("usage"), paid_extra),
+        "usage": usage(usage_of),
     })
-}
-
-/// Reasoning text of a chat `message` or `delta` (`reasoning`, or a replica's
-/// `reasoning_content` should one reach here unrenamed).
-pub(super) fn reasoning_text(part: &Value) -> Option<&str> {
-    part.get("reasoning").and_then(Value::as_str).or_else(|| part.get("reasoning_content").and_then(Value::as_str))
 }
 
 /// `msg_` plus the chat id without its `chatcmpl-` prefix, or a fresh id.
@@ -82,45 +83,20 @@ pub fn stop_reason(finish_reason: Option<&str>, tool_use: bool) -> Value {
 
 /// Tool-call `arguments` (JSON text) as the `input` object; arguments that are not a JSON
 /// object (a replica cut short mid-call) give `{}` (decisions.md 74).
-pub(super) fn parse_input(arguments: Option<&Value>) -> Value {
-    let parsed = match arguments {
-        Some(Value::String(s)) => serde_json::from_str::<Value>(s).ok(),
-        Some(v @ Value::Object(_)) => Some(v.clone()),
-        _ => None,
-    };
+pub(super) fn parse_input(arguments: Option<&str>) -> Value {
+    let parsed = arguments.and_then(|s| serde_json::from_str::<Value>(s).ok());
     parsed.filter(Value::is_object).unwrap_or_else(|| Value::Object(Map::new()))
 }
 
-/// The four-field messages usage from a chat Usage object (zeros when absent), with
-/// `paid_extra`'s fields merged in when given.
-pub(super) fn usage(chat_usage: Option<&Value>, paid_extra: Option<&Value>) -> Value {
-    let count = |p: &str| chat_usage.and_then(|u| u.pointer(p)).and_then(Value::as_u64).unwrap_or(0);
-    let prompt = count("/prompt_tokens");
-    let cached = count("/prompt_tokens_details/cached_tokens").min(prompt);
-    let mut u = Map::new();
-    u.insert("input_tokens".into(), json!(prompt - cached));
-    u.insert("output_tokens".into(), json!(count("/completion_tokens")));
-    u.insert("cache_read_input_tokens".into(), json!(cached));
-    u.insert("cache_creation_input_tokens".into(), json!(0));
-    if let Some(Value::Object(extra)) = paid_extra {
-        for (k, v) in extra {
-            u.insert(k.clone(), v.clone());
-        }
-    }
-    Value::Object(u)
-}
-
-/// The usage fields a plan- or Standby-paid answer adds (`cost` 0 and `service` with
-/// `cost_microcents`, `plan_value_microcents`, `paid_from`), read from a chat Usage object
-/// that carries `service.paid_from`; `None` for credit-funded and pay-as-you-go usage.
-pub fn paid_extra_of(chat_usage: &Value) -> Option<Value> {
-    let service = chat_usage.get("service")?;
-    let paid_from = service.get("paid_from").and_then(Value::as_str)?;
-    let mut s = Map::new();
-    s.insert("cost_microcents".into(), json!(service.get("cost_microcents").and_then(Value::as_u64).unwrap_or(0)));
-    if let Some(v) = service.get("plan_value_microcents").and_then(Value::as_u64) {
-        s.insert("plan_value_microcents".into(), json!(v));
-    }
-    s.insert("paid_from".into(), json!(paid_from));
-    Some(json!({ "cost": 0, "service": s }))
+/// The four-field messages usage from the priced chat usage (zeros before it is known).
+pub(super) fn usage(priced: Option<&PricedUsage>) -> Value {
+    let (prompt, cached, completion) =
+        priced.map_or((0, 0, 0), |u| (u.figures.prompt_tokens, u.figures.cached_tokens, u.figures.completion_tokens));
+    let cached = cached.min(prompt);
+    json!({
+        "input_tokens": prompt - cached,
+        "output_tokens": completion,
+        "cache_read_input_tokens": cached,
+        "cache_creation_input_tokens": 0,
+    })
 }

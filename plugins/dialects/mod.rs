@@ -10,7 +10,6 @@
 //! listed in `docs/decisions.md` (66-88).
 
 mod caps;
-mod chat_pieces;
 mod count_tokens;
 mod fields;
 mod images;
@@ -34,11 +33,11 @@ use serde_json::Value;
 pub use caps::{Effort, EffortChoice, ModelCaps, ReasoningOff};
 pub use count_tokens::estimate_input_tokens;
 pub use messages_request::{to_chat, to_chat_with};
-pub use messages_response::{from_chat, paid_extra_of, stop_reason};
-pub use messages_stream::{MessagesStream, messages_error_from_chat, ping};
+pub use messages_response::{from_answer as messages_from_answer, stop_reason};
+pub use messages_stream::{MessagesStream, ping};
 pub use plugin::{DIALECTS_PRIORITY, Dialects, signing_key};
 pub use render::to_vec as render_json;
-pub use responses::chat_to_response;
+pub use responses::from_answer as responses_from_answer;
 pub use responses_request::{responses_to_chat, responses_to_chat_with};
 pub use responses_stream::ResponsesStream;
 pub use signature::{sign_thinking, verify_thinking};

@@ -1,25 +1,22 @@
 //! The messages dialect and the Responses adapter on the chat serving path: translate the
-//! request into a chat body before the chat plugin rewrites it for the replica, and translate
-//! the chat plugin's normalised answer back (a response phase, so it runs after the chat
-//! plugin's). `count_tokens` is answered here without a replica. The translators themselves
-//! are pure functions in `plugins/messages/`.
+//! request into a chat body before the chat plugin rewrites it for the replica, and register
+//! the translator the chat path feeds with the answer's typed pieces on the way back
+//! (`shared::answer::Translation`). `count_tokens` is answered here without a replica. The
+//! translators themselves are in this folder.
 
 use async_trait::async_trait;
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use pingora::http::ResponseHeader;
 use pingora::proxy::Session;
 use serde_json::{Value, json};
 
-use super::{
-    ChatTranslation, MessagesStream, Purpose, ResponsesStream, chat_to_response, from_chat, paid_extra_of, render_json,
-    responses_to_chat, to_chat,
-};
+use super::{ChatTranslation, MessagesStream, Purpose, ResponsesStream, render_json, responses_to_chat, to_chat};
+use crate::shared::answer::{AnswerTranslator, Translation};
 use crate::shared::prompt_tokens::count_prompt_tokens;
 use tollgate::ctx::RequestCtx;
 use tollgate::error::GatewayError;
 use tollgate::plugin::{Flow, Plugin};
 use tollgate::routes::Route;
-use tollgate::sse::SseFramer;
 
 /// Before the chat path (200) on requests; after it on responses.
 pub const DIALECTS_PRIORITY: i16 = 300;
@@ -35,20 +32,6 @@ impl Dialects {
     }
 }
 
-enum Translator {
-    Messages(MessagesStream),
-    Responses(ResponsesStream),
-}
-
-/// Per-request state: what the answer must be turned into.
-struct DialectState {
-    model_id: String,
-    stream: bool,
-    framer: SseFramer,
-    body: BytesMut,
-    translator: Translator,
-}
-
 /// `vendor-version` / `anthropic-version`: echoed under the name it came with (C10).
 fn echo_version(s: &Session, cx: &mut RequestCtx) {
     for name in ["vendor-version", "anthropic-version"] {
@@ -61,20 +44,12 @@ fn echo_version(s: &Session, cx: &mut RequestCtx) {
 }
 
 impl Dialects {
-    fn translate(&self, cx: &mut RequestCtx, t: ChatTranslation, translator: Translator) {
+    fn translate(&self, cx: &mut RequestCtx, t: ChatTranslation, translator: Box<dyn AnswerTranslator>) {
         if !t.warnings.is_empty() {
             cx.response_headers.push(("x-service-hint-warnings", t.warnings.join(", ")));
         }
-        let model_id = cx.model().map(|m| m.id.clone()).unwrap_or_default();
-        cx.ext.insert(DialectState {
-            model_id,
-            stream: t.stream,
-            framer: SseFramer::default(),
-            body: BytesMut::new(),
-            translator,
-        });
         cx.body = Some(t.body);
-        cx.ext.insert(crate::shared::OnChatPath);
+        cx.ext.insert(Translation(translator));
     }
 }
 
@@ -100,7 +75,7 @@ impl Plugin for Dialects {
                     // Spec "Limits": a `ping` every 15 seconds while the replica is silent.
                     cx.heartbeat_payload = Some(super::ping());
                 }
-                self.translate(cx, t, Translator::Messages(stream));
+                self.translate(cx, t, Box::new(stream));
             }
             Route::CountTokens => {
                 echo_version(s, cx);
@@ -114,7 +89,7 @@ impl Plugin for Dialects {
             }
             Route::Responses => {
                 let t = responses_to_chat(&body, &model)?;
-                self.translate(cx, t, Translator::Responses(ResponsesStream::new(&model.id)));
+                self.translate(cx, t, Box::new(ResponsesStream::new(&model.id)));
             }
             _ => {}
         }
@@ -122,50 +97,11 @@ impl Plugin for Dialects {
     }
 
     fn on_response_header(&self, resp: &mut ResponseHeader, cx: &mut RequestCtx) -> Result<(), GatewayError> {
-        if let Some(st) = cx.ext.get::<DialectState>() {
+        if cx.ext.get::<Translation>().is_some() {
             resp.remove_header("content-length");
-            let ct = if st.stream { "text/event-stream" } else { "application/json" };
+            let ct = if cx.response.streaming { "text/event-stream" } else { "application/json" };
             let _ = resp.insert_header("content-type", ct);
         }
-        Ok(())
-    }
-
-    fn on_response_chunk(&self, body: &mut Option<Bytes>, eos: bool, cx: &mut RequestCtx) -> Result<(), GatewayError> {
-        let Some(st) = cx.ext.get_mut::<DialectState>() else { return Ok(()) };
-        if !st.stream {
-            if let Some(b) = body.take() {
-                st.body.extend_from_slice(&b);
-            }
-            if eos {
-                let chat: Value = serde_json::from_slice(&st.body).unwrap_or(Value::Null);
-                let out = match &st.translator {
-                    Translator::Messages(_) => {
-                        let paid = chat.get("usage").and_then(paid_extra_of);
-                        from_chat(&chat, &st.model_id, &self.signing_key, paid.as_ref())
-                    }
-                    Translator::Responses(_) => chat_to_response(&chat),
-                };
-                *body = Some(Bytes::from(render_json(&out)));
-            }
-            return Ok(());
-        }
-        if let Some(b) = body.take() {
-            st.framer.push(&b);
-        }
-        let mut out = BytesMut::new();
-        while let Some(frame) = st.framer.next_frame() {
-            if frame.starts_with(b"event: error") {
-                // Already the messages-dialect error event (written by the chat path in the
-                // route's envelope): it ends the stream as it is.
-                out.extend_from_slice(&frame);
-                continue;
-            }
-            match &mut st.translator {
-                Translator::Messages(m) => m.on_sse_frame(&frame, &mut out),
-                Translator::Responses(r) => r.on_sse_frame(&frame, &mut out),
-            }
-        }
-        *body = (!out.is_empty()).then(|| out.freeze());
         Ok(())
     }
 }

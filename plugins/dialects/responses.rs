@@ -7,38 +7,33 @@
 
 use serde_json::{Map, Value, json};
 
-use super::messages_response::reasoning_text;
+use crate::shared::answer::{ChunkMeta, Piece, PricedUsage};
 
-/// The Responses object for `chat` (the chat plugin's normalised body). Serialize it with
-/// `render_json` so `usage.cost` keeps its eight decimals.
-pub fn chat_to_response(chat: &Value) -> Value {
-    let suffix = id_suffix(chat.get("id").and_then(Value::as_str));
-    let choice = chat.pointer("/choices/0");
-    let message = choice.and_then(|c| c.get("message"));
+/// The Responses object for a whole chat answer (its first choice's pieces, as the chat path
+/// read them). Serialize it with `render_json` so `usage.cost` keeps its eight decimals.
+pub fn from_answer(meta: &ChunkMeta<'_>, pieces: &[Piece<'_>], usage: Option<&PricedUsage>, model_id: &str) -> Value {
+    let suffix = id_suffix(meta.id.as_deref());
     let mut output = Vec::new();
-    if let Some(r) = message.and_then(reasoning_text).filter(|r| !r.is_empty()) {
-        output.push(reasoning_item(&suffix, r));
+    let mut finish = None;
+    for piece in pieces {
+        match piece {
+            Piece::Reasoning(r) => output.push(reasoning_item(&suffix, r)),
+            Piece::Text(t) => output.push(message_item(&suffix, t, "completed")),
+            Piece::Tool { id, name, args, .. } => output.push(function_call_item(
+                id.as_deref().unwrap_or(""),
+                name.as_deref().unwrap_or(""),
+                args.as_deref().unwrap_or(""),
+                "completed",
+            )),
+            Piece::Finish(f) => finish = Some(f.as_ref()),
+        }
     }
-    if let Some(t) = message.and_then(|m| m.get("content")).and_then(Value::as_str).filter(|t| !t.is_empty()) {
-        output.push(message_item(&suffix, t, "completed"));
-    }
-    for call in message.and_then(|m| m.get("tool_calls")).and_then(Value::as_array).map(Vec::as_slice).unwrap_or(&[]) {
-        let f = call.get("function");
-        let s = |v: Option<&Value>| v.and_then(Value::as_str).unwrap_or("").to_string();
-        output.push(function_call_item(
-            &s(call.get("id")),
-            &s(f.and_then(|f| f.get("name"))),
-            &s(f.and_then(|f| f.get("arguments"))),
-            "completed",
-        ));
-    }
-    let finish = choice.and_then(|c| c.get("finish_reason")).and_then(Value::as_str);
-    let mut r = skeleton(&suffix, chat.get("created"), chat.get("model"));
+    let mut r = skeleton(&suffix, meta.created, model_id);
     let (status, incomplete) = status_of(finish);
     r.insert("status".into(), json!(status));
     r.insert("incomplete_details".into(), incomplete);
     r.insert("output".into(), Value::Array(output));
-    r.insert("usage".into(), chat.get("usage").filter(|u| u.is_object()).map_or(Value::Null, responses_usage));
+    r.insert("usage".into(), usage.map_or(Value::Null, responses_usage));
     Value::Object(r)
 }
 
@@ -53,13 +48,13 @@ pub(super) fn id_suffix(chat_id: Option<&str>) -> String {
 
 /// The fields every Responses object carries; `status`, `output` and `usage` are set by
 /// the caller.
-pub(super) fn skeleton(suffix: &str, created: Option<&Value>, model: Option<&Value>) -> Map<String, Value> {
-    let created_at = created.and_then(Value::as_i64).unwrap_or_else(|| jiff::Timestamp::now().as_second());
+pub(super) fn skeleton(suffix: &str, created: Option<i64>, model_id: &str) -> Map<String, Value> {
+    let created_at = created.unwrap_or_else(|| jiff::Timestamp::now().as_second());
     let mut r = Map::new();
     r.insert("id".into(), json!(format!("resp_{suffix}")));
     r.insert("object".into(), json!("response"));
     r.insert("created_at".into(), json!(created_at));
-    r.insert("model".into(), model.cloned().unwrap_or(Value::Null));
+    r.insert("model".into(), json!(model_id));
     r.insert("error".into(), Value::Null);
     r.insert("incomplete_details".into(), Value::Null);
     r
@@ -105,20 +100,20 @@ pub(super) fn function_call_item(call_id: &str, name: &str, arguments: &str, sta
     })
 }
 
-/// The Responses usage from a chat Usage object: counts renamed, the cached count as
-/// `input_tokens_details.cached_tokens`, and `cost` and `service` carried unchanged
-/// (spec "Usage object", last rule).
-pub(super) fn responses_usage(chat_usage: &Value) -> Value {
-    let count = |p: &str| chat_usage.pointer(p).and_then(Value::as_u64).unwrap_or(0);
-    let (prompt, completion) = (count("/prompt_tokens"), count("/completion_tokens"));
-    let total = chat_usage.get("total_tokens").and_then(Value::as_u64).unwrap_or(prompt + completion);
+/// The Responses usage from the priced chat usage: counts renamed, the cached count as
+/// `input_tokens_details.cached_tokens`, and `cost` and `service` as the chat dialect
+/// renders them (spec "Usage object", last rule).
+pub(super) fn responses_usage(priced: &PricedUsage) -> Value {
+    let f = &priced.figures;
+    let chat: Value =
+        serde_json::from_str(&tollgate::usage::render_chat_usage(f, priced.no_answer)).unwrap_or_default();
     let mut u = Map::new();
-    u.insert("input_tokens".into(), json!(prompt));
-    u.insert("output_tokens".into(), json!(completion));
-    u.insert("total_tokens".into(), json!(total));
-    u.insert("input_tokens_details".into(), json!({ "cached_tokens": count("/prompt_tokens_details/cached_tokens") }));
+    u.insert("input_tokens".into(), json!(f.prompt_tokens));
+    u.insert("output_tokens".into(), json!(f.completion_tokens));
+    u.insert("total_tokens".into(), json!(f.total_tokens));
+    u.insert("input_tokens_details".into(), json!({ "cached_tokens": f.cached_tokens }));
     for key in ["cost", "service"] {
-        if let Some(v) = chat_usage.get(key) {
+        if let Some(v) = chat.get(key) {
             u.insert(key.into(), v.clone());
         }
     }

@@ -10,11 +10,12 @@
 use bytes::BytesMut;
 use serde_json::{Value, json};
 
-use super::chat_pieces::{ChatFrame, Piece, pieces, read_frame};
-use super::render::sse_event;
+use super::render::{sse_event, to_vec};
 use super::responses::{
-    function_call_item, id_suffix, message_item, reasoning_item, responses_usage, skeleton, status_of,
+    from_answer, function_call_item, id_suffix, message_item, reasoning_item, responses_usage, skeleton, status_of,
 };
+use crate::shared::answer::{AnswerTranslator, ChunkMeta, Piece, PricedUsage};
+use tollgate::error::GatewayError;
 
 enum Kind {
     Reasoning,
@@ -41,12 +42,12 @@ enum Phase {
 pub struct ResponsesStream {
     model: String,
     suffix: String,
-    created: Option<Value>,
+    created: Option<i64>,
     phase: Phase,
     seq: u64,
     items: Vec<Item>,
     finish: Option<String>,
-    usage: Option<Value>,
+    usage: Option<PricedUsage>,
 }
 
 impl ResponsesStream {
@@ -68,111 +69,21 @@ impl ResponsesStream {
         self.phase == Phase::Ended
     }
 
-    /// One whole chat SSE frame: `[DONE]`, an error frame or a chunk.
-    pub fn on_sse_frame(&mut self, frame: &[u8], out: &mut BytesMut) {
-        match read_frame(frame) {
-            Some(ChatFrame::Done) => self.on_done(out),
-            Some(ChatFrame::Error(v)) => self.on_error(&v, out),
-            Some(ChatFrame::Chunk(v)) => self.on_chat_frame(&v, out),
-            None => {}
-        }
-    }
-
-    pub fn on_chat_frame(&mut self, frame: &Value, out: &mut BytesMut) {
-        if self.phase == Phase::Ended {
-            return;
-        }
-        self.start(frame, out);
-        for piece in pieces(frame) {
-            match piece {
-                Piece::Reasoning(t) => {
-                    let i = self.current(|k| matches!(k, Kind::Reasoning), || Kind::Reasoning, out);
-                    self.text_delta(i, "response.reasoning_text.delta", t, out);
-                }
-                Piece::Text(t) => {
-                    let i = self.current(|k| matches!(k, Kind::Message), || Kind::Message, out);
-                    self.text_delta(i, "response.output_text.delta", t, out);
-                }
-                Piece::Tool { index, id, name, args } => {
-                    let found = self
-                        .items
-                        .iter()
-                        .position(|it| matches!(it.kind, Kind::Call { chat_index, .. } if chat_index == index));
-                    let i = match found {
-                        Some(i) if self.items[i].open => i,
-                        Some(_) => continue, // a finished call never reopens (decisions.md 75)
-                        None => {
-                            let call_id =
-                                id.map_or_else(|| format!("call_{}", uuid::Uuid::new_v4().simple()), str::to_string);
-                            let kind = Kind::Call { chat_index: index, call_id, name: name.unwrap_or("").to_string() };
-                            self.current(|_| false, || kind, out)
-                        }
-                    };
-                    if let Some(a) = args {
-                        let id = self.items[i].id.clone();
-                        self.items[i].text.push_str(a);
-                        self.emit(
-                            out,
-                            "response.function_call_arguments.delta",
-                            json!({ "item_id": id, "output_index": i, "delta": a }),
-                        );
-                    }
-                }
-                Piece::Finish(f) => self.finish = Some(f.to_string()),
-                Piece::Usage(u) => self.usage = Some(u.clone()),
-            }
-        }
-    }
-
-    /// The chat stream's `[DONE]`: finish open items, then the terminal event.
-    pub fn on_done(&mut self, out: &mut BytesMut) {
-        if self.phase == Phase::Ended {
-            return;
-        }
-        self.start(&Value::Null, out);
-        self.finish_items(out);
-        let (status, incomplete) = status_of(self.finish.as_deref());
-        let mut r = self.response(status);
-        r["incomplete_details"] = incomplete;
-        r["usage"] = self.usage.as_ref().map_or(Value::Null, responses_usage);
-        let name = if status == "incomplete" { "response.incomplete" } else { "response.completed" };
-        self.emit(out, name, json!({ "response": r }));
-        self.phase = Phase::Ended;
-    }
-
-    /// A chat error frame: `response.failed` carrying the error's code and message (a
-    /// context-length refusal among them); nothing follows it.
-    pub fn on_error(&mut self, err_json: &Value, out: &mut BytesMut) {
-        if self.phase == Phase::Ended {
-            return;
-        }
-        self.start(&Value::Null, out);
-        let inner = err_json.get("error").unwrap_or(err_json);
-        let mut r = self.response("failed");
-        r["error"] = json!({
-            "code": inner.get("code").cloned().unwrap_or(Value::Null),
-            "message": inner.get("message").and_then(Value::as_str).unwrap_or("The response failed."),
-        });
-        self.emit(out, "response.failed", json!({ "response": r }));
-        self.phase = Phase::Ended;
-    }
-
-    fn start(&mut self, frame: &Value, out: &mut BytesMut) {
+    fn start(&mut self, meta: &ChunkMeta<'_>, out: &mut BytesMut) {
         if self.phase != Phase::Waiting {
             return;
         }
         self.phase = Phase::Streaming;
-        self.suffix = id_suffix(frame.get("id").and_then(Value::as_str));
+        self.suffix = id_suffix(meta.id.as_deref());
         // Fixed once, so every event quotes the same `created_at`.
-        let now = || json!(jiff::Timestamp::now().as_second());
-        self.created = Some(frame.get("created").filter(|c| c.is_i64()).cloned().unwrap_or_else(now));
+        self.created = Some(meta.created.unwrap_or_else(|| jiff::Timestamp::now().as_second()));
         let r = self.response("in_progress");
         self.emit(out, "response.created", json!({ "response": r }));
     }
 
     /// The response object as it stands, with the items begun so far.
     fn response(&self, status: &str) -> Value {
-        let mut r = skeleton(&self.suffix, self.created.as_ref(), Some(&json!(self.model)));
+        let mut r = skeleton(&self.suffix, self.created, &self.model);
         r.insert("status".into(), json!(status));
         // Items still open when a response fails were cut short.
         let output = self.items.iter().map(|it| {
@@ -291,5 +202,96 @@ impl ResponsesStream {
         data["sequence_number"] = json!(self.seq);
         self.seq += 1;
         sse_event(out, name, &data);
+    }
+}
+
+impl AnswerTranslator for ResponsesStream {
+    /// One chat chunk's pieces.
+    fn on_chunk(&mut self, meta: &ChunkMeta<'_>, pieces: &[Piece<'_>], out: &mut BytesMut) {
+        if self.phase == Phase::Ended {
+            return;
+        }
+        self.start(meta, out);
+        for piece in pieces {
+            match piece {
+                Piece::Reasoning(t) => {
+                    let i = self.current(|k| matches!(k, Kind::Reasoning), || Kind::Reasoning, out);
+                    self.text_delta(i, "response.reasoning_text.delta", t, out);
+                }
+                Piece::Text(t) => {
+                    let i = self.current(|k| matches!(k, Kind::Message), || Kind::Message, out);
+                    self.text_delta(i, "response.output_text.delta", t, out);
+                }
+                Piece::Tool { index, id, name, args } => {
+                    let index = *index;
+                    let found = self
+                        .items
+                        .iter()
+                        .position(|it| matches!(it.kind, Kind::Call { chat_index, .. } if chat_index == index));
+                    let i = match found {
+                        Some(i) if self.items[i].open => i,
+                        Some(_) => continue, // a finished call never reopens (decisions.md 75)
+                        None => {
+                            let call_id = id
+                                .as_deref()
+                                .map_or_else(|| format!("call_{}", uuid::Uuid::new_v4().simple()), str::to_string);
+                            let kind = Kind::Call {
+                                chat_index: index,
+                                call_id,
+                                name: name.as_deref().unwrap_or("").to_string(),
+                            };
+                            self.current(|_| false, || kind, out)
+                        }
+                    };
+                    if let Some(a) = args {
+                        let id = self.items[i].id.clone();
+                        self.items[i].text.push_str(a);
+                        self.emit(
+                            out,
+                            "response.function_call_arguments.delta",
+                            json!({ "item_id": id, "output_index": i, "delta": a }),
+                        );
+                    }
+                }
+                Piece::Finish(f) => self.finish = Some(f.to_string()),
+            }
+        }
+    }
+
+    /// The chat stream's `[DONE]`: finish open items, then the terminal event.
+    fn on_done(&mut self, out: &mut BytesMut) {
+        if self.phase == Phase::Ended {
+            return;
+        }
+        self.start(&ChunkMeta::default(), out);
+        self.finish_items(out);
+        let (status, incomplete) = status_of(self.finish.as_deref());
+        let mut r = self.response(status);
+        r["incomplete_details"] = incomplete;
+        r["usage"] = self.usage.as_ref().map_or(Value::Null, responses_usage);
+        let name = if status == "incomplete" { "response.incomplete" } else { "response.completed" };
+        self.emit(out, name, json!({ "response": r }));
+        self.phase = Phase::Ended;
+    }
+
+    /// A failure: `response.failed` carrying the error's code and message (a context-length
+    /// refusal among them); nothing follows it.
+    fn on_failure(&mut self, err: &GatewayError, _request_id: &str, out: &mut BytesMut) {
+        if self.phase == Phase::Ended {
+            return;
+        }
+        self.start(&ChunkMeta::default(), out);
+        let mut r = self.response("failed");
+        r["error"] = json!({ "code": err.kind.code(), "message": err.message });
+        self.emit(out, "response.failed", json!({ "response": r }));
+        self.phase = Phase::Ended;
+    }
+
+    fn on_usage(&mut self, usage: PricedUsage) {
+        self.usage = Some(usage);
+    }
+
+    fn whole(&self, meta: &ChunkMeta<'_>, pieces: &[Piece<'_>], usage: Option<PricedUsage>) -> Vec<u8> {
+        to_vec(&from_answer(meta, pieces, usage.as_ref(), &self.model))
     }
 }

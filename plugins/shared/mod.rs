@@ -1,6 +1,8 @@
-//! Helpers shared by the chat path and the dialect translators, so neither plugin reaches
-//! into the other for them: inline image checks, reasoning efforts, prompt token counting.
+//! What the chat path and the dialect translators share, so neither plugin reaches into the
+//! other: the typed chat answer and the translator contract (`answer`), inline image checks,
+//! reasoning efforts, prompt token counting.
 
+pub mod answer;
 pub mod effort;
 pub mod images;
 pub mod prompt_tokens;
@@ -21,6 +23,3 @@ impl ChatRequest {
         cx.ext.get::<ChatRequest>().copied().unwrap_or_default()
     }
 }
-
-/// Marker in `cx.ext`: a dialect plugin translated this request onto the chat serving path.
-pub struct OnChatPath;

@@ -1,9 +1,14 @@
-//! `from_chat`, `stop_reason`, `paid_extra_of` and the thinking signature.
+//! A whole chat answer as a Messages response (read as the chat path reads it), `stop_reason`
+//! and the thinking signature.
 
 use serde_json::{Value, json};
 
 use super::support::*;
-use crate::dialects::{from_chat, paid_extra_of, sign_thinking, stop_reason, verify_thinking};
+use crate::dialects::{MessagesStream, sign_thinking, stop_reason, verify_thinking};
+
+fn from_chat(chat: &Value, model_id: &str, key: &[u8]) -> Value {
+    whole(&MessagesStream::new(model_id, key), chat)
+}
 
 fn chat(message: Value, finish: &str) -> Value {
     json!({
@@ -22,7 +27,7 @@ fn a_full_answer_keeps_thinking_text_tool_use_order() {
             { "id": "call_2", "type": "function", "function": { "name": "noop", "arguments": "" } }
         ]
     });
-    let r = from_chat(&chat(message, "tool_calls"), "m1", KEY, None);
+    let r = from_chat(&chat(message, "tool_calls"), "m1", KEY);
     assert_eq!(
         r,
         json!({
@@ -49,7 +54,6 @@ fn a_plain_answer_has_one_text_block_and_end_turn() {
         &chat(json!({ "role": "assistant", "content": "Hello", "reasoning": null }), "stop"),
         "alias-id",
         KEY,
-        None,
     );
     assert_eq!(r["content"], json!([{ "type": "text", "text": "Hello" }]));
     assert_eq!(r["stop_reason"], "end_turn");
@@ -59,12 +63,7 @@ fn a_plain_answer_has_one_text_block_and_end_turn() {
 
 #[test]
 fn an_answer_cut_short_while_reasoning_has_only_thinking_and_max_tokens() {
-    let r = from_chat(
-        &chat(json!({ "role": "assistant", "content": "", "reasoning": "so far" }), "length"),
-        "m1",
-        KEY,
-        None,
-    );
+    let r = from_chat(&chat(json!({ "role": "assistant", "content": "", "reasoning": "so far" }), "length"), "m1", KEY);
     assert_eq!(r["content"].as_array().unwrap().len(), 1);
     assert_eq!(r["content"][0]["type"], "thinking");
     assert_eq!(r["stop_reason"], "max_tokens");
@@ -88,18 +87,18 @@ fn stop_reasons_map_from_finish_reasons() {
 fn ids_come_from_the_chat_id_or_are_fresh() {
     let mut c = chat(json!({ "role": "assistant", "content": "x" }), "stop");
     c["id"] = json!("abc-1");
-    assert_eq!(from_chat(&c, "m", KEY, None)["id"], "msg_abc-1");
+    assert_eq!(from_chat(&c, "m", KEY)["id"], "msg_abc-1");
     c.as_object_mut().unwrap().remove("id");
-    let id = from_chat(&c, "m", KEY, None)["id"].as_str().unwrap().to_string();
+    let id = from_chat(&c, "m", KEY)["id"].as_str().unwrap().to_string();
     assert!(id.starts_with("msg_") && id.len() == 36, "{id}");
     let mut c = chat(
         json!({ "role": "assistant", "tool_calls": [{ "function": { "name": "t", "arguments": "{}" } }] }),
         "tool_calls",
     );
-    let tid = from_chat(&c, "m", KEY, None)["content"][0]["id"].as_str().unwrap().to_string();
+    let tid = from_chat(&c, "m", KEY)["content"][0]["id"].as_str().unwrap().to_string();
     assert!(tid.starts_with("toolu_"), "{tid}");
     c["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"] = json!("{\"a\": [1");
-    assert_eq!(from_chat(&c, "m", KEY, None)["content"][0]["input"], json!({}));
+    assert_eq!(from_chat(&c, "m", KEY)["content"][0]["input"], json!({}));
 }
 
 #[test]
@@ -107,33 +106,12 @@ fn usage_without_a_report_is_zero_and_cached_never_exceeds_prompt() {
     let mut c = chat(json!({ "role": "assistant", "content": "x" }), "stop");
     c.as_object_mut().unwrap().remove("usage");
     assert_eq!(
-        from_chat(&c, "m", KEY, None)["usage"],
+        from_chat(&c, "m", KEY)["usage"],
         json!({ "input_tokens": 0, "output_tokens": 0, "cache_read_input_tokens": 0, "cache_creation_input_tokens": 0 })
     );
     c["usage"] = json!({ "prompt_tokens": 5, "completion_tokens": 1, "prompt_tokens_details": { "cached_tokens": 9 } });
-    let u = &from_chat(&c, "m", KEY, None)["usage"];
+    let u = &from_chat(&c, "m", KEY)["usage"];
     assert_eq!((u["input_tokens"].clone(), u["cache_read_input_tokens"].clone()), (json!(0), json!(5)));
-}
-
-#[test]
-fn paid_usage_carries_cost_zero_and_the_service_trio() {
-    let mut usage = chat_usage(120, 20, 35);
-    assert_eq!(paid_extra_of(&usage), None);
-    usage["cost"] = json!(0);
-    usage["service"] =
-        json!({ "cost_microcents": 0, "cached_input_tokens": 20, "plan_value_microcents": 5150, "paid_from": "plan" });
-    let extra = paid_extra_of(&usage).unwrap();
-    assert_eq!(
-        extra,
-        json!({ "cost": 0, "service": { "cost_microcents": 0, "plan_value_microcents": 5150, "paid_from": "plan" } })
-    );
-    let mut c = chat(json!({ "role": "assistant", "content": "x" }), "stop");
-    c["usage"] = usage;
-    assert_eq!(
-        from_chat(&c, "m", KEY, Some(&extra))["usage"],
-        json!({ "input_tokens": 100, "output_tokens": 35, "cache_read_input_tokens": 20, "cache_creation_input_tokens": 0,
-                "cost": 0, "service": { "cost_microcents": 0, "plan_value_microcents": 5150, "paid_from": "plan" } })
-    );
 }
 
 #[test]

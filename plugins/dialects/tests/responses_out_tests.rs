@@ -1,11 +1,18 @@
-//! `chat_to_response`, `render_json` and `ResponsesStream`.
+//! A whole chat answer as a Responses object (read as the chat path reads it), `render_json`
+//! and `ResponsesStream`.
 
 use bytes::BytesMut;
 use proptest::prelude::*;
 use serde_json::{Value, json};
 
 use super::support::*;
-use crate::dialects::{ResponsesStream, chat_to_response, render_json};
+use crate::dialects::{ResponsesStream, render_json};
+use crate::shared::answer::AnswerTranslator;
+use tollgate::error::{ErrorKind, GatewayError};
+
+fn chat_to_response(chat: &Value) -> Value {
+    whole(&ResponsesStream::new(chat["model"].as_str().unwrap_or("")), chat)
+}
 
 fn chat(message: Value, finish: &str) -> Value {
     json!({
@@ -89,7 +96,7 @@ fn rendering_keeps_cost_at_eight_decimals() {
 
 fn stream_events(sse: &[u8]) -> Vec<(String, Value)> {
     let mut s = ResponsesStream::new("m1");
-    events(&feed(&[sse], |f, out| s.on_sse_frame(f, out)))
+    events(&feed(&[sse], |f, out| drive(&mut s, f, out)))
 }
 
 #[test]
@@ -161,10 +168,7 @@ fn reasoning_then_text_then_calls_are_separate_items_and_length_is_incomplete() 
 fn a_failure_is_response_failed_with_the_code() {
     let mut s = ResponsesStream::new("m1");
     let mut out = BytesMut::new();
-    s.on_error(
-        &json!({ "error": { "type": "invalid_request_error", "code": "context_length_exceeded", "message": "too long" }, "request_id": "r" }),
-        &mut out,
-    );
+    s.on_failure(&GatewayError::new(ErrorKind::ContextLengthExceeded, "too long"), "r", &mut out);
     s.on_done(&mut out);
     assert!(s.is_ended());
     let ev = events(&out);
@@ -202,8 +206,8 @@ proptest! {
         chunks.push(&sse[last..]);
         let mut a = ResponsesStream::new("m1");
         let mut b = ResponsesStream::new("m1");
-        let whole = feed(&[&sse], |f, out| a.on_sse_frame(f, out));
-        prop_assert_eq!(feed(&chunks, |f, out| b.on_sse_frame(f, out)), whole);
+        let whole = feed(&[&sse], |f, out| drive(&mut a, f, out));
+        prop_assert_eq!(feed(&chunks, |f, out| drive(&mut b, f, out)), whole);
     }
 }
 

@@ -5,12 +5,13 @@ use proptest::prelude::*;
 use serde_json::{Value, json};
 
 use super::support::*;
-use crate::dialects::{MessagesStream, messages_error_from_chat, ping, sign_thinking};
+use crate::dialects::{MessagesStream, ping, sign_thinking};
+use crate::shared::answer::AnswerTranslator;
 use tollgate::error::{ErrorKind, GatewayError};
 
 fn translate(sse: &[u8]) -> Vec<(String, Value)> {
     let mut s = MessagesStream::new("m1", KEY);
-    events(&feed(&[sse], |frame, out| s.on_sse_frame(frame, out)))
+    events(&feed(&[sse], |frame, out| drive(&mut s, frame, out)))
 }
 
 fn tool_start(index: u64, id: &str, name: &str) -> Value {
@@ -128,24 +129,15 @@ fn an_empty_stream_still_starts_and_stops() {
 }
 
 #[test]
-fn length_maps_to_max_tokens_and_paid_usage_is_carried() {
-    let mut usage = usage_frame(10, 0, 5);
-    usage["usage"]["cost"] = json!(0);
-    usage["usage"]["service"] =
-        json!({ "cost_microcents": 0, "plan_value_microcents": 77, "paid_from": "standby", "cached_input_tokens": 0 });
-    let ev = translate(&chat_sse(&[chunk(json!({ "content": "x" })), finish("length"), usage.clone()]));
+fn length_maps_to_max_tokens_and_credit_usage_has_the_four_counters() {
+    let ev = translate(&chat_sse(&[chunk(json!({ "content": "x" })), finish("length"), usage_frame(10, 0, 5)]));
     let delta = &ev[ev.len() - 2].1;
     assert_eq!(delta["delta"]["stop_reason"], "max_tokens");
+    // Spec "Messages response": credit-funded usage carries the four counters only.
     assert_eq!(
         delta["usage"],
-        json!({ "input_tokens": 10, "output_tokens": 5, "cache_read_input_tokens": 0, "cache_creation_input_tokens": 0,
-                "cost": 0.0, "service": { "cost_microcents": 0, "plan_value_microcents": 77, "paid_from": "standby" } })
+        json!({ "input_tokens": 10, "output_tokens": 5, "cache_read_input_tokens": 0, "cache_creation_input_tokens": 0 })
     );
-    // `cost` is written in the chat dialect's eight-decimal form.
-    let mut s = MessagesStream::new("m1", KEY);
-    let sse = chat_sse(&[finish("stop"), usage]);
-    let text = String::from_utf8(feed(&[&sse], |f, out| s.on_sse_frame(f, out))).unwrap();
-    assert!(text.contains("\"cost\":0.00000000,"), "{text}");
 }
 
 #[test]
@@ -242,46 +234,13 @@ fn an_error_before_any_output_is_the_only_event() {
 }
 
 #[test]
-fn chat_errors_map_to_messages_types() {
-    let e = |t: &str, code: &str, msg: &str| {
-        messages_error_from_chat(
-            &json!({ "error": { "type": t, "code": code, "message": msg, "param": "x" }, "request_id": "r" }),
-        )
-    };
-    assert_eq!(
-        e("invalid_request_error", "context_length_exceeded", "12000 tokens > 8192"),
-        json!({ "type": "error", "error": { "type": "invalid_request_error", "message": "prompt is too long: 12000 tokens > 8192" }, "request_id": "r" })
-    );
-    assert_eq!(
-        e("invalid_request_error", "context_length_exceeded", "prompt is too long")["error"]["message"],
-        "prompt is too long"
-    );
-    assert_eq!(e("permission_error", "insufficient_credits", "m")["error"]["type"], "billing_error");
-    assert_eq!(e("permission_error", "credits_scope_violation", "m")["error"]["type"], "permission_error");
-    assert_eq!(e("api_error", "hosted_model_paused", "m")["error"]["type"], "overloaded_error");
-    assert_eq!(e("api_error", "upstream_error", "m")["error"]["type"], "api_error");
-    assert_eq!(e("rate_limit_error", "hosted_model_at_capacity", "m")["error"]["type"], "rate_limit_error");
-    assert_eq!(e("invalid_request_error", "payload_too_large", "m")["error"]["type"], "request_too_large");
-    assert_eq!(e("authentication_error", "invalid_api_key", "m")["error"]["type"], "authentication_error");
-    assert_eq!(e("not_found_error", "model_not_found", "m")["error"]["type"], "not_found_error");
-    assert_eq!(e("api_error", "x", "")["error"]["message"], "The response failed.");
-}
-
-#[test]
-fn comments_and_non_json_frames_are_ignored() {
-    let mut sse = b": keep-alive\n\ndata: not json\n\n".to_vec();
-    sse.extend_from_slice(&chat_sse(&[chunk(json!({ "content": "x" }))]));
-    assert_eq!(names(&translate(&sse))[..2], ["message_start", "content_block_start"]);
-}
-
-#[test]
 fn nothing_is_written_after_the_end() {
     let mut s = MessagesStream::new("m1", KEY);
     let mut out = BytesMut::new();
     s.on_done(&mut out);
     let len = out.len();
-    s.on_chat_frame(&chunk(json!({ "content": "late" })), &mut out);
-    s.on_error(&json!({ "error": { "message": "x" } }), &mut out);
+    drive(&mut s, format!("data: {}\n\n", chunk(json!({ "content": "late" }))).as_bytes(), &mut out);
+    s.on_failure(&GatewayError::new(ErrorKind::UpstreamFailed, "x"), "r", &mut out);
     s.on_done(&mut out);
     assert_eq!(out.len(), len);
 }
@@ -322,9 +281,9 @@ proptest! {
         }
         chunks.push(&sse[last..]);
         let mut whole = MessagesStream::new("m1", KEY);
-        let expected = feed(&[&sse], |f, out| whole.on_sse_frame(f, out));
+        let expected = feed(&[&sse], |f, out| drive(&mut whole, f, out));
         let mut split = MessagesStream::new("m1", KEY);
-        let got = feed(&chunks, |f, out| split.on_sse_frame(f, out));
+        let got = feed(&chunks, |f, out| drive(&mut split, f, out));
         prop_assert_eq!(&got, &expected);
         // And the events are well formed: start first, stop last, every started block stopped.
         let ev = events(&got);

@@ -7,9 +7,12 @@ use bytes::BytesMut;
 use serde_json::{Value, json};
 
 use crate::dialects::{Effort, ModelCaps};
+use crate::shared::answer::{AnswerTranslator, AnswerView, Form, PricedUsage, pieces};
 use tollgate::config::ModelEntry;
 use tollgate::error::{ErrorKind, GatewayError};
+use tollgate::money::Microcents;
 use tollgate::sse::{SseFramer, data_payload};
+use tollgate::usage::{UsageBasis, UsageFigures};
 
 pub const KEY: &[u8] = b"test-signing-key";
 
@@ -120,4 +123,49 @@ pub fn feed(chunks: &[&[u8]], mut f: impl FnMut(&[u8], &mut BytesMut)) -> Vec<u8
         }
     }
     out.to_vec()
+}
+
+/// The priced usage the chat path hands a translator, from a chat Usage object (counts, and
+/// the cost in `service.cost_microcents`).
+pub fn priced_of(u: &Value) -> PricedUsage {
+    let n = |p: &str| u.pointer(p).and_then(Value::as_u64).unwrap_or(0);
+    let figures = UsageFigures {
+        prompt_tokens: n("/prompt_tokens"),
+        completion_tokens: n("/completion_tokens"),
+        total_tokens: n("/total_tokens"),
+        cached_tokens: n("/prompt_tokens_details/cached_tokens"),
+        cost: Microcents(n("/service/cost_microcents")),
+        basis: UsageBasis::ProviderReported,
+    };
+    PricedUsage { figures, no_answer: u.pointer("/service/output_token_accounting").is_some() }
+}
+
+/// Drive `t` with one chat SSE frame the way the chat path does: the borrowed view's typed
+/// pieces for a chunk, the priced usage for a usage report, `[DONE]`, or a failure for an
+/// error frame (its message kept).
+pub fn drive(t: &mut dyn AnswerTranslator, frame: &[u8], out: &mut BytesMut) {
+    let Some(data) = data_payload(frame) else { return };
+    if data.trim_ascii() == b"[DONE]" {
+        return t.on_done(out);
+    }
+    let Some(view) = AnswerView::parse(&data) else { return };
+    if view.is_error() {
+        let v: Value = serde_json::from_slice(&data).unwrap();
+        let message = v.pointer("/error/message").and_then(Value::as_str).unwrap_or("failed").to_string();
+        let request_id = v["request_id"].as_str().unwrap_or("req_test");
+        return t.on_failure(&GatewayError::new(ErrorKind::UpstreamFailed, message), request_id, out);
+    }
+    t.on_chunk(&view.meta(), &pieces(&view, Form::Chunk), out);
+    if let Some(u) = view.usage.value() {
+        t.on_usage(priced_of(&serde_json::from_str(u.get()).unwrap()));
+    }
+}
+
+/// A whole chat completion (as JSON) as the translator's body, read the way the chat path
+/// reads it.
+pub fn whole(t: &dyn AnswerTranslator, chat: &Value) -> Value {
+    let text = serde_json::to_vec(chat).unwrap();
+    let view = AnswerView::parse(&text).unwrap();
+    let usage = chat.get("usage").filter(|u| u.is_object()).map(priced_of);
+    serde_json::from_slice(&t.whole(&view.meta(), &pieces(&view, Form::Body), usage)).unwrap()
 }

@@ -1,0 +1,123 @@
+//! The one accounting step of the response pipeline: given the borrowed view of a body or a
+//! stream chunk, update what the request has delivered (answered choices, delivered tokens
+//! and text, the first token) and plan the edits the chat dialect makes to the text (the
+//! model name, reasoning moved to `reasoning`, `service.output_status` on a choice that ended
+//! without answer content). Usage is priced by the caller, which knows the body's form.
+
+use std::sync::atomic::Ordering;
+
+use serde_json::{Value, json};
+
+use super::edits::Edits;
+use crate::shared::answer::{AnswerView, Form, PartView};
+use tollgate::ctx::RequestCtx;
+
+/// What one choice's `message` or `delta` carried.
+#[derive(Debug, Default, Clone, Copy)]
+struct PartOutput {
+    /// Answer content (non-empty text) or tool calls.
+    answer: bool,
+    /// Answer or reasoning output (a delivered token).
+    output: bool,
+    text_bytes: usize,
+}
+
+/// The part as the client gets it: a replica's `reasoning_content` counts as `reasoning`
+/// where that is absent or null.
+fn part_output(part: &PartView<'_>) -> PartOutput {
+    let reasoning = match part.reasoning.value() {
+        Some(_) => part.reasoning.str_len(),
+        None => part.reasoning_content.str_len(),
+    };
+    let content = part.content.str_len();
+    let answer = content > 0 || part.tool_calls.is_non_empty_array();
+    PartOutput { answer, output: answer || reasoning > 0, text_bytes: content + reasoning }
+}
+
+/// `reasoning_content` becomes `reasoning` (where `reasoning` is absent or null; otherwise it
+/// is dropped).
+fn move_reasoning(part: &PartView<'_>, edits: &mut Edits<'_>) -> Option<()> {
+    let Some(rc) = part.reasoning_content.0 else { return Some(()) };
+    match part.reasoning.0 {
+        None => edits.rename_key(rc, "reasoning"),
+        Some(r) if part.reasoning.value().is_none() => {
+            edits.replace_value(r, rc.get().as_bytes().to_vec())?;
+            edits.remove_member(rc)
+        }
+        Some(_) => edits.remove_member(rc),
+    }
+}
+
+/// `service.output_status` for a choice that ended without answer content.
+pub fn output_status(finish_reason: &str) -> Value {
+    if finish_reason == "length" {
+        json!({ "output_status": {
+            "code": "generation_limit_reached_before_answer",
+            "message": "The output limit was reached before the model produced answer content; raise max_tokens or lower reasoning_effort."
+        }})
+    } else {
+        json!({ "output_status": {
+            "code": "no_answer_content",
+            "message": "The model finished without producing answer content."
+        }})
+    }
+}
+
+/// Account for one body or chunk and plan its edits. `None`: a place to edit could not be
+/// located (the text is then treated as malformed); nothing in `cx` is trusted after it.
+pub fn account<'t>(view: &AnswerView<'t>, form: Form, cx: &mut RequestCtx, edits: &mut Edits<'t>) -> Option<()> {
+    if let Some(model) = view.model.0 {
+        let renamed = view.model.as_str().and_then(|name| cx.pool()?.from_upstream(&name).map(str::to_owned));
+        if let Some(id) = renamed {
+            let mut text = Vec::with_capacity(id.len() + 2);
+            tollgate::json_raw::write_string(&mut text, &id);
+            edits.replace_value(model, text)?;
+        }
+    }
+    let mut body_text_bytes = 0;
+    for (pos, choice) in view.choices.iter().flatten().enumerate() {
+        let slot = choice.slot(pos);
+        if cx.response.answered.len() <= slot {
+            cx.response.answered.resize(slot + 1, false);
+        }
+        if let Some(part) = choice.part(form).ok()? {
+            move_reasoning(&part, edits)?;
+            let out = part_output(&part);
+            match form {
+                Form::Body => body_text_bytes += out.text_bytes,
+                Form::Chunk if out.output => {
+                    cx.response.delivered_tokens += 1;
+                    cx.response.delivered_text_bytes += out.text_bytes as u64;
+                    cx.first_token_seen.store(true, Ordering::Release);
+                }
+                Form::Chunk => {}
+            }
+            cx.response.answered[slot] |= out.answer;
+        }
+        let Some(finish) = choice.finish_reason.as_str() else { continue };
+        if !cx.response.answered[slot] {
+            let status = serde_json::to_vec(&output_status(&finish)).ok()?;
+            match choice.service.0 {
+                Some(existing) => edits.replace_value(existing, status)?,
+                None => edits.insert_before(choice.finish_reason.0?, "service", &status)?,
+            }
+        }
+    }
+    if form == Form::Body {
+        // Fallback count for settlement when the replica reported no usage.
+        cx.response.delivered_tokens = (body_text_bytes as u64).div_ceil(4);
+        cx.response.delivered_text_bytes = body_text_bytes as u64;
+    }
+    Some(())
+}
+
+/// Every choice seen so far ended without answer content.
+pub fn no_answer(cx: &RequestCtx) -> bool {
+    !cx.response.answered.is_empty() && cx.response.answered.iter().all(|a| !a)
+}
+
+/// The replica's usage report priced for the resolved model; `None` when it is not one.
+pub fn priced(usage: &serde_json::value::RawValue, cx: &RequestCtx) -> Option<tollgate::usage::UsageFigures> {
+    let v: Value = serde_json::from_str(usage.get()).ok()?;
+    tollgate::usage::from_provider(&v, cx.model()?)
+}

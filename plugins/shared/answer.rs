@@ -1,0 +1,278 @@
+//! A chat answer as the chat path reads it, once: the borrowed view of a completion body or
+//! a stream chunk (`AnswerView`), the pieces of its first choice a dialect turns into its own
+//! shape (`Piece`), and the contract of a dialect translator (`AnswerTranslator`).
+//!
+//! The chat plugin parses each body or frame once into the view, does its accounting on it
+//! and, on a dialect route, hands the translator typed pieces and typed usage: no translator
+//! reads or re-parses chat text. Values stay the raw text they arrived as (validated by the
+//! parse, never copied), so an unchanged frame can be forwarded byte for byte and a changed
+//! one edited in place (`plugins/chat/edits.rs`).
+
+use std::borrow::Cow;
+
+use bytes::BytesMut;
+use serde::{Deserialize, Deserializer};
+use serde_json::value::RawValue;
+
+use tollgate::error::GatewayError;
+use tollgate::json_raw;
+use tollgate::usage::UsageFigures;
+
+/// A member as raw JSON text: `None` when absent. Unlike `Option<&RawValue>`, a `null` value
+/// is kept (as the text `null`), so its place in the text is known.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Field<'a>(pub Option<&'a RawValue>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for Field<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        <&'a RawValue>::deserialize(d).map(|raw| Field(Some(raw)))
+    }
+}
+
+impl<'a> Field<'a> {
+    /// Present and not `null`.
+    pub fn value(self) -> Option<&'a RawValue> {
+        self.0.filter(|r| !json_raw::is_null(r))
+    }
+
+    pub fn is_present(self) -> bool {
+        self.0.is_some()
+    }
+
+    pub fn as_str(self) -> Option<Cow<'a, str>> {
+        self.0.and_then(json_raw::as_str).map(|s| s.0)
+    }
+
+    /// Bytes of a non-empty string value (0 for anything else).
+    pub fn str_len(self) -> usize {
+        self.as_str().map_or(0, |s| s.len())
+    }
+
+    pub fn as_u64(self) -> Option<u64> {
+        self.0.and_then(|r| serde_json::from_str::<u64>(r.get()).ok())
+    }
+
+    /// A non-empty array.
+    pub fn is_non_empty_array(self) -> bool {
+        self.0.is_some_and(|r| {
+            let t = r.get();
+            t.starts_with('[') && t[1..].trim_start().as_bytes().first() != Some(&b']')
+        })
+    }
+}
+
+/// The members of a chat completion (or one stream chunk) the gateway reads; every other
+/// member is skipped (still validated). A repeated member the gateway reads makes the text
+/// unreadable (decisions.md 89).
+#[derive(Debug, Deserialize)]
+pub struct AnswerView<'a> {
+    #[serde(borrow, default)]
+    pub id: Field<'a>,
+    #[serde(borrow, default)]
+    pub created: Field<'a>,
+    #[serde(borrow, default)]
+    pub model: Field<'a>,
+    /// A list of objects; `None` when absent or `null` (anything else fails the parse).
+    #[serde(borrow, default)]
+    pub choices: Option<Vec<ChoiceView<'a>>>,
+    #[serde(borrow, default)]
+    pub usage: Field<'a>,
+    #[serde(borrow, default)]
+    pub error: Field<'a>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ChoiceView<'a> {
+    #[serde(borrow, default)]
+    pub index: Field<'a>,
+    /// A completion's choice.
+    #[serde(borrow, default)]
+    pub message: Field<'a>,
+    /// A stream chunk's choice.
+    #[serde(borrow, default)]
+    pub delta: Field<'a>,
+    #[serde(borrow, default)]
+    pub finish_reason: Field<'a>,
+    #[serde(borrow, default)]
+    pub service: Field<'a>,
+}
+
+/// A choice's `message` or `delta`.
+#[derive(Debug, Default, Deserialize)]
+pub struct PartView<'a> {
+    #[serde(borrow, default)]
+    pub content: Field<'a>,
+    #[serde(borrow, default)]
+    pub reasoning: Field<'a>,
+    /// A replica's name for `reasoning` (moved there on the way out).
+    #[serde(borrow, default)]
+    pub reasoning_content: Field<'a>,
+    #[serde(borrow, default)]
+    pub tool_calls: Field<'a>,
+}
+
+#[derive(Deserialize)]
+struct ToolCallView<'a> {
+    #[serde(borrow, default)]
+    index: Field<'a>,
+    #[serde(borrow, default)]
+    id: Field<'a>,
+    #[serde(borrow, default)]
+    function: Field<'a>,
+}
+
+#[derive(Deserialize)]
+struct FunctionView<'a> {
+    #[serde(borrow, default)]
+    name: Field<'a>,
+    #[serde(borrow, default)]
+    arguments: Field<'a>,
+}
+
+/// Which member of a choice holds its output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Form {
+    /// A whole completion: `choices[].message`.
+    Body,
+    /// A stream chunk: `choices[].delta`.
+    Chunk,
+}
+
+impl<'a> AnswerView<'a> {
+    /// `None` when `text` is not a JSON object with these members readable.
+    pub fn parse(text: &'a [u8]) -> Option<AnswerView<'a>> {
+        // A struct also parses from an array (fields by position): only an object is one.
+        if text.trim_ascii_start().first() != Some(&b'{') {
+            return None;
+        }
+        serde_json::from_slice(text).ok()
+    }
+
+    /// An error object in place of a chunk.
+    pub fn is_error(&self) -> bool {
+        self.error.is_present() && self.choices.is_none()
+    }
+
+    pub fn meta(&self) -> ChunkMeta<'a> {
+        ChunkMeta { id: self.id.as_str(), created: self.created.0.and_then(|r| r.get().parse::<i64>().ok()) }
+    }
+}
+
+impl<'a> ChoiceView<'a> {
+    /// `index`, else the position in `choices` (capped: the gateway tracks at most 65).
+    pub fn slot(&self, position: usize) -> usize {
+        self.index.as_u64().map_or(position, |i| i as usize).min(64)
+    }
+
+    pub fn part_field(&self, form: Form) -> Field<'a> {
+        match form {
+            Form::Body => self.message,
+            Form::Chunk => self.delta,
+        }
+    }
+
+    /// The output part when it is an object (`Ok(None)` when it is not); `Err` when it is an
+    /// object whose members cannot be read (a repeated member, decisions.md 89).
+    pub fn part(&self, form: Form) -> Result<Option<PartView<'a>>, serde_json::Error> {
+        match self.part_field(form).0.filter(|r| json_raw::is_object(r)) {
+            Some(raw) => serde_json::from_str(raw.get()).map(Some),
+            None => Ok(None),
+        }
+    }
+}
+
+/// What a whole answer or chunk says about itself, for the dialect envelopes.
+#[derive(Debug, Default, Clone)]
+pub struct ChunkMeta<'a> {
+    pub id: Option<Cow<'a, str>>,
+    pub created: Option<i64>,
+}
+
+/// Output of the first choice, in the order it applies. Empty strings are not output and
+/// give no piece.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Piece<'a> {
+    Reasoning(Cow<'a, str>),
+    Text(Cow<'a, str>),
+    /// A tool call (a stream: a fragment of one); `index` is the chat tool-call index.
+    Tool {
+        index: u64,
+        id: Option<Cow<'a, str>>,
+        name: Option<Cow<'a, str>>,
+        /// The arguments' JSON text (a stream: a fragment of it).
+        args: Option<Cow<'a, str>>,
+    },
+    Finish(Cow<'a, str>),
+}
+
+fn non_empty(s: Option<Cow<'_, str>>) -> Option<Cow<'_, str>> {
+    s.filter(|s| !s.is_empty())
+}
+
+/// The pieces of the choice with index 0 (neither dialect asks for more than one).
+pub fn pieces<'a>(view: &AnswerView<'a>, form: Form) -> Vec<Piece<'a>> {
+    let mut out = Vec::new();
+    let Some(choice) = view.choices.iter().flatten().find(|c| c.index.as_u64().unwrap_or(0) == 0) else {
+        return out;
+    };
+    if let Ok(Some(part)) = choice.part(form) {
+        if let Some(r) = non_empty(part.reasoning.as_str().or_else(|| part.reasoning_content.as_str())) {
+            out.push(Piece::Reasoning(r));
+        }
+        if let Some(t) = non_empty(part.content.as_str()) {
+            out.push(Piece::Text(t));
+        }
+        tool_pieces(part.tool_calls, &mut out);
+    }
+    if let Some(f) = choice.finish_reason.as_str() {
+        out.push(Piece::Finish(f));
+    }
+    out
+}
+
+fn tool_pieces<'a>(calls: Field<'a>, out: &mut Vec<Piece<'a>>) {
+    let Some(list) = calls.value().and_then(|r| serde_json::from_str::<Vec<&'a RawValue>>(r.get()).ok()) else {
+        return;
+    };
+    for (pos, raw) in list.into_iter().enumerate() {
+        let Ok(call) = serde_json::from_str::<ToolCallView<'a>>(raw.get()) else { continue };
+        let function = call.function.value().and_then(|r| serde_json::from_str::<FunctionView<'a>>(r.get()).ok());
+        // Arguments are JSON text in a string; an object given directly is kept as its text.
+        let args = function.as_ref().and_then(|f| match f.arguments.value() {
+            Some(r) if json_raw::is_object(r) => Some(Cow::Borrowed(r.get())),
+            _ => f.arguments.as_str(),
+        });
+        out.push(Piece::Tool {
+            index: call.index.as_u64().unwrap_or(pos as u64),
+            id: non_empty(call.id.as_str()),
+            name: non_empty(function.as_ref().and_then(|f| f.name.as_str())),
+            args: non_empty(args),
+        });
+    }
+}
+
+/// Usage as the chat path priced it, for a translator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PricedUsage {
+    pub figures: UsageFigures,
+    /// Every choice ended without answer content (adds `output_token_accounting`).
+    pub no_answer: bool,
+}
+
+/// A dialect's translation of the chat answer, fed by the chat path with typed pieces. A
+/// stream gets `on_chunk` per chunk, `on_usage` when the usage report arrives, then one of
+/// `on_done` or `on_failure`; a whole answer gets `whole`. Writes go to `out` as whole SSE
+/// events.
+pub trait AnswerTranslator: Send + Sync {
+    fn on_chunk(&mut self, meta: &ChunkMeta<'_>, pieces: &[Piece<'_>], out: &mut BytesMut);
+    fn on_usage(&mut self, usage: PricedUsage);
+    /// The chat stream's `[DONE]`.
+    fn on_done(&mut self, out: &mut BytesMut);
+    /// The stream ends with a failure; nothing follows.
+    fn on_failure(&mut self, err: &GatewayError, request_id: &str, out: &mut BytesMut);
+    /// A whole (non-streamed) answer as the dialect's body.
+    fn whole(&self, meta: &ChunkMeta<'_>, pieces: &[Piece<'_>], usage: Option<PricedUsage>) -> Vec<u8>;
+}
+
+/// In `cx.ext`: the translator of a request a dialect put on the chat path.
+pub struct Translation(pub Box<dyn AnswerTranslator>);
