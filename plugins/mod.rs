@@ -8,6 +8,7 @@ pub mod billing;
 pub mod chat;
 pub mod dialects;
 pub mod gate;
+pub mod idempotency;
 pub mod limits;
 pub mod shared;
 
@@ -30,18 +31,21 @@ pub struct Services {
 /// each plugin's priority. It follows the spec's layers: the connection gate before the
 /// credential is read; authentication; the dialects translate onto the chat path and the chat
 /// path validates and estimates tokens; admission then sees the estimate; billing places its
-/// hold last, so a refused request never holds credit. In the log phase every plugin runs, and
-/// none depends on another's log hook (the core completes the usage first).
-pub const CHAIN_ORDER: [(&str, i16); 6] = [
+/// hold last, so a refused request never holds credit. An idempotent replay or conflict is
+/// answered after the dialects registered their translator and before anything takes a slot
+/// or a hold. In the log phase every plugin runs, and none depends on another's log hook (the
+/// core completes the usage first).
+pub const CHAIN_ORDER: [(&str, i16); 7] = [
     ("connection_gate", gate::GATE_PRIORITY),
     ("auth", auth::AUTH_PRIORITY),
     ("dialects", dialects::DIALECTS_PRIORITY),
+    ("idempotency", idempotency::IDEMPOTENCY_PRIORITY),
     ("chat_completions", chat::CHAT_PRIORITY),
     ("limits", limits::LIMITS_PRIORITY),
     ("billing", billing::BILLING_PRIORITY),
 ];
 
-const KNOWN: &str = "auth, billing, chat_completions, connection_gate, dialects, limits";
+const KNOWN: &str = "auth, billing, chat_completions, connection_gate, dialects, idempotency, limits";
 
 /// Build the chain named in `tollgate.yaml`.
 pub fn build(config: &Config, services: &Services) -> Result<Chain, ConfigErrors> {
@@ -86,6 +90,10 @@ pub fn build(config: &Config, services: &Services) -> Result<Chain, ConfigErrors
                     plugins.push(Arc::new(limits::Limits::new(settings, store, &config.catalog.models)));
                 }
             }
+            "idempotency" => plugins.push(Arc::new(idempotency::Idempotency::new(
+                idempotency_store(&config.gateway.limits.store),
+                u64::try_from(config.gateway.limits.lease_ttl.as_millis()).unwrap_or(u64::MAX),
+            ))),
             "dialects" => {
                 let pepper = config.gateway.identity.as_ref().map(|i| i.key_pepper.as_slice());
                 plugins.push(Arc::new(dialects::Dialects::new(dialects::signing_key(pepper))))
@@ -112,6 +120,23 @@ pub fn build(config: &Config, services: &Services) -> Result<Chain, ConfigErrors
     if problems.is_empty() { Ok(Chain::new(plugins)) } else { Err(ConfigErrors(problems)) }
 }
 
+/// The idempotency records live in the limiter's store: in process, or on the same Redis.
+fn idempotency_store(cfg: &tollgate::limits::LimiterConfig) -> Arc<dyn tollgate::idempotency::IdempotencyStore> {
+    use tollgate::idempotency::{DisabledRecords, InProcessRecords, RedisRecords};
+    use tollgate::limits::LimiterConfig;
+    match cfg {
+        LimiterConfig::InProcess => Arc::new(InProcessRecords::new()),
+        LimiterConfig::Redis { url, options } => match RedisRecords::new(url, &options.prefix, options.timeout) {
+            Ok(r) => Arc::new(r),
+            Err(e) => {
+                log::error!("idempotency store: {e}");
+                Arc::new(DisabledRecords)
+            }
+        },
+        LimiterConfig::Disabled => Arc::new(DisabledRecords),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::CHAIN_ORDER;
@@ -126,6 +151,7 @@ mod tests {
                 ("connection_gate", 600),
                 ("auth", 500),
                 ("dialects", 300),
+                ("idempotency", 250),
                 ("chat_completions", 200),
                 ("limits", 150),
                 ("billing", 100),

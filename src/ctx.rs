@@ -76,6 +76,8 @@ pub struct RequestCtx {
     pub body_read: bool,
     /// The parsed request body (inference routes).
     pub body: Option<Value>,
+    /// The request body as received (inference routes), e.g. for a fingerprint.
+    pub raw_body: Option<Bytes>,
     /// Where the request goes, once its `model` is resolved (inference routes).
     pub placement: Option<Placement>,
     /// The client asked for `stream: true`.
@@ -165,6 +167,7 @@ impl RequestCtx {
             client_request_id: None,
             body_read: false,
             body: None,
+            raw_body: None,
             placement: None,
             stream: false,
             prompt_estimate: 0,

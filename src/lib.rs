@@ -16,6 +16,7 @@ pub mod error;
 pub mod faults;
 pub mod heartbeat;
 pub mod held_output;
+pub mod idempotency;
 pub mod identity;
 pub mod identity_service;
 pub mod json_raw;

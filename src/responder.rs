@@ -52,7 +52,26 @@ pub async fn json(
     body: Bytes,
     extra: &[(&'static str, String)],
 ) -> pingora::Result<()> {
-    let resp = json_header(cx, status, body.len(), extra)?;
+    whole(s, cx, status, "application/json", body, extra).await
+}
+
+/// Write a complete response of `content_type` (an event stream too: a short one, such as an
+/// idempotent replay's, is sent whole with its length).
+pub async fn whole(
+    s: &mut Session,
+    cx: &RequestCtx,
+    status: u16,
+    content_type: &str,
+    body: Bytes,
+    extra: &[(&'static str, String)],
+) -> pingora::Result<()> {
+    let mut resp = json_header(cx, status, body.len(), extra)?;
+    if content_type != "application/json" {
+        resp.insert_header("content-type", content_type)?;
+        if content_type.starts_with("text/event-stream") {
+            resp.insert_header("cache-control", "no-cache")?;
+        }
+    }
     // A POST whose body was not read to the end cannot be followed on this connection
     // (draining a 3.5 MB body just to refuse it is what the limit prevents).
     if cx.route.is_none_or(|r| r.method() == "POST") && !cx.body_read {

@@ -6,6 +6,7 @@
 
 use std::sync::atomic::Ordering;
 
+use bytes::Bytes;
 use serde_json::{Value, json};
 
 use super::edits::Edits;
@@ -48,6 +49,21 @@ fn move_reasoning(part: &PartView<'_>, edits: &mut Edits<'_>) -> Option<()> {
     }
 }
 
+/// The catalog id (as JSON text) where the answer names the replicas' model; computed once
+/// per request and then shared by every frame.
+fn renamed_model(view: &AnswerView<'_>, cx: &mut RequestCtx) -> Option<Bytes> {
+    struct ModelJson(Bytes);
+    let name = view.model.as_str()?;
+    if let Some(ModelJson(json)) = cx.ext.get::<ModelJson>() {
+        return cx.pool()?.from_upstream(&name).map(|_| json.clone());
+    }
+    let mut json = Vec::new();
+    tollgate::json_raw::write_string(&mut json, cx.pool()?.from_upstream(&name)?);
+    let json = Bytes::from(json);
+    cx.ext.insert(ModelJson(json.clone()));
+    Some(json)
+}
+
 /// `service.output_status` for a choice that ended without answer content.
 pub fn output_status(finish_reason: &str) -> Value {
     if finish_reason == "length" {
@@ -66,13 +82,9 @@ pub fn output_status(finish_reason: &str) -> Value {
 /// Account for one body or chunk and plan its edits. `None`: a place to edit could not be
 /// located (the text is then treated as malformed); nothing in `cx` is trusted after it.
 pub fn account<'t>(view: &AnswerView<'t>, form: Form, cx: &mut RequestCtx, edits: &mut Edits<'t>) -> Option<()> {
-    if let Some(model) = view.model.0 {
-        let renamed = view.model.as_str().and_then(|name| cx.pool()?.from_upstream(&name).map(str::to_owned));
-        if let Some(id) = renamed {
-            let mut text = Vec::with_capacity(id.len() + 2);
-            tollgate::json_raw::write_string(&mut text, &id);
-            edits.replace_value(model, text)?;
-        }
+    crate::shared::answer::AnswerFacts::note(&mut cx.ext, view);
+    if let (Some(model), Some(json)) = (view.model.0, renamed_model(view, cx)) {
+        edits.replace_value(model, json)?;
     }
     let mut body_text_bytes = 0;
     for (pos, choice) in view.choices.iter().flatten().enumerate() {
@@ -80,9 +92,9 @@ pub fn account<'t>(view: &AnswerView<'t>, form: Form, cx: &mut RequestCtx, edits
         if cx.response.answered.len() <= slot {
             cx.response.answered.resize(slot + 1, false);
         }
-        if let Some(part) = choice.part(form).ok()? {
-            move_reasoning(&part, edits)?;
-            let out = part_output(&part);
+        if let Some(part) = choice.part(form) {
+            move_reasoning(part, edits)?;
+            let out = part_output(part);
             match form {
                 Form::Body => body_text_bytes += out.text_bytes,
                 Form::Chunk if out.output => {

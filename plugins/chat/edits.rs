@@ -10,13 +10,18 @@
 
 use std::borrow::Cow;
 
-use bytes::BufMut;
+use bytes::{BufMut, Bytes};
 use serde_json::value::RawValue;
 
-/// Splices on one text: (start, end, replacement), applied in order of `start`.
+/// One splice: (start, end, replacement).
+type Splice = (usize, usize, Bytes);
+
+/// Splices on one text, applied in order of `start`. Most frames get one edit (the model
+/// name) or none: the first is kept inline, so that case allocates no list.
 pub struct Edits<'t> {
     text: &'t [u8],
-    list: Vec<(usize, usize, Vec<u8>)>,
+    first: Option<Splice>,
+    more: Vec<Splice>,
 }
 
 fn is_ws(b: u8) -> bool {
@@ -25,11 +30,11 @@ fn is_ws(b: u8) -> bool {
 
 impl<'t> Edits<'t> {
     pub fn new(text: &'t [u8]) -> Self {
-        Edits { text, list: Vec::new() }
+        Edits { text, first: None, more: Vec::new() }
     }
 
     pub fn is_empty(&self) -> bool {
-        self.list.is_empty()
+        self.first.is_none()
     }
 
     /// Where `raw` (borrowed from the text) stands in it.
@@ -73,13 +78,17 @@ impl<'t> Edits<'t> {
         }
     }
 
-    fn push(&mut self, start: usize, end: usize, with: Vec<u8>) -> Option<()> {
-        self.list.push((start, end, with));
+    fn push(&mut self, start: usize, end: usize, with: impl Into<Bytes>) -> Option<()> {
+        let splice = (start, end, with.into());
+        match self.first {
+            None => self.first = Some(splice),
+            Some(_) => self.more.push(splice),
+        }
         Some(())
     }
 
     /// Replace the value `raw` with `with` (JSON text).
-    pub fn replace_value(&mut self, raw: &RawValue, with: Vec<u8>) -> Option<()> {
+    pub fn replace_value(&mut self, raw: &RawValue, with: impl Into<Bytes>) -> Option<()> {
         let (s, e) = self.span(raw)?;
         self.push(s, e, with)
     }
@@ -102,16 +111,16 @@ impl<'t> Edits<'t> {
             after += 1;
         }
         if t.get(after) == Some(&b',') {
-            return self.push(key_start, after + 1, Vec::new());
+            return self.push(key_start, after + 1, Bytes::new());
         }
         let mut before = key_start;
         while before > 0 && is_ws(t[before - 1]) {
             before -= 1;
         }
         if before > 0 && t[before - 1] == b',' {
-            return self.push(before - 1, value_end, Vec::new());
+            return self.push(before - 1, value_end, Bytes::new());
         }
-        self.push(key_start, value_end, Vec::new()) // the only member
+        self.push(key_start, value_end, Bytes::new()) // the only member
     }
 
     /// Add `"key":value` just before the member whose value is `next`.
@@ -126,20 +135,26 @@ impl<'t> Edits<'t> {
     }
 
     /// The edited text.
-    pub fn write<B: BufMut>(mut self, out: &mut B) {
-        self.list.sort_by_key(|&(s, e, _)| (s, e));
+    pub fn write<B: BufMut>(self, out: &mut B) {
+        let Edits { text, first, mut more } = self;
+        let Some(first) = first else {
+            out.put_slice(text);
+            return;
+        };
+        more.push(first);
+        more.sort_by_key(|&(s, e, _)| (s, e));
         let mut at = 0;
-        for (s, e, with) in &self.list {
+        for (s, e, with) in &more {
             if *s < at {
                 // Overlapping edits are never planned; keep the text valid if one ever is.
                 log::warn!("overlapping edit skipped");
                 continue;
             }
-            out.put_slice(&self.text[at..*s]);
+            out.put_slice(&text[at..*s]);
             out.put_slice(with);
             at = *e;
         }
-        out.put_slice(&self.text[at..]);
+        out.put_slice(&text[at..]);
     }
 }
 

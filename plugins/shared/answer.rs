@@ -11,6 +11,7 @@
 use std::borrow::Cow;
 
 use bytes::BytesMut;
+use serde::de::{self, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;
 
@@ -87,28 +88,102 @@ pub struct ChoiceView<'a> {
     pub index: Field<'a>,
     /// A completion's choice.
     #[serde(borrow, default)]
-    pub message: Field<'a>,
+    pub message: Part<'a>,
     /// A stream chunk's choice.
     #[serde(borrow, default)]
-    pub delta: Field<'a>,
+    pub delta: Part<'a>,
     #[serde(borrow, default)]
     pub finish_reason: Field<'a>,
     #[serde(borrow, default)]
     pub service: Field<'a>,
 }
 
-/// A choice's `message` or `delta`.
-#[derive(Debug, Default, Deserialize)]
+/// A choice's `message` or `delta`, read in the same pass as the rest of the text.
+#[derive(Debug, Default)]
+pub enum Part<'a> {
+    /// Absent.
+    #[default]
+    Absent,
+    /// Present but not an object (skipped, validated).
+    NotObject,
+    Object(PartView<'a>),
+}
+
+/// The members of a `message` or `delta` the gateway reads. A repeated one makes the text
+/// unreadable (decisions.md 89).
+#[derive(Debug, Default)]
 pub struct PartView<'a> {
-    #[serde(borrow, default)]
     pub content: Field<'a>,
-    #[serde(borrow, default)]
     pub reasoning: Field<'a>,
     /// A replica's name for `reasoning` (moved there on the way out).
-    #[serde(borrow, default)]
     pub reasoning_content: Field<'a>,
-    #[serde(borrow, default)]
     pub tool_calls: Field<'a>,
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for Part<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(PartVisitor(std::marker::PhantomData))
+    }
+}
+
+struct PartVisitor<'a>(std::marker::PhantomData<&'a ()>);
+
+impl<'de: 'a, 'a> Visitor<'de> for PartVisitor<'a> {
+    type Value = Part<'a>;
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("any JSON value")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Part<'a>, A::Error> {
+        let mut p = PartView::default();
+        while let Some(key) = map.next_key::<json_raw::Str<'de>>()? {
+            let slot = match key.0.as_ref() {
+                "content" => &mut p.content,
+                "reasoning" => &mut p.reasoning,
+                "reasoning_content" => &mut p.reasoning_content,
+                "tool_calls" => &mut p.tool_calls,
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                    continue;
+                }
+            };
+            if slot.is_present() {
+                return Err(de::Error::custom(format!("duplicate field `{}`", key.0)));
+            }
+            *slot = map.next_value::<Field<'a>>()?;
+        }
+        Ok(Part::Object(p))
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Part<'a>, A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(Part::NotObject)
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<Part<'a>, E> {
+        Ok(Part::NotObject)
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<Part<'a>, E> {
+        Ok(Part::NotObject)
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<Part<'a>, E> {
+        Ok(Part::NotObject)
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Part<'a>, E> {
+        Ok(Part::NotObject)
+    }
+    fn visit_str<E>(self, _: &str) -> Result<Part<'a>, E> {
+        Ok(Part::NotObject)
+    }
+    fn visit_unit<E>(self) -> Result<Part<'a>, E> {
+        Ok(Part::NotObject)
+    }
+}
+
+impl<'a> Part<'a> {
+    pub fn object(&self) -> Option<&PartView<'a>> {
+        match self {
+            Part::Object(p) => Some(p),
+            _ => None,
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -164,20 +239,13 @@ impl<'a> ChoiceView<'a> {
         self.index.as_u64().map_or(position, |i| i as usize).min(64)
     }
 
-    pub fn part_field(&self, form: Form) -> Field<'a> {
+    /// The output part when it is an object.
+    pub fn part(&self, form: Form) -> Option<&PartView<'a>> {
         match form {
-            Form::Body => self.message,
-            Form::Chunk => self.delta,
+            Form::Body => &self.message,
+            Form::Chunk => &self.delta,
         }
-    }
-
-    /// The output part when it is an object (`Ok(None)` when it is not); `Err` when it is an
-    /// object whose members cannot be read (a repeated member, decisions.md 89).
-    pub fn part(&self, form: Form) -> Result<Option<PartView<'a>>, serde_json::Error> {
-        match self.part_field(form).0.filter(|r| json_raw::is_object(r)) {
-            Some(raw) => serde_json::from_str(raw.get()).map(Some),
-            None => Ok(None),
-        }
+        .object()
     }
 }
 
@@ -215,7 +283,7 @@ pub fn pieces<'a>(view: &AnswerView<'a>, form: Form) -> Vec<Piece<'a>> {
     let Some(choice) = view.choices.iter().flatten().find(|c| c.index.as_u64().unwrap_or(0) == 0) else {
         return out;
     };
-    if let Ok(Some(part)) = choice.part(form) {
+    if let Some(part) = choice.part(form) {
         if let Some(r) = non_empty(part.reasoning.as_str().or_else(|| part.reasoning_content.as_str())) {
             out.push(Piece::Reasoning(r));
         }
@@ -276,3 +344,29 @@ pub trait AnswerTranslator: Send + Sync {
 
 /// In `cx.ext`: the translator of a request a dialect put on the chat path.
 pub struct Translation(pub Box<dyn AnswerTranslator>);
+
+/// In `cx.ext` when a later phase asked for them (an idempotency receipt): what the answer
+/// said about itself, filled by the chat path as it reads the answer.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct AnswerFacts {
+    pub id: Option<String>,
+    pub created: Option<i64>,
+    /// The finish reason of the choice with index 0.
+    pub finish_reason: Option<String>,
+}
+
+impl AnswerFacts {
+    /// Note what `view` says, if facts were asked for.
+    pub fn note(ext: &mut tollgate::ctx::Extensions, view: &AnswerView<'_>) {
+        let Some(facts) = ext.get_mut::<AnswerFacts>() else { return };
+        if facts.id.is_none() {
+            let meta = view.meta();
+            facts.id = meta.id.map(Cow::into_owned);
+            facts.created = meta.created;
+        }
+        let first = view.choices.iter().flatten().find(|c| c.index.as_u64().unwrap_or(0) == 0);
+        if let Some(f) = first.and_then(|c| c.finish_reason.as_str()) {
+            facts.finish_reason = Some(f.into_owned());
+        }
+    }
+}

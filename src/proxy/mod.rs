@@ -66,6 +66,7 @@ impl Gateway {
         }
         let keepalive = s.get_keepalive();
         let raw = read_json_body(s, cx).await?;
+        cx.raw_body = Some(raw.clone());
         request::resolve_model(cx, route)?;
         crate::faults::panic_point("request");
         let rewritten = match self.chain.on_request(s, cx).await? {

@@ -272,7 +272,7 @@ impl Gateway {
                 "listen: 127.0.0.1:{port}\nadmin_listen: 127.0.0.1:{admin_port}\nthreads: 1\nlimits:\n  max_request_bytes: {}\n{}budgets:\n  first_token_seconds: {}\n  response_seconds: {}\n  heartbeat_seconds: {}\nshutdown:\n  grace_period_seconds: 1\n  graceful_shutdown_timeout_seconds: 1\nidentity:\n  store: {store}\n  key_pepper: {{ file: pepper }}\n  key_encryption_key: {{ file: enc }}\n{admin}billing:\n  topup_url: https://pay.example.com/top-up\n  hold_margin_seconds: {}\n  sweep_interval_seconds: 1\nplugins:\n{}  - name: auth\n{}  - name: chat_completions\n  - name: billing\n{}",
                 opts.max_request_bytes, opts.limits.clone().unwrap_or_default(), opts.first_token_seconds, opts.response_seconds, opts.heartbeat_seconds, opts.hold_margin_seconds,
                 if opts.limits.is_some() { "  - name: connection_gate\n" } else { "" },
-                if opts.without_dialects { "" } else { "  - name: dialects\n" },
+                if opts.without_dialects { "" } else { "  - name: dialects\n  - name: idempotency\n" },
                 if opts.limits.is_some() { "  - name: limits\n" } else { "" }
             ),
         )

@@ -66,7 +66,7 @@ def gateway():
         "identity:\n  store: { backend: sqlite, path: identity.db }\n"
         "  key_pepper: { file: pepper }\n  key_encryption_key: { file: enc }\n"
         "admin:\n  token_file: admin_token\n"
-        "plugins:\n  - name: auth\n  - name: dialects\n  - name: chat_completions\n  - name: billing\n"
+        "plugins:\n  - name: auth\n  - name: dialects\n  - name: idempotency\n  - name: chat_completions\n  - name: billing\n"
     )
     (conf / "models.yaml").write_text((ROOT / "conf/models.yaml").read_text())
     (conf / "upstreams.yaml").write_text(

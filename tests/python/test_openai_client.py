@@ -80,3 +80,24 @@ def test_wrong_key_is_an_authentication_error(gateway):
     with pytest.raises(openai.AuthenticationError) as e:
         bad.models.list()
     assert e.value.code == "invalid_api_key"
+
+
+def test_retries_with_the_same_idempotency_key_run_and_bill_once(gateway):
+    c = client(gateway)
+    args = dict(
+        model=MODEL,
+        messages=[{"role": "user", "content": "pay once"}],
+        max_tokens=5,
+        extra_headers={"Idempotency-Key": "py-retry-1"},
+    )
+    first = c.chat.completions.with_raw_response.create(**args)
+    second = c.chat.completions.with_raw_response.create(**args)
+    assert first.headers.get("x-service-idempotent-replay") is None
+    assert second.headers.get("x-service-idempotent-replay") == "true"
+    a, b = first.parse(), second.parse()
+    assert b.id == a.id and b.choices[0].message.content == a.choices[0].message.content
+    assert b.usage.model_extra["service"]["cost_microcents"] == a.usage.model_extra["service"]["cost_microcents"]
+    # A different body under the same key is refused, typed as the client sees it.
+    with pytest.raises(openai.BadRequestError) as e:
+        c.chat.completions.create(**{**args, "max_tokens": 6})
+    assert e.value.code == "idempotency_mismatch"

@@ -1,0 +1,298 @@
+//! `Idempotency-Key` on the inference routes (chat completions, messages, Responses):
+//! a retry with the same key runs and bills once (spec "Idempotency key" table,
+//! clarifications 6 and 7).
+//!
+//! Priority 250: after the dialects (300) have translated the request and registered their
+//! translator (a replay renders receipts with it), before the chat path (200), admission
+//! (150) and the hold (100), so a replay or a conflict takes no slot, no hold and no charge.
+//! In the response phases (which run in reverse) it sees the answer as the client gets it.
+//! Requests without the header are not touched and cost nothing.
+
+mod record;
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use pingora::http::ResponseHeader;
+use pingora::proxy::Session;
+use sha2::{Digest, Sha256};
+
+use crate::shared::answer::{AnswerFacts, Translation};
+use record::{MAX_STORED_BODY, Receipt, Record, StoredUsage};
+use tollgate::ctx::RequestCtx;
+use tollgate::error::{ErrorKind, GatewayError};
+use tollgate::idempotency::{Begin, IdempotencyStore};
+use tollgate::plugin::{Flow, Plugin};
+
+pub const IDEMPOTENCY_PRIORITY: i16 = 250;
+
+/// Records are kept this long after settlement (clarification 6).
+const KEEP_MS: u64 = 24 * 60 * 60 * 1000;
+
+pub struct Idempotency {
+    store: Arc<dyn IdempotencyStore>,
+    /// TTL of a running request's lock (the limiter's lease TTL, decisions.md 94); renewed
+    /// every third of it while the request runs.
+    lock_ms: u64,
+}
+
+impl Idempotency {
+    pub fn new(store: Arc<dyn IdempotencyStore>, lock_ms: u64) -> Self {
+        Idempotency { store, lock_ms: lock_ms.max(300) }
+    }
+}
+
+/// A lock this request holds, and what the response showed so far.
+struct Held {
+    key: String,
+    fp: String,
+    renewer: tokio::task::AbortHandle,
+    streamed: bool,
+    status: u16,
+    content_type: Option<String>,
+    body: Vec<u8>,
+    too_large: bool,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.renewer.abort();
+    }
+}
+
+/// The header's value: non-blank printable ASCII, at most 255 characters.
+fn key_of(s: &Session) -> Result<Option<String>, GatewayError> {
+    let Some(v) = s.req_header().headers.get("idempotency-key") else { return Ok(None) };
+    let v = v.as_bytes();
+    if tollgate::text::printable_ascii(v, 255) && !v.trim_ascii().is_empty() {
+        return Ok(Some(String::from_utf8_lossy(v).into_owned()));
+    }
+    Err(GatewayError::new(
+        ErrorKind::InvalidIdempotencyKey,
+        "Idempotency-Key must be non-blank printable ASCII of 255 characters or fewer.",
+    )
+    .with_param("Idempotency-Key"))
+}
+
+fn hex_sha256(parts: &[&[u8]]) -> String {
+    let mut h = Sha256::new();
+    for p in parts {
+        h.update((p.len() as u64).to_be_bytes());
+        h.update(p);
+    }
+    hex::encode(h.finalize())
+}
+
+fn unavailable(e: impl std::fmt::Display) -> GatewayError {
+    log::warn!("idempotency store: {e}");
+    GatewayError::new(
+        ErrorKind::IdempotencyUnavailable,
+        "The Idempotency-Key could not be checked; nothing was run or charged. Retry with the same key.",
+    )
+}
+
+impl Idempotency {
+    fn renewer(&self, key: String, lock: String) -> tokio::task::AbortHandle {
+        let (store, lock_ms) = (self.store.clone(), self.lock_ms);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(std::time::Duration::from_millis(lock_ms / 3)).await;
+                match store.renew(&key, &lock, lock_ms).await {
+                    Ok(true) => {}
+                    Ok(false) => return log::warn!("idempotency lock lost while its request runs"),
+                    Err(e) => log::warn!("idempotency lock not renewed: {e}"),
+                }
+            }
+        })
+        .abort_handle()
+    }
+
+    async fn replay(&self, s: &mut Session, cx: &mut RequestCtx, rec: Record) -> Result<(), GatewayError> {
+        if rec.too_large {
+            return Err(GatewayError::new(
+                ErrorKind::IdempotencyReplayUnavailable,
+                format!(
+                    "The original response is too large to replay; do not use a new key, contact support with request id {}.",
+                    cx.request_id
+                ),
+            ));
+        }
+        let (content_type, body) = match (&rec.body, &rec.receipt) {
+            (Some(body), _) => {
+                (rec.content_type.clone().unwrap_or_else(|| "application/json".into()), Bytes::from(body.clone()))
+            }
+            (None, Some(receipt)) => self.receipt(cx, receipt, rec.status),
+            (None, None) => return Err(GatewayError::internal("an idempotency record without a response")),
+        };
+        cx.response_headers.push(("x-service-idempotent-replay", "true".into()));
+        tollgate::responder::whole(s, cx, 200, &content_type, body, &[])
+            .await
+            .map_err(|e| GatewayError::internal(format!("write failed: {e}")))
+    }
+
+    /// A streamed original's receipt, in the form and dialect the retry asks for.
+    fn receipt(&self, cx: &mut RequestCtx, r: &Receipt, status: u16) -> (String, Bytes) {
+        let usage = r.usage.map(|u| u.priced());
+        let streaming =
+            cx.body.as_ref().and_then(|b| b.get("stream")).and_then(serde_json::Value::as_bool) == Some(true);
+        match cx.ext.get_mut::<Translation>() {
+            Some(t) if streaming => {
+                let mut out = bytes::BytesMut::new();
+                t.0.on_chunk(&r.meta(), &r.pieces(), &mut out);
+                if let Some(u) = usage {
+                    t.0.on_usage(u);
+                }
+                t.0.on_done(&mut out);
+                ("text/event-stream".into(), out.freeze())
+            }
+            Some(t) => ("application/json".into(), Bytes::from(t.0.whole(&r.meta(), &r.pieces(), usage))),
+            None if streaming => ("text/event-stream".into(), r.chat_sse(status)),
+            None => ("application/json".into(), Bytes::from(r.chat_json(status))),
+        }
+    }
+
+    /// The record of a finished request, or `None` when the key is to be released.
+    fn record(cx: &RequestCtx, held: &Held) -> Option<Record> {
+        let ok = (200..300).contains(&held.status);
+        if !held.streamed {
+            if !ok || cx.failure.is_some() || cx.client_gone {
+                return None;
+            }
+            let body = (!held.too_large).then(|| String::from_utf8_lossy(&held.body).into_owned());
+            return Some(Record {
+                fp: held.fp.clone(),
+                status: held.status,
+                streamed: false,
+                too_large: held.too_large,
+                body,
+                content_type: held.content_type.clone(),
+                receipt: None,
+            });
+        }
+        // A stream that delivered nothing and billed nothing releases the key.
+        let billed = cx.usage.is_some_and(|u| u.cost.0 > 0);
+        if !ok || (cx.response.delivered_tokens == 0 && !billed) {
+            return None;
+        }
+        let facts = cx.ext.get::<AnswerFacts>();
+        let no_answer = !cx.response.answered.is_empty() && cx.response.answered.iter().all(|a| !a);
+        Some(Record {
+            fp: held.fp.clone(),
+            status: held.status,
+            streamed: true,
+            too_large: false,
+            body: None,
+            content_type: None,
+            receipt: Some(Receipt {
+                id: facts.and_then(|f| f.id.clone()),
+                created: facts.and_then(|f| f.created),
+                model: cx.model().map(|m| m.id.clone()).unwrap_or_default(),
+                finish_reason: facts.and_then(|f| f.finish_reason.clone()),
+                completed: cx.response.saw_done && cx.failure.is_none(),
+                usage: cx.usage.map(|u| StoredUsage::of(&u, no_answer)),
+            }),
+        })
+    }
+}
+
+#[async_trait]
+impl Plugin for Idempotency {
+    fn name(&self) -> &'static str {
+        "idempotency"
+    }
+
+    fn priority(&self) -> i16 {
+        IDEMPOTENCY_PRIORITY
+    }
+
+    async fn on_request(&self, s: &mut Session, cx: &mut RequestCtx) -> Result<Flow, GatewayError> {
+        // Inference routes only: count_tokens is answered by the dialects before this phase.
+        if !cx.route.is_some_and(|r| r.is_generation()) {
+            return Ok(Flow::Continue);
+        }
+        let Some(idem_key) = key_of(s)? else { return Ok(Flow::Continue) };
+        let scope = cx.principal.as_ref().map_or("", |p| p.key_id.as_str());
+        let key = format!("{scope}:{}", hex_sha256(&[idem_key.as_bytes()]));
+        let req = s.req_header();
+        let raw = cx.raw_body.clone().unwrap_or_default();
+        let fp = hex_sha256(&[req.method.as_str().as_bytes(), req.uri.path().as_bytes(), &raw]);
+        let lock = cx.request_id.clone();
+        match self.store.begin(&key, &lock, self.lock_ms).await.map_err(unavailable)? {
+            Begin::Running => Err(GatewayError::new(
+                ErrorKind::IdempotencyConflict,
+                "A request with this Idempotency-Key is still running; retry with the same key and body after Retry-After.",
+            )),
+            Begin::Settled(bytes) => {
+                let rec: Record = serde_json::from_slice(&bytes).map_err(unavailable)?;
+                if rec.fp != fp {
+                    return Err(GatewayError::new(
+                        ErrorKind::IdempotencyMismatch,
+                        "This Idempotency-Key was used with a different method, route or body.",
+                    )
+                    .with_param("Idempotency-Key"));
+                }
+                self.replay(s, cx, rec).await?;
+                Ok(Flow::Handled)
+            }
+            Begin::Started => {
+                let renewer = self.renewer(key.clone(), lock);
+                cx.ext.insert(AnswerFacts::default());
+                cx.ext.insert(Held {
+                    key,
+                    fp,
+                    renewer,
+                    streamed: false,
+                    status: 0,
+                    content_type: None,
+                    body: Vec::new(),
+                    too_large: false,
+                });
+                Ok(Flow::Continue)
+            }
+        }
+    }
+
+    fn on_response_header(&self, resp: &mut ResponseHeader, cx: &mut RequestCtx) -> Result<(), GatewayError> {
+        let streamed = cx.response.streaming;
+        if let Some(h) = cx.ext.get_mut::<Held>() {
+            h.status = resp.status.as_u16();
+            h.streamed = streamed;
+            h.content_type = resp.headers.get("content-type").and_then(|v| v.to_str().ok()).map(str::to_owned);
+        }
+        Ok(())
+    }
+
+    fn on_response_chunk(&self, body: &mut Option<Bytes>, _eos: bool, cx: &mut RequestCtx) -> Result<(), GatewayError> {
+        let Some(h) = cx.ext.get_mut::<Held>() else { return Ok(()) };
+        if h.streamed || h.too_large {
+            return Ok(());
+        }
+        if let Some(b) = body.as_ref() {
+            if h.body.len() + b.len() > MAX_STORED_BODY {
+                h.too_large = true;
+                h.body = Vec::new();
+            } else {
+                h.body.extend_from_slice(b);
+            }
+        }
+        Ok(())
+    }
+
+    async fn on_log(&self, cx: &mut RequestCtx) {
+        let Some(held) = cx.ext.get::<Held>() else { return };
+        held.renewer.abort();
+        let (key, lock) = (held.key.clone(), cx.request_id.clone());
+        let outcome = match Self::record(cx, held) {
+            Some(rec) => match serde_json::to_vec(&rec) {
+                Ok(bytes) => self.store.settle(&key, &lock, &bytes, KEEP_MS).await.map(drop),
+                Err(e) => Err(tollgate::idempotency::RecordsError::Unavailable(e.to_string())),
+            },
+            None => self.store.release(&key, &lock).await,
+        };
+        if let Err(e) = outcome {
+            // The lock then expires by itself within its TTL; a retry runs after that.
+            log::warn!("{}: idempotency record not written: {e}", cx.request_id);
+        }
+    }
+}
