@@ -20,6 +20,12 @@ fn settlements(gw: &Gateway) -> usize {
     v["entries"].as_array().unwrap().iter().filter(|e| e["kind"] == "settlement").count()
 }
 
+fn top_up(gw: &Gateway, cents: i64) {
+    let path = format!("/admin/v1/workspaces/{}/credits", gw.workspace);
+    let (s, v) = gw.admin("POST", &path, Some(json!({"amount_cents": cents, "source": "purchase"})));
+    assert_eq!(s, 201, "{v}");
+}
+
 fn priced(stream: bool) -> Value {
     let mut b = chat_body("chat-model", stream);
     if stream {
@@ -238,4 +244,63 @@ async fn two_instances_on_redis_share_records_and_an_outage_charges_nothing() {
     assert_eq!(r.json()["error"]["type"], "overloaded_error");
     assert_eq!(replica_calls(&mock).await, 1, "nothing ran");
     assert_eq!(settlements(&a), 1, "nothing billed");
+}
+
+#[tokio::test]
+async fn a_stored_answer_above_the_bound_is_not_replayed() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&mock);
+    top_up(&gw, 100_000);
+    // About 1.3 MB of answer: above the 1,048,576-byte bound of a stored body.
+    let key = [("idempotency-key", "huge"), ("x-mock-tokens", "200000")];
+    let first = gw.post("/v1/chat/completions", &priced(false), &key).await;
+    assert_eq!(first.status, 200, "{}", &first.text[..first.text.len().min(300)]);
+    assert!(first.text.len() > 1_048_576);
+    let again = gw.post("/v1/chat/completions", &priced(false), &key).await;
+    again.assert_error(422, "idempotency_replay_unavailable");
+    assert_eq!(replica_calls(&mock).await, 1, "not run again either");
+}
+
+#[tokio::test]
+async fn a_killed_instances_lock_expires_and_a_retry_runs() {
+    let mock = Mock::start();
+    let prefix = format!("tgidemkill{}x{}", std::process::id(), free_port());
+    let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let limits = format!("{}  lease_ttl_seconds: 2\n", redis_limits(&url, &prefix));
+    let db = pg::fresh_database().await;
+    let opts = Opts { postgres_url: Some(db), limits: Some(limits), ..Opts::default() };
+    let mut a = Gateway::start_with(&mock, opts.clone());
+    let mut b = Gateway::start_with(&mock, opts);
+    b.key = a.key.clone();
+    b.workspace = a.workspace.clone();
+    let body = priced(false);
+    let url_a = a.url("/v1/chat/completions");
+    let bearer = a.bearer();
+    let slow_body = body.clone();
+    let slow = tokio::spawn(async move {
+        reqwest::Client::new()
+            .post(url_a)
+            .header("authorization", bearer)
+            .header("idempotency-key", "orphan")
+            .header("x-mock-ttft-ms", "20000")
+            .json(&slow_body)
+            .send()
+            .await
+    });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while mock.stats().await["in_flight"].as_u64() != Some(1) {
+        assert!(std::time::Instant::now() < deadline, "the original never reached the replica");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let key = [("idempotency-key", "orphan")];
+    b.post("/v1/chat/completions", &body, &key).await.assert_error(409, "idempotency_conflict");
+    // Renewed while it runs: still held after more than one TTL.
+    tokio::time::sleep(std::time::Duration::from_millis(2_500)).await;
+    b.post("/v1/chat/completions", &body, &key).await.assert_error(409, "idempotency_conflict");
+    a.kill();
+    let _ = slow.await;
+    tokio::time::sleep(std::time::Duration::from_millis(2_500)).await;
+    let r = b.post("/v1/chat/completions", &body, &key).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert!(r.header("x-service-idempotent-replay").is_none(), "the retry ran");
 }

@@ -73,8 +73,19 @@ pub(super) async fn freeze(app: &AdminApp, ws: &str, body: &Value, on: bool) -> 
 
 pub(super) async fn ledger_listing(app: &AdminApp, ws: &str) -> Answer {
     let l = ledger(app)?;
-    let stored = l.balance(ws).await.map_err(store_err)?.ok_or_else(|| AdminError::not_found("workspace"))?;
-    let derived = l.derived_balance(ws).await.map_err(store_err)?;
+    // The stored balance and the sum of entries are two reads: a hold or settlement landing
+    // between them would show a false mismatch under traffic. A pair is trusted when the
+    // balance did not move across the sum's read; a real mismatch never agrees.
+    let mut attempt = 0;
+    let (stored, derived) = loop {
+        attempt += 1;
+        let stored = l.balance(ws).await.map_err(store_err)?.ok_or_else(|| AdminError::not_found("workspace"))?;
+        let derived = l.derived_balance(ws).await.map_err(store_err)?;
+        let again = l.balance(ws).await.map_err(store_err)?;
+        if attempt >= 5 || (again == Some(stored) && derived == stored.balance_cents) {
+            break (stored, derived);
+        }
+    };
     let entries = l.entries(ws, 500).await.map_err(store_err)?;
     let entries: Vec<Value> = entries
         .iter()
