@@ -15,6 +15,9 @@
 #               shutdown and first-request warm-up cancel out, so the figure is
 #               (cost(N) - cost(M)) / (N - M)
 #   --keep      keep the callgrind/strace outputs in DIR (default: a temp dir, removed)
+#   --idem MODE off (default); chain: the `idempotency` plugin joins the chain, requests carry
+#               no key; key: the plugin, and each request a fresh `Idempotency-Key` (the
+#               in-process record store): the difference is what a key costs
 #
 # The gateway runs with the config scripts/bench.sh writes (one model pool on a mock
 # replica, only the `chat_completions` plugin, no identity, threads: 1) under valgrind
@@ -26,7 +29,7 @@
 # --keep, leaves callgrind.out.N / callgrind.out.M for `callgrind_annotate --inclusive=yes`.
 set -euo pipefail
 
-BIN="" MOCK="" CASE=json TOOL=callgrind N=2000 M=200 KEEP=""
+BIN="" MOCK="" CASE=json TOOL=callgrind N=2000 M=200 KEEP="" IDEM=off
 while [[ $# -gt 0 ]]; do
     case $1 in
     --bin) BIN=$2; shift 2 ;;
@@ -36,6 +39,7 @@ while [[ $# -gt 0 ]]; do
     --requests) N=$2; shift 2 ;;
     --base) M=$2; shift 2 ;;
     --keep) KEEP=$2; shift 2 ;;
+    --idem) IDEM=$2; shift 2 ;;
     -h | --help) sed -n '2,25p' "$0"; exit 0 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
     esac
@@ -47,6 +51,7 @@ MOCK=${MOCK:-$(dirname "$BIN")/tollgate-mock-replica}
 [[ -x $MOCK ]] || { echo "no mock replica at $MOCK" >&2; exit 1; }
 case $CASE in json | sse | msgs) ;; *) echo "--case json|sse|msgs" >&2; exit 2 ;; esac
 case $TOOL in callgrind | strace) ;; *) echo "--tool callgrind|strace" >&2; exit 2 ;; esac
+case $IDEM in off | chain | key) ;; *) echo "--idem off|chain|key" >&2; exit 2 ;; esac
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/tollgate-profile.XXXXXX")
 OUTDIR=${KEEP:-$WORK}
@@ -114,18 +119,21 @@ if [[ $CASE == msgs ]]; then
     REQUEST_PATH=/v1/messages
     PLUGINS=$'  - name: dialects\n  - name: chat_completions'
 fi
+if [[ $IDEM != off ]]; then PLUGINS+=$'\n  - name: idempotency'; fi
 
 # client PORT COUNT: COUNT identical POSTs on one keep-alive connection; fails on any non-200.
 client() {
-    python3 - "$1" "$2" "$WORK/body.json" "$TOKENS" "$CASE" "$REQUEST_PATH" <<'PY'
+    python3 - "$1" "$2" "$WORK/body.json" "$TOKENS" "$CASE" "$REQUEST_PATH" "$IDEM" <<'PY'
 import http.client, sys
-port, count, body_file, tokens, case, path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6]
+port, count, body_file, tokens, case, path, idem = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6], sys.argv[7]
 body = open(body_file, "rb").read()
 conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
 for i in range(count):
     conn.putrequest("POST", path, skip_accept_encoding=True)
     conn.putheader("Content-Type", "application/json")
     conn.putheader("x-mock-tokens", tokens)
+    if idem == "key":
+        conn.putheader("Idempotency-Key", f"profile-{port}-{i}")
     conn.putheader("Content-Length", str(len(body)))
     conn.endheaders(body)
     r = conn.getresponse()

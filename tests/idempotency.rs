@@ -90,10 +90,34 @@ async fn malformed_keys_are_refused_before_anything_runs() {
 async fn fifty_concurrent_duplicates_run_and_bill_once() {
     let mock = Mock::start();
     let gw = std::sync::Arc::new(Gateway::start(&mock));
+    fifty_duplicates(&mock, std::slice::from_ref(&gw)).await;
+    assert_eq!(settlements(&gw), 1, "one charge");
+}
+
+#[tokio::test]
+async fn fifty_concurrent_duplicates_through_two_instances_on_redis_run_once() {
+    let mock = Mock::start();
+    let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let prefix = format!("tgidemburst{}x{}", std::process::id(), free_port());
+    let db = pg::fresh_database().await;
+    let opts = Opts { postgres_url: Some(db), limits: Some(redis_limits(&url, &prefix)), ..Opts::default() };
+    let a = Gateway::start_with(&mock, opts.clone());
+    let mut b = Gateway::start_with(&mock, opts);
+    b.key = a.key.clone();
+    b.workspace = a.workspace.clone();
+    // Both instances stay up until the end (the one that answered settles in its log phase).
+    let (a, b) = (std::sync::Arc::new(a), std::sync::Arc::new(b));
+    fifty_duplicates(&mock, &[a.clone(), b.clone()]).await;
+    let ledger = a.settled_ledger();
+    assert_eq!(settlements(&a), 1, "one charge: {ledger}");
+}
+
+/// 50 requests with one key at once, spread over `gws`: one runs (slowly), 49 meet its lock.
+async fn fifty_duplicates(mock: &Mock, gws: &[std::sync::Arc<Gateway>]) {
     let body = priced(false);
     let mut tasks = Vec::new();
-    for _ in 0..50 {
-        let (gw, body) = (gw.clone(), body.clone());
+    for i in 0..50 {
+        let (gw, body) = (gws[i % gws.len()].clone(), body.clone());
         tasks.push(tokio::spawn(async move {
             gw.post("/v1/chat/completions", &body, &[("idempotency-key", "burst"), ("x-mock-ttft-ms", "800")]).await
         }));
@@ -113,8 +137,7 @@ async fn fifty_concurrent_duplicates_run_and_bill_once() {
         }
     }
     assert_eq!((ok, conflicts), (1, 49));
-    assert_eq!(replica_calls(&mock).await, 1, "one generation");
-    assert_eq!(settlements(&gw), 1, "one charge");
+    assert_eq!(replica_calls(mock).await, 1, "one generation");
 }
 
 #[tokio::test]
@@ -167,7 +190,14 @@ async fn a_failure_before_any_output_releases_the_key() {
     assert_eq!(r.status, 200, "{}", r.text);
     assert!(r.header("x-service-idempotent-replay").is_none(), "the retry ran normally");
     assert!(r.text.contains("data: [DONE]"));
-    assert_eq!(replica_calls(&mock).await, 2);
+    // A stream that opened and ended before any output delivered nothing and billed nothing.
+    let key = [("idempotency-key", "retry-stream"), ("x-mock-abort-after", "0")];
+    let r = gw.post("/v1/chat/completions", &body, &key).await;
+    assert_eq!(r.status, 200);
+    assert!(!r.text.contains("data: [DONE]") && r.text.contains("\"error\""), "{}", r.text);
+    let r = gw.post("/v1/chat/completions", &body, &[key[0]]).await;
+    assert!(r.header("x-service-idempotent-replay").is_none() && r.text.contains("data: [DONE]"), "{}", r.text);
+    assert_eq!(replica_calls(&mock).await, 4);
 }
 
 #[tokio::test]
