@@ -17,7 +17,7 @@
 //! [`ENQUEUE_WAIT`] (their room is reserved), then fail like a store outage (billing retries
 //! them in the background). A crash loses at most the ops queued or in the open batch: queued
 //! holds were never answered (their requests never went upstream), queued settlements are an
-//! undercharge whose hold the sweeper releases (decision 89).
+//! undercharge whose hold the sweeper releases (decision 100).
 
 use std::sync::Arc;
 use std::time::Duration;
