@@ -1,5 +1,7 @@
-//! The ledger store suite on both backends: top-ups, atomic holds, exactly-once settlement
-//! with the cent carry, releases, the expiry sweep, and balance == sum of entries.
+//! The ledger store suite on both backends, each with group commit (what `serve` runs) and
+//! without (each write its own transaction): top-ups, atomic holds, exactly-once settlement
+//! with the cent carry, releases, the expiry sweep, and balance == sum of entries; and what
+//! batching must keep exact under concurrency (refusals, settlement once, the audit).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
@@ -21,6 +23,20 @@ async fn sqlite() -> Stores {
 
 async fn postgres() -> Stores {
     let s = tollgate::store::open_stores(&StoreConfig::Postgres { url: pg::fresh_database().await }).await.unwrap();
+    s.identity.migrate().await.unwrap();
+    s
+}
+
+async fn sqlite_unbatched() -> Stores {
+    let dir = std::env::temp_dir().join(format!("tollgate-ledger-{}", uuid::Uuid::new_v4().simple()));
+    let s = tollgate::store::open_stores_unbatched(&StoreConfig::Sqlite { path: dir.join("l.db") }).await.unwrap();
+    s.identity.migrate().await.unwrap();
+    s
+}
+
+async fn postgres_unbatched() -> Stores {
+    let url = pg::fresh_database().await;
+    let s = tollgate::store::open_stores_unbatched(&StoreConfig::Postgres { url }).await.unwrap();
     s.identity.migrate().await.unwrap();
     s
 }
@@ -56,6 +72,10 @@ macro_rules! both_backends {
             async fn sqlite() { super::$name(super::sqlite().await).await }
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn postgres() { super::$name(super::postgres().await).await }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sqlite_unbatched() { super::$name(super::sqlite_unbatched().await).await }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn postgres_unbatched() { super::$name(super::postgres_unbatched().await).await }
         }
     )*};
 }
@@ -69,7 +89,98 @@ both_backends!(
     freezing,
     expired_credit_is_removed_once_and_spending_uses_it_first,
     racing_settlements_of_one_request_debit_once,
+    concurrent_holds_of_mixed_sizes_refuse_exactly_what_does_not_fit,
+    concurrent_settlements_apply_once_each_and_the_audit_holds,
 );
+
+async fn concurrent_holds_of_mixed_sizes_refuse_exactly_what_does_not_fit(s: Stores) {
+    let ws = workspace(&s).await;
+    let l: Arc<dyn LedgerStore> = s.ledger.clone();
+    l.top_up(&ws, 500, "purchase", None, now_ms()).await.unwrap();
+    let tasks: Vec<_> = (0..300i64)
+        .map(|i| {
+            let (l, ws) = (l.clone(), ws.clone());
+            let amount = [3, 5, 11][(i % 3) as usize];
+            tokio::spawn(async move {
+                let now = now_ms();
+                (amount, l.place_hold(&format!("m{i}"), &ws, Some("key_a"), amount, now + 60_000, now).await.unwrap())
+            })
+        })
+        .collect();
+    let (mut placed, mut refused) = (Vec::new(), Vec::new());
+    for t in tasks {
+        match t.await.unwrap() {
+            (a, HoldOutcome::Placed { balance_cents }) => placed.push((a, balance_cents)),
+            (a, HoldOutcome::Insufficient { balance_cents }) => {
+                assert!(balance_cents < a, "refused only when the balance at its turn could not cover it");
+                refused.push(a)
+            }
+        }
+    }
+    let b = l.balance(&ws).await.unwrap().unwrap();
+    let held: i64 = placed.iter().map(|p| p.0).sum();
+    assert_eq!((b.balance_cents, b.held_cents), (500 - held, held), "no overdraft, every placed hold counted");
+    assert!(b.balance_cents >= 0);
+    // The balance only fell during the run, so each refused hold exceeds the final balance.
+    assert!(
+        refused.iter().all(|&a| a > b.balance_cents),
+        "a refused hold would fit: {refused:?} at {}",
+        b.balance_cents
+    );
+    assert!(!refused.is_empty() && !placed.is_empty());
+    assert!(placed.iter().all(|p| p.1 >= 0 && p.1 >= b.balance_cents));
+    assert_eq!(l.derived_balance(&ws).await.unwrap(), b.balance_cents);
+}
+
+async fn concurrent_settlements_apply_once_each_and_the_audit_holds(s: Stores) {
+    let ws = workspace(&s).await;
+    let l: Arc<dyn LedgerStore> = s.ledger.clone();
+    l.top_up(&ws, 100_000, "purchase", None, now_ms()).await.unwrap();
+    let n = 300u64;
+    let holds: Vec<_> = (0..n)
+        .map(|i| {
+            let (l, ws) = (l.clone(), ws.clone());
+            tokio::spawn(async move {
+                let now = now_ms();
+                l.place_hold(&format!("q{i}"), &ws, Some("key_a"), 10, now + 60_000, now).await.unwrap()
+            })
+        })
+        .collect();
+    for h in holds {
+        assert!(matches!(h.await.unwrap(), HoldOutcome::Placed { .. }));
+    }
+    // Every request settled twice at once (a retry racing the first attempt); costs with
+    // sub-cent remainders so the carry is exercised across batches.
+    let cost = |i: u64| 1_000_000 + i * 37_313;
+    let tasks: Vec<_> = (0..2 * n)
+        .map(|j| {
+            let (l, ws, i) = (l.clone(), ws.clone(), j % n);
+            tokio::spawn(async move { l.settle(&settlement(&ws, &format!("q{i}"), cost(i))).await.unwrap() })
+        })
+        .collect();
+    let (mut settled, mut again, mut debited) = (0, 0, 0);
+    for t in tasks {
+        match t.await.unwrap() {
+            SettleOutcome::Settled { debit_cents, .. } => {
+                settled += 1;
+                debited += debit_cents;
+            }
+            SettleOutcome::AlreadySettled => again += 1,
+        }
+    }
+    assert_eq!((settled, again), (n, n), "each request settles exactly once");
+    let total: u64 = (0..n).map(cost).sum();
+    let b = l.balance(&ws).await.unwrap().unwrap();
+    assert_eq!(debited * 1_000_000 + b.carry_microcents, total as i64, "whole cents debited, the rest carried");
+    assert_eq!((b.balance_cents, b.held_cents), (100_000 - debited, 0), "no hold left");
+    assert_eq!(l.derived_balance(&ws).await.unwrap(), b.balance_cents, "balance = sum of entries");
+    let entries = l.entries(&ws, 10_000).await.unwrap();
+    for kind in ["hold", "hold_release", "settlement"] {
+        assert_eq!(entries.iter().filter(|e| e.kind == kind).count() as u64, n, "{kind} entries");
+    }
+    assert_eq!(l.key_month_spend("key_a", "2026-11").await.unwrap(), total as i64);
+    assert!(l.sweep_expired_holds(now_ms() + 120_000).await.unwrap().is_empty(), "nothing left to sweep");
+}
 
 async fn racing_settlements_of_one_request_debit_once(s: Stores) {
     let ws = workspace(&s).await;

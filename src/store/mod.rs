@@ -4,11 +4,15 @@
 //! `serve` start when configured to.
 
 pub mod ledger;
+pub mod ledger_batch;
+pub mod ledger_ops;
 pub mod postgres;
 mod postgres_ledger;
+mod postgres_ledger_batch;
 mod postgres_pool;
 pub mod sqlite;
 mod sqlite_ledger;
+mod sqlite_ledger_batch;
 
 use std::sync::Arc;
 
@@ -143,8 +147,24 @@ pub struct Stores {
 }
 
 /// Open the configured backend (the one place that picks one). Credentials in the URL are
-/// never logged.
+/// never logged. The ledger of either backend is wrapped in group commit
+/// (`ledger_batch::BatchedLedger`: holds and settlements of many requests per transaction).
 pub async fn open_stores(config: &StoreConfig) -> Result<Stores, StoreError> {
+    match config {
+        StoreConfig::Sqlite { path } => {
+            let s = Arc::new(sqlite::SqliteStore::open(path)?);
+            Ok(Stores { identity: s.clone(), ledger: Arc::new(ledger_batch::BatchedLedger::new(s)?) })
+        }
+        StoreConfig::Postgres { url } => {
+            let s = Arc::new(postgres::PostgresStore::connect(url).await?);
+            Ok(Stores { identity: s.clone(), ledger: Arc::new(ledger_batch::BatchedLedger::new(s)?) })
+        }
+    }
+}
+
+/// The backend's own stores, without group commit (each ledger write its own transaction):
+/// for tests and benches that compare the two.
+pub async fn open_stores_unbatched(config: &StoreConfig) -> Result<Stores, StoreError> {
     match config {
         StoreConfig::Sqlite { path } => {
             let s = Arc::new(sqlite::SqliteStore::open(path)?);

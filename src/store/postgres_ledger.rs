@@ -1,45 +1,17 @@
-//! The ledger on PostgreSQL. A hold is one statement (one round trip): the conditional
-//! balance update, the hold row and its entry, chained in CTEs. Settlement locks the
-//! workspace row for its transaction.
-
-use async_trait::async_trait;
-use deadpool_postgres::GenericClient;
+//! The ledger on PostgreSQL. Holds, settlements and releases are batches of one through
+//! `postgres_ledger_batch.rs` (the composition root batches them for real, `ledger_batch.rs`),
+//! so the money rules exist once (`ledger_ops::plan`); top-ups, reads and the credit expiry
+//! are here. Every write locks the workspace row first.
 
 use super::StoreError;
 use super::ledger::{
     Balance, HoldOutcome, LedgerEntry, LedgerStore, LiveTopUp, SettleOutcome, Settlement, expiring_credit,
 };
+use super::ledger_batch::{apply_one, hold_outcome, release_outcome, settle_outcome, sweep_holds};
+use super::ledger_ops::{LedgerOp, hold_op};
 use super::postgres::PostgresStore;
 use crate::clock::Millis;
-
-/// Release the request's open hold into `state`, crediting it back. `false` if none open.
-async fn release_open_hold(
-    c: &impl GenericClient,
-    request_id: &str,
-    state: &str,
-    now: Millis,
-) -> Result<bool, tokio_postgres::Error> {
-    let row = c
-        .query_opt(
-            "UPDATE holds SET state = $2 WHERE request_id = $1 AND state = 'open' RETURNING workspace_id, key_id, amount_cents",
-            &[&request_id, &state],
-        )
-        .await?;
-    let Some(row) = row else { return Ok(false) };
-    let (ws, key, amount): (String, Option<String>, i64) = (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?);
-    c.execute(
-        "UPDATE workspaces SET balance_cents = balance_cents + $2, held_cents = held_cents - $2 WHERE id = $1",
-        &[&ws, &amount],
-    )
-    .await?;
-    c.execute(
-        "INSERT INTO ledger_entries (workspace_id, kind, amount_cents, request_id, key_id, created_at) \
-         VALUES ($1, 'hold_release', $2, $3, $4, $5)",
-        &[&ws, &amount, &request_id, &key, &now],
-    )
-    .await?;
-    Ok(true)
-}
+use async_trait::async_trait;
 
 #[async_trait]
 impl LedgerStore for PostgresStore {
@@ -106,118 +78,19 @@ impl LedgerStore for PostgresStore {
         expires_at: Millis,
         now: Millis,
     ) -> Result<HoldOutcome, StoreError> {
-        let (rid, ws, key) = (request_id.to_string(), workspace_id.to_string(), key_id.map(str::to_string));
-        self.with_client(move |c| async move {
-            let st = c
-                .prepare_cached(
-                    "WITH w AS (UPDATE workspaces SET balance_cents = balance_cents - $3, held_cents = held_cents + $3 \
-                                WHERE id = $2 AND balance_cents >= $3 RETURNING balance_cents), \
-                          h AS (INSERT INTO holds (request_id, workspace_id, key_id, amount_cents, state, expires_at, created_at) \
-                                SELECT $1, $2, $4, $3, 'open', $5, $6 FROM w RETURNING request_id), \
-                          e AS (INSERT INTO ledger_entries (workspace_id, kind, amount_cents, request_id, key_id, created_at) \
-                                SELECT $2, 'hold', -$3::BIGINT, $1, $4, $6 FROM w RETURNING id) \
-                     SELECT (SELECT balance_cents FROM w), (SELECT balance_cents FROM workspaces WHERE id = $2)",
-                )
-                .await?;
-            let row = c.query_one(&st, &[&rid, &ws, &amount_cents, &key, &expires_at, &now]).await?;
-            let after: Option<i64> = row.try_get(0)?;
-            let before: Option<i64> = row.try_get(1)?;
-            Ok(match after {
-                Some(b) => HoldOutcome::Placed { balance_cents: b },
-                None => HoldOutcome::Insufficient { balance_cents: before.unwrap_or(0) },
-            })
-        })
-        .await
+        hold_outcome(apply_one(self, hold_op(request_id, workspace_id, key_id, amount_cents, expires_at, now)).await)
     }
 
     async fn settle(&self, s: &Settlement) -> Result<SettleOutcome, StoreError> {
-        let s = s.clone();
-        self.with_client(move |c| async move {
-            // One statement, one round trip: lock the workspace row, release the hold, debit
-            // whole cents with the carry, write both entries and the key's month spend. A
-            // second settlement of the request finds its entry and changes nothing; two racing
-            // ones are told apart by the unique (request_id, kind) index.
-            let st = c
-                .prepare_cached(
-                    "WITH c AS (SELECT carry_microcents FROM workspaces WHERE id = $2 FOR UPDATE), \
-                          d AS (SELECT (carry_microcents + $3) / 1000000 AS debit, \
-                                       (carry_microcents + $3) % 1000000 AS carry FROM c \
-                                WHERE NOT EXISTS (SELECT 1 FROM ledger_entries WHERE request_id = $1 AND kind = 'settlement')), \
-                          h AS (UPDATE holds SET state = 'settled' \
-                                WHERE request_id = $1 AND state = 'open' AND EXISTS (SELECT 1 FROM d) \
-                                RETURNING key_id, amount_cents), \
-                          w AS (UPDATE workspaces SET \
-                                  balance_cents = balance_cents + COALESCE((SELECT amount_cents FROM h), 0) - d.debit, \
-                                  held_cents = held_cents - COALESCE((SELECT amount_cents FROM h), 0), \
-                                  carry_microcents = d.carry \
-                                FROM d WHERE id = $2 RETURNING balance_cents), \
-                          r AS (INSERT INTO ledger_entries (workspace_id, kind, amount_cents, request_id, key_id, created_at) \
-                                SELECT $2, 'hold_release', amount_cents, $1, key_id, $6 FROM h), \
-                          e AS (INSERT INTO ledger_entries \
-                                  (workspace_id, kind, amount_cents, request_id, key_id, cost_microcents, created_at) \
-                                SELECT $2, 'settlement', -debit, $1, $4, $3, $6 FROM d), \
-                          k AS (INSERT INTO key_month_spend (key_id, month, spent_microcents) \
-                                SELECT $4, $5, $3 FROM d WHERE $4::TEXT IS NOT NULL \
-                                ON CONFLICT (key_id, month) DO UPDATE \
-                                SET spent_microcents = key_month_spend.spent_microcents + EXCLUDED.spent_microcents) \
-                     SELECT (SELECT debit FROM d), (SELECT balance_cents FROM w), EXISTS (SELECT 1 FROM c)",
-                )
-                .await?;
-            // The debit rule of `money::debit_with_carry`, as integer SQL on the locked row.
-            let cost = s.cost.as_i64();
-            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 6] =
-                [&s.request_id, &s.workspace_id, &cost, &s.key_id, &s.month, &s.now];
-            let row = match c.query_one(&st, &params).await {
-                Ok(row) => row,
-                Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION) => {
-                    return Ok(Some(SettleOutcome::AlreadySettled));
-                }
-                Err(e) => return Err(e),
-            };
-            let debit: Option<i64> = row.try_get(0)?;
-            let balance: Option<i64> = row.try_get(1)?;
-            let workspace_found: bool = row.try_get(2)?;
-            Ok(match (debit, balance) {
-                (Some(debit_cents), Some(balance_cents)) => Some(SettleOutcome::Settled { debit_cents, balance_cents }),
-                _ if workspace_found => Some(SettleOutcome::AlreadySettled),
-                _ => None,
-            })
-        })
-        .await?
-        .ok_or_else(|| StoreError::Conflict("settlement for a workspace that does not exist".into()))
+        settle_outcome(apply_one(self, LedgerOp::Settle(s.clone())).await)
     }
 
     async fn release_hold(&self, request_id: &str, now: Millis) -> Result<bool, StoreError> {
-        let rid = request_id.to_string();
-        self.with_client(move |mut c| async move {
-            let tx = c.transaction().await?;
-            let released = release_open_hold(&tx, &rid, "released", now).await?;
-            tx.commit().await?;
-            Ok(released)
-        })
-        .await
+        release_outcome(apply_one(self, LedgerOp::Release { request_id: request_id.into(), now }).await)
     }
 
     async fn sweep_expired_holds(&self, now: Millis) -> Result<Vec<String>, StoreError> {
-        self.with_client(move |mut c| async move {
-            let tx = c.transaction().await?;
-            let rows = tx
-                .query(
-                    "SELECT request_id FROM holds WHERE state = 'open' AND expires_at <= $1 FOR UPDATE SKIP LOCKED",
-                    &[&now],
-                )
-                .await?;
-            let mut ids = Vec::new();
-            for r in rows {
-                let id: String = r.try_get(0)?;
-                if release_open_hold(&tx, &id, "released", now).await? {
-                    ids.push(id);
-                }
-            }
-            tx.commit().await?;
-            Ok(ids)
-        })
-        .await
+        sweep_holds(self, now).await
     }
 
     async fn entries(&self, workspace_id: &str, limit: i64) -> Result<Vec<LedgerEntry>, StoreError> {

@@ -1,5 +1,8 @@
 //! The ledger on SQLite: each change is one `BEGIN IMMEDIATE` transaction (the write lock is
-//! taken before anything is read), so holds and settlements never race.
+//! taken before anything is read), so holds and settlements never race. Holds, settlements
+//! and releases are batches of one through `sqlite_ledger_batch.rs` (the composition root
+//! batches them for real, `ledger_batch.rs`), so the money rules exist once
+//! (`ledger_ops::plan`); top-ups, reads and the credit expiry are here.
 
 use async_trait::async_trait;
 use rusqlite::{OptionalExtension, TransactionBehavior, params};
@@ -8,9 +11,10 @@ use super::StoreError;
 use super::ledger::{
     Balance, HoldOutcome, LedgerEntry, LedgerStore, LiveTopUp, SettleOutcome, Settlement, expiring_credit,
 };
+use super::ledger_batch::{apply_one, hold_outcome, release_outcome, settle_outcome, sweep_holds};
+use super::ledger_ops::{LedgerOp, hold_op};
 use super::sqlite::SqliteStore;
 use crate::clock::Millis;
-use crate::money::{Microcents, debit_with_carry};
 
 #[async_trait]
 impl LedgerStore for SqliteStore {
@@ -73,99 +77,19 @@ impl LedgerStore for SqliteStore {
         expires_at: Millis,
         now: Millis,
     ) -> Result<HoldOutcome, StoreError> {
-        let (rid, ws, key) = (request_id.to_string(), workspace_id.to_string(), key_id.map(str::to_string));
-        self.with_conn(move |c| {
-            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let n = tx
-                .prepare_cached(
-                    "UPDATE workspaces SET balance_cents = balance_cents - ?2, held_cents = held_cents + ?2 \
-                 WHERE id = ?1 AND balance_cents >= ?2",
-                )?
-                .execute(params![ws, amount_cents])?;
-            let balance: i64 = tx
-                .prepare_cached("SELECT balance_cents FROM workspaces WHERE id = ?1")?
-                .query_row([&ws], |r| r.get(0))?;
-            if n == 0 {
-                return Ok(HoldOutcome::Insufficient { balance_cents: balance });
-            }
-            tx.prepare_cached(
-                "INSERT INTO holds (request_id, workspace_id, key_id, amount_cents, state, expires_at, created_at) \
-                 VALUES (?1, ?2, ?3, ?4, 'open', ?5, ?6)",
-            )?
-            .execute(params![rid, ws, key, amount_cents, expires_at, now])?;
-            tx.prepare_cached(
-                "INSERT INTO ledger_entries (workspace_id, kind, amount_cents, request_id, key_id, created_at) \
-                 VALUES (?1, 'hold', ?2, ?3, ?4, ?5)",
-            )?
-            .execute(params![ws, -amount_cents, rid, key, now])?;
-            tx.commit()?;
-            Ok(HoldOutcome::Placed { balance_cents: balance })
-        })
-        .await
+        hold_outcome(apply_one(self, hold_op(request_id, workspace_id, key_id, amount_cents, expires_at, now)).await)
     }
 
     async fn settle(&self, s: &Settlement) -> Result<SettleOutcome, StoreError> {
-        let s = s.clone();
-        self.with_conn(move |c| {
-            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let done: Option<i64> = tx
-                .query_row(
-                    "SELECT id FROM ledger_entries WHERE request_id = ?1 AND kind = 'settlement'",
-                    [&s.request_id],
-                    |r| r.get(0),
-                )
-                .optional()?;
-            if done.is_some() {
-                return Ok(SettleOutcome::AlreadySettled);
-            }
-            release_open_hold(&tx, &s.request_id, "settled", s.now)?;
-            let carry: i64 =
-                tx.prepare_cached("SELECT carry_microcents FROM workspaces WHERE id = ?1")?.query_row([&s.workspace_id], |r| r.get(0))?;
-            let (debit, carry) = debit_with_carry(Microcents::from_stored(carry), s.cost);
-            let (debit, carry, cost) = (debit.0, carry.as_i64(), s.cost.as_i64());
-            tx.prepare_cached("UPDATE workspaces SET balance_cents = balance_cents - ?2, carry_microcents = ?3 WHERE id = ?1")?.execute(params![s.workspace_id, debit, carry],
-            )?;
-            tx.prepare_cached("INSERT INTO ledger_entries (workspace_id, kind, amount_cents, request_id, key_id, cost_microcents, created_at) \
-                 VALUES (?1, 'settlement', ?2, ?3, ?4, ?5, ?6)")?.execute(params![s.workspace_id, -debit, s.request_id, s.key_id, cost, s.now],
-            )?;
-            if let Some(key) = &s.key_id {
-                tx.prepare_cached("INSERT INTO key_month_spend (key_id, month, spent_microcents) VALUES (?1, ?2, ?3) \
-                     ON CONFLICT (key_id, month) DO UPDATE SET spent_microcents = spent_microcents + excluded.spent_microcents")?.execute(params![key, s.month, cost],
-                )?;
-            }
-            let balance: i64 =
-                tx.prepare_cached("SELECT balance_cents FROM workspaces WHERE id = ?1")?.query_row([&s.workspace_id], |r| r.get(0))?;
-            tx.commit()?;
-            Ok(SettleOutcome::Settled { debit_cents: debit, balance_cents: balance })
-        })
-        .await
+        settle_outcome(apply_one(self, LedgerOp::Settle(s.clone())).await)
     }
 
     async fn release_hold(&self, request_id: &str, now: Millis) -> Result<bool, StoreError> {
-        let rid = request_id.to_string();
-        self.with_conn(move |c| {
-            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let released = release_open_hold(&tx, &rid, "released", now)?;
-            tx.commit()?;
-            Ok(released)
-        })
-        .await
+        release_outcome(apply_one(self, LedgerOp::Release { request_id: request_id.into(), now }).await)
     }
 
     async fn sweep_expired_holds(&self, now: Millis) -> Result<Vec<String>, StoreError> {
-        self.with_conn(move |c| {
-            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let ids: Vec<String> = {
-                let mut st = tx.prepare("SELECT request_id FROM holds WHERE state = 'open' AND expires_at <= ?1")?;
-                st.query_map([now], |r| r.get(0))?.collect::<Result<_, _>>()?
-            };
-            for id in &ids {
-                release_open_hold(&tx, id, "released", now)?;
-            }
-            tx.commit()?;
-            Ok(ids)
-        })
-        .await
+        sweep_holds(self, now).await
     }
 
     async fn entries(&self, workspace_id: &str, limit: i64) -> Result<Vec<LedgerEntry>, StoreError> {
@@ -271,32 +195,4 @@ impl LedgerStore for SqliteStore {
         })
         .await
     }
-}
-
-/// Release the request's open hold into `state`, crediting it back. `false` if none open.
-fn release_open_hold(
-    tx: &rusqlite::Transaction<'_>,
-    request_id: &str,
-    state: &str,
-    now: Millis,
-) -> rusqlite::Result<bool> {
-    let hold: Option<(String, Option<String>, i64)> = tx
-        .query_row(
-            "SELECT workspace_id, key_id, amount_cents FROM holds WHERE request_id = ?1 AND state = 'open'",
-            [request_id],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
-        )
-        .optional()?;
-    let Some((ws, key, amount)) = hold else { return Ok(false) };
-    tx.prepare_cached("UPDATE holds SET state = ?2 WHERE request_id = ?1")?.execute(params![request_id, state])?;
-    tx.prepare_cached(
-        "UPDATE workspaces SET balance_cents = balance_cents + ?2, held_cents = held_cents - ?2 WHERE id = ?1",
-    )?
-    .execute(params![ws, amount])?;
-    tx.prepare_cached(
-        "INSERT INTO ledger_entries (workspace_id, kind, amount_cents, request_id, key_id, created_at) \
-         VALUES (?1, 'hold_release', ?2, ?3, ?4, ?5)",
-    )?
-    .execute(params![ws, amount, request_id, key, now])?;
-    Ok(true)
 }

@@ -1,0 +1,178 @@
+#!/usr/bin/env bash
+# Ledger load test (issue 12): two gateway instances (the real `tollgate` binary, billing on)
+# on ONE store, one funded workspace and one key, wrk against both for LOAD_SECONDS, then the
+# ledger audit. Prints settled requests per second and whether the ledger is exact:
+# balance == sum of entries (the admin API's check), one settlement entry per request served
+# (2xx answers counted by wrk; requests wrk abandoned at the end may settle too), every hold
+# entry matched by one hold_release entry (settled or released), no open hold. Loopback only; stops what it started and drops its database on exit.
+#
+#   scripts/ledger_load.sh [--store pg|sqlite]
+#
+# Environment (all optional):
+#   LOAD_SECONDS=60         length of the measured run
+#   LOAD_CONNECTIONS=64     wrk connections per instance
+#   LOAD_THREADS=1          gateway worker threads per instance
+#   LOAD_BIN_DIR=           directory with tollgate and tollgate-mock-replica (default
+#                           $CARGO_TARGET_DIR/release, else target/release; not built here)
+#   LOAD_PORT_BASE=19510    mock = base, instance i = base+2i+1 (admin base+2i+2)
+#   DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres   server for --store pg: a
+#                           fresh database is created and dropped (LOAD_KEEP_DB=1 keeps it)
+set -euo pipefail
+
+STORE=pg
+while [[ $# -gt 0 ]]; do
+    case $1 in
+    --store) STORE=${2:?--store needs pg or sqlite}; shift 2 ;;
+    -h | --help) awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "unknown argument: $1" >&2; exit 2 ;;
+    esac
+done
+[[ $STORE == pg || $STORE == sqlite ]] || { echo "--store must be pg or sqlite" >&2; exit 2; }
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+SECONDS_RUN=${LOAD_SECONDS:-60}
+CONNS=${LOAD_CONNECTIONS:-64}
+THREADS=${LOAD_THREADS:-1}
+BASE=${LOAD_PORT_BASE:-19510}
+BIN_DIR=${LOAD_BIN_DIR:-${CARGO_TARGET_DIR:-$ROOT/target}/release}
+DATABASE_URL=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}
+GW=$BIN_DIR/tollgate
+MOCK=$BIN_DIR/tollgate-mock-replica
+log() { printf '[ledger-load] %s\n' "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+[[ -x $GW && -x $MOCK ]] || die "no binaries in $BIN_DIR (cargo build --release -p tollgate-app -p tollgate-mock-replica)"
+for t in wrk curl jq; do command -v $t >/dev/null || die "$t is needed (apt-get install $t)"; done
+
+WORK=$(mktemp -d /tmp/ledger-load.XXXXXX)
+PIDS=()
+DB=""
+cleanup() {
+    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    if [[ -n $DB && ${LOAD_KEEP_DB:-0} != 1 ]]; then psql "$DATABASE_URL" -qtAX -c "DROP DATABASE IF EXISTS $DB" >/dev/null 2>&1 || true; fi
+    log "work files in $WORK"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+
+wait_port() {
+    for _ in $(seq 200); do
+        if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 0; fi
+        sleep 0.1
+    done
+    die "nothing listens on $1 (see $WORK/*.log)"
+}
+
+"$MOCK" --listen "127.0.0.1:$BASE" --threads 1 >"$WORK/mock.log" 2>&1 &
+PIDS+=($!)
+wait_port "$BASE"
+"$GW" init-secrets --dir "$WORK/secrets" >/dev/null
+if [[ $STORE == pg ]]; then
+    DB=tollgate_ledger_load_$$
+    psql "$DATABASE_URL" -qtAX -c "CREATE DATABASE $DB" >/dev/null || die "cannot create database $DB"
+    export LOAD_DB_URL="${DATABASE_URL%/*}/$DB"
+    STORE_YAML="{ backend: postgres, url_env: LOAD_DB_URL }"
+    sql() { psql "$LOAD_DB_URL" -qtAX -c "$1"; }
+else
+    STORE_YAML="{ backend: sqlite, path: $WORK/tollgate.db }"
+    sql() { sqlite3 -cmd '.timeout 5000' "$WORK/tollgate.db" "$1"; }
+fi
+cat >"$WORK/models.yaml" <<'EOF'
+models:
+  - id: llama-3.1-8b-instruct
+    display_name: Llama 3.1 8B Instruct
+    created: 1721692800
+    supported_endpoints: [chat_completions]
+    max_output_tokens: 8192
+    context_window: 131072
+    pricing: { input: 0.10, output: 0.30 }
+EOF
+cat >"$WORK/upstreams.yaml" <<EOF
+pools:
+  llama-3.1-8b-instruct:
+    upstream_model: meta-llama/Llama-3.1-8B-Instruct
+    replicas:
+      - { address: "127.0.0.1:$BASE", max_concurrency: 100000 }
+EOF
+for i in 1 2; do
+    cat >"$WORK/gw$i.yaml" <<EOF
+listen: 127.0.0.1:$((BASE + 2 * i - 1))
+admin_listen: 127.0.0.1:$((BASE + 2 * i))
+threads: $THREADS
+models_file: models.yaml
+upstreams_file: upstreams.yaml
+shutdown: { grace_period_seconds: 1, graceful_shutdown_timeout_seconds: 1 }
+identity:
+  store: $STORE_YAML
+  migrate_on_start: true
+  key_pepper: { file: $WORK/secrets/key_pepper }
+  key_encryption_key: { file: $WORK/secrets/key_encryption_key }
+admin:
+  token_file: $WORK/secrets/admin_token
+billing:
+  topup_url: https://billing.example.com/top-up
+plugins:
+  - name: auth
+  - name: chat_completions
+  - name: billing
+EOF
+    mkdir -p "$WORK/tmp$i"
+    RUST_LOG=warn TMPDIR="$WORK/tmp$i" "$GW" serve --config "$WORK/gw$i.yaml" >"$WORK/gw$i.log" 2>&1 &
+    PIDS+=($!)
+    wait_port $((BASE + 2 * i))
+done
+admin() {
+    local -a data=()
+    if [[ $# -ge 2 ]]; then data=(-H 'content-type: application/json' --data-binary "$2"); fi
+    curl -sS --max-time 30 -H "authorization: Bearer $(<"$WORK/secrets/admin_token")" "${data[@]}" "http://127.0.0.1:$((BASE + 2))$1"
+}
+WS=$(admin /admin/v1/workspaces '{"name":"load"}' | jq -r '.id // empty')
+[[ -n $WS ]] || die "workspace not created"
+KEY=$(admin "/admin/v1/workspaces/$WS/keys" '{"name":"load"}' | jq -r '.key // empty')
+[[ -n $KEY ]] || die "key not created"
+admin "/admin/v1/workspaces/$WS/credits" '{"amount_cents":100000000,"source":"purchase"}' >/dev/null
+MESSAGES='[{"role":"user","content":"Write one short sentence about gateways."}]'
+printf '{"model":"llama-3.1-8b-instruct","messages":%s,"max_tokens":512}' "$MESSAGES" >"$WORK/body.json"
+# One request through each instance: priced, held and settled.
+for i in 1 2; do
+    code=$(curl -sS -o "$WORK/check$i.json" -w '%{http_code}' -H "authorization: Bearer $KEY" \
+        -H 'content-type: application/json' --data-binary @"$WORK/body.json" "http://127.0.0.1:$((BASE + 2 * i - 1))/v1/chat/completions")
+    [[ $code == 200 ]] || die "instance $i answered $code: $(cat "$WORK/check$i.json")"
+done
+settled0=$(sql "SELECT count(*) FROM ledger_entries WHERE workspace_id = '$WS' AND kind = 'settlement'")
+
+log "store $STORE, 2 instances (threads: $THREADS), $CONNS connections each, ${SECONDS_RUN}s"
+for i in 1 2; do
+    BENCH_BODY_FILE="$WORK/body.json" BENCH_API_KEY="$KEY" BENCH_TOKENS=16 \
+        wrk -t1 "-c$CONNS" "-d${SECONDS_RUN}s" --timeout 10s -s "$ROOT/scripts/bench/wrk_post.lua" \
+        "http://127.0.0.1:$((BASE + 2 * i - 1))/v1/chat/completions" >"$WORK/wrk$i.txt" 2>&1 &
+    WRK[$i]=$!
+done
+wait "${WRK[1]}" "${WRK[2]}"
+sleep 3 # the last settlements of requests wrk stopped waiting for
+
+field() { grep -o "$2=[0-9.]*" "$WORK/wrk$1.txt" | head -1 | cut -d= -f2; }
+total=0; errors=0
+for i in 1 2; do
+    total=$((total + $(field $i requests)))
+    errors=$((errors + $(field $i err_status)))
+    log "instance $i: $(grep '^BENCH' "$WORK/wrk$i.txt" | tr ' ' '\n' | grep -E 'requests|p50|p99_|err_status|err_timeout' | tr '\n' ' ')"
+done
+ok=$((total - errors))
+settled=$(( $(sql "SELECT count(*) FROM ledger_entries WHERE workspace_id = '$WS' AND kind = 'settlement'") - settled0 ))
+holds=$(sql "SELECT count(*) FROM ledger_entries WHERE workspace_id = '$WS' AND kind = 'hold'")
+# A hold is closed by one `hold_release` entry, whether its request settled or not.
+closed=$(sql "SELECT count(*) FROM ledger_entries WHERE workspace_id = '$WS' AND kind = 'hold_release'")
+open=$(sql "SELECT count(*) FROM holds WHERE workspace_id = '$WS' AND state = 'open'")
+unmatched=$(sql "SELECT count(*) FROM ledger_entries s WHERE s.workspace_id = '$WS' AND s.kind = 'settlement' \
+    AND NOT EXISTS (SELECT 1 FROM holds h WHERE h.request_id = s.request_id)")
+audit=$(admin "/admin/v1/workspaces/$WS/ledger")
+consistent=$(jq -r '.check.consistent' <<<"$audit")
+echo "store=$STORE instances=2 threads=$THREADS connections=$((2 * CONNS)) seconds=$SECONDS_RUN"
+echo "requests=$total served_2xx=$ok non_2xx=$errors settled=$settled settled_per_s=$((settled / SECONDS_RUN))"
+echo "audit: balance_equals_entries=$consistent balance=$(jq -r .balance_cents <<<"$audit") derived=$(jq -r .check.derived_balance_cents <<<"$audit") held=$(jq -r .held_cents <<<"$audit") open_holds=$open hold_entries=$holds hold_release_entries=$closed settlements_without_hold=$unmatched"
+pass=1
+[[ $consistent == true && $open == 0 && $holds == "$closed" && $unmatched == 0 ]] || pass=0
+# A request wrk gave up on at the end may still settle; never fewer settlements than 2xx.
+[[ $settled -ge $ok ]] || pass=0
+if [[ $pass == 1 ]]; then echo "audit: PASS"; else echo "audit: FAIL"; exit 1; fi

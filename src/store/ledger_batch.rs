@@ -1,0 +1,333 @@
+//! Group commit for the ledger. Every hold and settlement of a workspace changes the same
+//! balance row, so one transaction per change caps a workspace at what that row sustains
+//! (~700 billed requests/s on PostgreSQL, issue 12). [`BatchedLedger`] wraps a backend and
+//! keeps the [`LedgerStore`] contract: a hold, settlement or release is queued to one writer
+//! per process, which takes everything queued (up to [`MAX_BATCH`] ops) and applies it in ONE
+//! transaction (`LedgerWrites::apply`, the money rules in `ledger_ops::plan`), then answers
+//! each caller. No timer: a lone request is written at once, and under load the batch grows
+//! by itself while the previous one commits.
+//!
+//! What stays exact: a hold is answered only after its transaction committed (so it is in
+//! force before the replica sees the request); holds of one batch are applied in queue order
+//! against the running balance (refusals are exactly those a one-at-a-time ledger would
+//! make); settlement stays once per request id. Bounded: holds are refused with
+//! `StoreError::Unavailable` (billing answers `500 credit_reservation_failed`, retry) once the
+//! queue has fewer than [`SETTLE_RESERVE`] free slots, so latency stays bounded when offered
+//! more than the store can write; settlements and releases wait for a slot up to
+//! [`ENQUEUE_WAIT`] (their room is reserved), then fail like a store outage (billing retries
+//! them in the background). A crash loses at most the ops queued or in the open batch: queued
+//! holds were never answered (their requests never went upstream), queued settlements are an
+//! undercharge whose hold the sweeper releases (decision 100).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::{mpsc, oneshot};
+
+use super::StoreError;
+use super::ledger::{Balance, HoldOutcome, LedgerEntry, LedgerStore, SettleOutcome, Settlement};
+use super::ledger_ops::{LedgerOp, OpOutcome, OpResult, hold_op};
+use crate::clock::Millis;
+
+/// Most ops in one transaction.
+pub const MAX_BATCH: usize = 512;
+/// Queue length (ops waiting for the writer).
+pub const QUEUE: usize = 8_192;
+/// Free slots kept for settlements and releases (a quarter of the queue): a hold is refused
+/// when no more are free.
+pub const SETTLE_RESERVE: usize = QUEUE / 4;
+/// Longest a settlement or release waits for room in the queue.
+pub const ENQUEUE_WAIT: Duration = Duration::from_secs(5);
+
+/// A backend that applies a batch of ledger writes in one transaction.
+#[async_trait]
+pub trait LedgerWrites: Send + Sync {
+    /// Lock the workspaces `ops` touch, apply them in order (`ledger_ops::plan`) and commit;
+    /// one result per op. An `Err` means nothing was written.
+    async fn apply(&self, ops: Arc<[LedgerOp]>) -> Result<Vec<OpResult>, StoreError>;
+
+    /// Request ids of open holds whose expiry has passed.
+    async fn expired_holds(&self, now: Millis) -> Result<Vec<String>, StoreError>;
+}
+
+/// Apply one op through `w` (the unbatched backends use this, so there is one write path).
+pub async fn apply_one(w: &(impl LedgerWrites + ?Sized), op: LedgerOp) -> OpResult {
+    w.apply(Arc::from(vec![op]))
+        .await?
+        .into_iter()
+        .next()
+        .unwrap_or_else(|| Err(StoreError::Unavailable("the ledger answered no result".into())))
+}
+
+pub fn hold_outcome(r: OpResult) -> Result<HoldOutcome, StoreError> {
+    match r? {
+        OpOutcome::Hold(h) => Ok(h),
+        other => Err(StoreError::Unavailable(format!("unexpected ledger answer {other:?}"))),
+    }
+}
+
+pub fn settle_outcome(r: OpResult) -> Result<SettleOutcome, StoreError> {
+    match r? {
+        OpOutcome::Settle(s) => Ok(s),
+        other => Err(StoreError::Unavailable(format!("unexpected ledger answer {other:?}"))),
+    }
+}
+
+pub fn release_outcome(r: OpResult) -> Result<bool, StoreError> {
+    match r? {
+        OpOutcome::Release(b) => Ok(b),
+        other => Err(StoreError::Unavailable(format!("unexpected ledger answer {other:?}"))),
+    }
+}
+
+/// Release every expired open hold as one batch; the ids actually released.
+pub async fn sweep_holds(w: &(impl LedgerWrites + ?Sized), now: Millis) -> Result<Vec<String>, StoreError> {
+    let ids = w.expired_holds(now).await?;
+    if ids.is_empty() {
+        return Ok(ids);
+    }
+    let ops: Vec<LedgerOp> = ids.iter().map(|id| LedgerOp::Release { request_id: id.clone(), now }).collect();
+    let results = w.apply(Arc::from(ops)).await?;
+    let mut released = Vec::new();
+    for (id, r) in ids.into_iter().zip(results) {
+        if release_outcome(r)? {
+            released.push(id);
+        }
+    }
+    Ok(released)
+}
+
+struct Job {
+    op: LedgerOp,
+    reply: oneshot::Sender<OpResult>,
+}
+
+/// The ledger with group commit; reads and rare writes go straight to the backend.
+pub struct BatchedLedger {
+    store: Arc<dyn LedgerStore>,
+    writes: Arc<dyn LedgerWrites>,
+    queue: mpsc::Sender<Job>,
+    /// Free slots a hold leaves for settlements and releases.
+    reserve: usize,
+}
+
+impl BatchedLedger {
+    /// Start the writer (a thread of its own with a small runtime, so it outlives whichever
+    /// runtime opened the store: the stores are opened before Pingora starts its own). It
+    /// stops when the last handle is dropped.
+    pub fn new<S: LedgerStore + LedgerWrites + 'static>(store: Arc<S>) -> Result<BatchedLedger, StoreError> {
+        BatchedLedger::with_parts(store.clone(), store, QUEUE)
+    }
+
+    /// `store` for reads and top-ups, `writes` for the batches, a queue of `queue` ops (a
+    /// quarter of it kept for settlements and releases).
+    pub fn with_parts(
+        store: Arc<dyn LedgerStore>,
+        writes: Arc<dyn LedgerWrites>,
+        queue: usize,
+    ) -> Result<BatchedLedger, StoreError> {
+        let (tx, rx) = mpsc::channel(queue.max(1));
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| StoreError::Unavailable(format!("ledger writer runtime: {e}")))?;
+        let w = writes.clone();
+        std::thread::Builder::new()
+            .name("ledger-writer".into())
+            .spawn(move || rt.block_on(writer(rx, w)))
+            .map_err(|e| StoreError::Unavailable(format!("ledger writer thread: {e}")))?;
+        Ok(BatchedLedger { store, writes, queue: tx, reserve: queue / 4 })
+    }
+
+    async fn submit(&self, op: LedgerOp) -> OpResult {
+        let (reply, answer) = oneshot::channel();
+        let is_hold = matches!(op, LedgerOp::Hold { .. });
+        let job = Job { op, reply };
+        if is_hold {
+            if self.queue.capacity() <= self.reserve {
+                return Err(StoreError::Unavailable("the ledger queue is full".into()));
+            }
+            self.queue.try_send(job).map_err(|_| StoreError::Unavailable("the ledger queue is full".into()))?;
+        } else {
+            match tokio::time::timeout(ENQUEUE_WAIT, self.queue.send(job)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => return Err(StoreError::Unavailable("the ledger writer stopped".into())),
+                Err(_) => return Err(StoreError::Unavailable("the ledger queue stayed full".into())),
+            }
+        }
+        answer.await.map_err(|_| StoreError::Unavailable("the ledger writer stopped".into()))?
+    }
+}
+
+/// Drain the queue: everything waiting (up to `MAX_BATCH`) in one transaction.
+async fn writer(mut rx: mpsc::Receiver<Job>, writes: Arc<dyn LedgerWrites>) {
+    let mut jobs: Vec<Job> = Vec::with_capacity(MAX_BATCH);
+    while rx.recv_many(&mut jobs, MAX_BATCH).await > 0 {
+        let (ops, replies): (Vec<LedgerOp>, Vec<_>) = jobs.drain(..).map(|j| (j.op, j.reply)).unzip();
+        log::trace!("ledger batch of {}", ops.len());
+        let results = apply_batch(&*writes, ops).await;
+        for (reply, r) in replies.into_iter().zip(results) {
+            let _ = reply.send(r); // the caller may have gone (client disconnected)
+        }
+    }
+}
+
+/// One transaction for `ops`. A uniqueness conflict (which the snapshot should have
+/// prevented) fails a whole transaction, so then each op is retried alone and only the
+/// offending one fails; an outage fails them all (nothing was written).
+async fn apply_batch(writes: &dyn LedgerWrites, ops: Vec<LedgerOp>) -> Vec<OpResult> {
+    let n = ops.len();
+    let ops: Arc<[LedgerOp]> = Arc::from(ops);
+    match writes.apply(ops.clone()).await {
+        Ok(results) if results.len() == n => results,
+        Ok(_) => vec![Err(StoreError::Unavailable("the ledger answered a batch partly".into())); n],
+        Err(StoreError::Conflict(m)) if n > 1 => {
+            log::warn!("ledger batch of {n} refused ({m}); applying its ops one by one");
+            let mut out = Vec::with_capacity(n);
+            for op in ops.iter() {
+                out.push(apply_one(writes, op.clone()).await);
+            }
+            out
+        }
+        Err(e) => vec![Err(e); n],
+    }
+}
+
+#[async_trait]
+impl LedgerStore for BatchedLedger {
+    async fn top_up(
+        &self,
+        workspace_id: &str,
+        amount_cents: i64,
+        source: &str,
+        expires_at: Option<Millis>,
+        now: Millis,
+    ) -> Result<(i64, i64), StoreError> {
+        self.store.top_up(workspace_id, amount_cents, source, expires_at, now).await
+    }
+
+    async fn balance(&self, workspace_id: &str) -> Result<Option<Balance>, StoreError> {
+        self.store.balance(workspace_id).await
+    }
+
+    async fn place_hold(
+        &self,
+        request_id: &str,
+        workspace_id: &str,
+        key_id: Option<&str>,
+        amount_cents: i64,
+        expires_at: Millis,
+        now: Millis,
+    ) -> Result<HoldOutcome, StoreError> {
+        hold_outcome(self.submit(hold_op(request_id, workspace_id, key_id, amount_cents, expires_at, now)).await)
+    }
+
+    async fn settle(&self, s: &Settlement) -> Result<SettleOutcome, StoreError> {
+        settle_outcome(self.submit(LedgerOp::Settle(s.clone())).await)
+    }
+
+    async fn release_hold(&self, request_id: &str, now: Millis) -> Result<bool, StoreError> {
+        release_outcome(self.submit(LedgerOp::Release { request_id: request_id.into(), now }).await)
+    }
+
+    /// The expired holds are released through the queue, in the writer's transactions.
+    async fn sweep_expired_holds(&self, now: Millis) -> Result<Vec<String>, StoreError> {
+        let ids = self.writes.expired_holds(now).await?;
+        let answers = futures_util::future::join_all(
+            ids.iter().map(|id| self.submit(LedgerOp::Release { request_id: id.clone(), now })),
+        )
+        .await;
+        let mut released = Vec::new();
+        for (id, r) in ids.into_iter().zip(answers) {
+            if release_outcome(r)? {
+                released.push(id);
+            }
+        }
+        Ok(released)
+    }
+
+    async fn entries(&self, workspace_id: &str, limit: i64) -> Result<Vec<LedgerEntry>, StoreError> {
+        self.store.entries(workspace_id, limit).await
+    }
+
+    async fn derived_balance(&self, workspace_id: &str) -> Result<i64, StoreError> {
+        self.store.derived_balance(workspace_id).await
+    }
+
+    async fn spent_since(&self, workspace_id: &str, since: Millis) -> Result<i64, StoreError> {
+        self.store.spent_since(workspace_id, since).await
+    }
+
+    async fn key_month_spend(&self, key_id: &str, month: &str) -> Result<i64, StoreError> {
+        self.store.key_month_spend(key_id, month).await
+    }
+
+    async fn set_frozen(&self, workspace_id: &str, reason: Option<&str>) -> Result<bool, StoreError> {
+        self.store.set_frozen(workspace_id, reason).await
+    }
+
+    async fn sweep_expired_credit(&self, now: Millis) -> Result<Vec<(String, i64)>, StoreError> {
+        self.store.sweep_expired_credit(now).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::sync::Semaphore;
+
+    /// Answers every op after the test lets one batch through.
+    struct Gated(Arc<Semaphore>);
+
+    #[async_trait]
+    impl LedgerWrites for Gated {
+        async fn apply(&self, ops: Arc<[LedgerOp]>) -> Result<Vec<OpResult>, StoreError> {
+            self.0.acquire().await.map_err(|e| StoreError::Unavailable(e.to_string()))?.forget();
+            Ok(ops
+                .iter()
+                .map(|op| match op {
+                    LedgerOp::Hold { .. } => Ok(OpOutcome::Hold(HoldOutcome::Placed { balance_cents: 0 })),
+                    LedgerOp::Settle(_) => Ok(OpOutcome::Settle(SettleOutcome::AlreadySettled)),
+                    LedgerOp::Release { .. } => Ok(OpOutcome::Release(true)),
+                })
+                .collect())
+        }
+
+        async fn expired_holds(&self, _now: Millis) -> Result<Vec<String>, StoreError> {
+            Ok(Vec::new())
+        }
+    }
+
+    #[tokio::test]
+    async fn a_full_queue_refuses_holds_at_once_and_keeps_room_for_releases() {
+        let dir = std::env::temp_dir().join(format!("tollgate-batch-{}", uuid::Uuid::new_v4().simple()));
+        let store = Arc::new(crate::store::sqlite::SqliteStore::open(&dir.join("l.db")).unwrap());
+        let gate = Arc::new(Semaphore::new(0));
+        let l = Arc::new(BatchedLedger::with_parts(store, Arc::new(Gated(gate.clone())), 8).unwrap());
+        let hold = |l: Arc<BatchedLedger>, i: usize| {
+            tokio::spawn(async move { l.place_hold(&format!("r{i}"), "w", None, 1, 10, 1).await })
+        };
+        // The writer takes the first hold and waits at the gate; six more fill the queue up
+        // to its reserve of two.
+        let mut waiting = vec![hold(l.clone(), 0)];
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        waiting.extend((1..7).map(|i| hold(l.clone(), i)));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let started = std::time::Instant::now();
+        let refused = l.place_hold("r7", "w", None, 1, 10, 1).await;
+        assert!(matches!(refused, Err(StoreError::Unavailable(_))), "{refused:?}");
+        assert!(started.elapsed() < Duration::from_millis(20), "refused without waiting");
+        let release = {
+            let l = l.clone();
+            tokio::spawn(async move { l.release_hold("r0", 2).await })
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        gate.add_permits(100);
+        for w in waiting {
+            assert_eq!(w.await.unwrap(), Ok(HoldOutcome::Placed { balance_cents: 0 }));
+        }
+        assert_eq!(release.await.unwrap(), Ok(true), "a release is queued in the reserved room");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

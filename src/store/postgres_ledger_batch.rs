@@ -1,0 +1,192 @@
+//! A batch of ledger writes on PostgreSQL, in one transaction of four round trips whatever
+//! its size: lock the workspace rows the batch touches (in id order, so two gateway instances
+//! never deadlock), read the batch's hold rows and settled request ids (two pipelined
+//! queries), write the plan of `ledger_ops::plan` in ONE statement of `unnest` arrays
+//! (holds, hold states, entries, balances, key month spend), commit. Every change of a hold
+//! or a balance takes the workspace row lock first (holds, settlements, releases and the
+//! sweeper all come through here; top-ups and the credit expiry lock it too), so what the
+//! batch read under the lock is what it writes over.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use tokio_postgres::types::ToSql;
+
+use super::StoreError;
+use super::ledger_batch::LedgerWrites;
+use super::ledger_ops::{HoldRow, LedgerOp, Money, OpResult, Plan, Snapshot, plan};
+use super::postgres::PostgresStore;
+use crate::clock::Millis;
+
+const LOCK: &str = "SELECT id, balance_cents, held_cents, carry_microcents FROM workspaces \
+     WHERE id = ANY($1) OR id IN (SELECT workspace_id FROM holds WHERE request_id = ANY($2)) \
+     ORDER BY id FOR UPDATE";
+const HOLDS: &str =
+    "SELECT request_id, workspace_id, key_id, amount_cents, state FROM holds WHERE request_id = ANY($1)";
+const SETTLED: &str = "SELECT request_id FROM ledger_entries WHERE kind = 'settlement' AND request_id = ANY($1)";
+const WRITE: &str = "WITH \
+     nh AS (INSERT INTO holds (request_id, workspace_id, key_id, amount_cents, state, expires_at, created_at) \
+            SELECT * FROM unnest($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::BIGINT[], $5::TEXT[], $6::BIGINT[], $7::BIGINT[])), \
+     hs AS (UPDATE holds SET state = u.state FROM unnest($8::TEXT[], $9::TEXT[]) AS u(rid, state) \
+            WHERE holds.request_id = u.rid), \
+     le AS (INSERT INTO ledger_entries (workspace_id, kind, amount_cents, request_id, key_id, cost_microcents, created_at) \
+            SELECT w, k, a, r, key, c, t \
+            FROM unnest($10::TEXT[], $11::TEXT[], $12::BIGINT[], $13::TEXT[], $14::TEXT[], $15::BIGINT[], $16::BIGINT[]) \
+            WITH ORDINALITY AS e(w, k, a, r, key, c, t, n) ORDER BY n), \
+     ws AS (UPDATE workspaces SET balance_cents = u.b, held_cents = u.h, carry_microcents = u.c \
+            FROM unnest($17::TEXT[], $18::BIGINT[], $19::BIGINT[], $20::BIGINT[]) AS u(id, b, h, c) \
+            WHERE workspaces.id = u.id) \
+     INSERT INTO key_month_spend (key_id, month, spent_microcents) \
+     SELECT * FROM unnest($21::TEXT[], $22::TEXT[], $23::BIGINT[]) \
+     ON CONFLICT (key_id, month) DO UPDATE SET spent_microcents = key_month_spend.spent_microcents + EXCLUDED.spent_microcents";
+
+#[async_trait]
+impl LedgerWrites for PostgresStore {
+    async fn apply(&self, ops: Arc<[LedgerOp]>) -> Result<Vec<OpResult>, StoreError> {
+        self.with_client(move |mut c| async move {
+            let rids: Vec<&str> = ops.iter().map(LedgerOp::request_id).collect();
+            let settles: Vec<&str> =
+                ops.iter().filter(|o| matches!(o, LedgerOp::Settle(_))).map(LedgerOp::request_id).collect();
+            let mut wss: Vec<&str> = ops.iter().filter_map(LedgerOp::workspace_id).collect();
+            wss.sort_unstable();
+            wss.dedup();
+            let tx = c.transaction().await?;
+            let (lock, holds, settled) =
+                tokio::try_join!(tx.prepare_cached(LOCK), tx.prepare_cached(HOLDS), tx.prepare_cached(SETTLED))?;
+            let mut snap = Snapshot::default();
+            for r in tx.query(&lock, &[&wss, &rids]).await? {
+                let money =
+                    Money { balance_cents: r.try_get(1)?, held_cents: r.try_get(2)?, carry_microcents: r.try_get(3)? };
+                snap.workspaces.insert(r.try_get(0)?, money);
+            }
+            let (hold_params, settled_params): ([&(dyn ToSql + Sync); 1], [&(dyn ToSql + Sync); 1]) =
+                ([&rids], [&settles]);
+            let (hold_rows, settled_rows) =
+                tokio::try_join!(tx.query(&holds, &hold_params), tx.query(&settled, &settled_params))?;
+            for r in hold_rows {
+                let row = HoldRow {
+                    workspace_id: r.try_get(1)?,
+                    key_id: r.try_get(2)?,
+                    amount_cents: r.try_get(3)?,
+                    state: r.try_get(4)?,
+                };
+                snap.holds.insert(r.try_get(0)?, row);
+            }
+            for r in settled_rows {
+                snap.settled.insert(r.try_get(0)?);
+            }
+            let plan = plan(&ops, snap);
+            if !plan.entries.is_empty() || !plan.workspaces.is_empty() {
+                let write = tx.prepare_cached(WRITE).await?;
+                tx.execute(&write, &Columns::of(&plan).params()).await?;
+            }
+            tx.commit().await?;
+            Ok(plan.outcomes)
+        })
+        .await
+    }
+
+    async fn expired_holds(&self, now: Millis) -> Result<Vec<String>, StoreError> {
+        self.with_client(move |c| async move {
+            let st = c.prepare_cached("SELECT request_id FROM holds WHERE state = 'open' AND expires_at <= $1").await?;
+            c.query(&st, &[&now]).await?.iter().map(|r| r.try_get(0)).collect()
+        })
+        .await
+    }
+}
+
+/// The plan as the columns of `WRITE` (one array per column).
+#[derive(Default)]
+struct Columns<'a> {
+    h_rid: Vec<&'a str>,
+    h_ws: Vec<&'a str>,
+    h_key: Vec<Option<&'a str>>,
+    h_amount: Vec<i64>,
+    h_state: Vec<&'a str>,
+    h_expires: Vec<i64>,
+    h_created: Vec<i64>,
+    s_rid: Vec<&'a str>,
+    s_state: Vec<&'a str>,
+    e_ws: Vec<&'a str>,
+    e_kind: Vec<&'a str>,
+    e_amount: Vec<i64>,
+    e_rid: Vec<&'a str>,
+    e_key: Vec<Option<&'a str>>,
+    e_cost: Vec<Option<i64>>,
+    e_created: Vec<i64>,
+    w_id: Vec<&'a str>,
+    w_balance: Vec<i64>,
+    w_held: Vec<i64>,
+    w_carry: Vec<i64>,
+    k_key: Vec<&'a str>,
+    k_month: Vec<&'a str>,
+    k_spent: Vec<i64>,
+}
+
+impl<'a> Columns<'a> {
+    fn of(p: &'a Plan) -> Columns<'a> {
+        let mut c = Columns::default();
+        for h in &p.new_holds {
+            c.h_rid.push(&h.request_id);
+            c.h_ws.push(&h.row.workspace_id);
+            c.h_key.push(h.row.key_id.as_deref());
+            c.h_amount.push(h.row.amount_cents);
+            c.h_state.push(&h.row.state);
+            c.h_expires.push(h.expires_at);
+            c.h_created.push(h.created_at);
+        }
+        for (rid, state) in &p.hold_states {
+            c.s_rid.push(rid);
+            c.s_state.push(state);
+        }
+        for e in &p.entries {
+            c.e_ws.push(&e.workspace_id);
+            c.e_kind.push(e.kind);
+            c.e_amount.push(e.amount_cents);
+            c.e_rid.push(&e.request_id);
+            c.e_key.push(e.key_id.as_deref());
+            c.e_cost.push(e.cost_microcents);
+            c.e_created.push(e.created_at);
+        }
+        for (id, m) in &p.workspaces {
+            c.w_id.push(id);
+            c.w_balance.push(m.balance_cents);
+            c.w_held.push(m.held_cents);
+            c.w_carry.push(m.carry_microcents);
+        }
+        for (key, month, spent) in &p.key_spend {
+            c.k_key.push(key);
+            c.k_month.push(month);
+            c.k_spent.push(*spent);
+        }
+        c
+    }
+
+    fn params(&self) -> [&(dyn ToSql + Sync); 23] {
+        [
+            &self.h_rid,
+            &self.h_ws,
+            &self.h_key,
+            &self.h_amount,
+            &self.h_state,
+            &self.h_expires,
+            &self.h_created,
+            &self.s_rid,
+            &self.s_state,
+            &self.e_ws,
+            &self.e_kind,
+            &self.e_amount,
+            &self.e_rid,
+            &self.e_key,
+            &self.e_cost,
+            &self.e_created,
+            &self.w_id,
+            &self.w_balance,
+            &self.w_held,
+            &self.w_carry,
+            &self.k_key,
+            &self.k_month,
+            &self.k_spent,
+        ]
+    }
+}

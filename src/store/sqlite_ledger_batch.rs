@@ -1,0 +1,146 @@
+//! A batch of ledger writes on SQLite: one `BEGIN IMMEDIATE` transaction (the write lock is
+//! taken before anything is read, so another process on the same file cannot interleave),
+//! the batch's hold rows, settled ids and workspace balances read with cached statements,
+//! `ledger_ops::plan`, its rows written, one commit. What a batch saves on SQLite is the
+//! per-transaction cost (a blocking task, the lock, a WAL commit writing the same balance,
+//! index and hold pages again) and the per-op balance read-modify-write: each workspace row
+//! is read and written once per batch.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use rusqlite::{OptionalExtension, TransactionBehavior, params};
+
+use super::StoreError;
+use super::ledger_batch::LedgerWrites;
+use super::ledger_ops::{HoldRow, LedgerOp, Money, OpResult, Plan, Snapshot, plan};
+use super::sqlite::SqliteStore;
+use crate::clock::Millis;
+
+#[async_trait]
+impl LedgerWrites for SqliteStore {
+    async fn apply(&self, ops: Arc<[LedgerOp]>) -> Result<Vec<OpResult>, StoreError> {
+        self.with_conn(move |c| {
+            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let snap = snapshot(&tx, &ops)?;
+            let plan = plan(&ops, snap);
+            write(&tx, &plan)?;
+            tx.commit()?;
+            Ok(plan.outcomes)
+        })
+        .await
+    }
+
+    async fn expired_holds(&self, now: Millis) -> Result<Vec<String>, StoreError> {
+        self.with_conn(move |c| {
+            let mut st = c.prepare_cached("SELECT request_id FROM holds WHERE state = 'open' AND expires_at <= ?1")?;
+            let ids = st.query_map([now], |r| r.get(0))?.collect::<Result<_, _>>()?;
+            Ok(ids)
+        })
+        .await
+    }
+}
+
+fn snapshot(tx: &rusqlite::Transaction<'_>, ops: &[LedgerOp]) -> rusqlite::Result<Snapshot> {
+    let mut snap = Snapshot::default();
+    let mut wss: Vec<String> = Vec::new();
+    {
+        let mut hold =
+            tx.prepare_cached("SELECT workspace_id, key_id, amount_cents, state FROM holds WHERE request_id = ?1")?;
+        let mut settled =
+            tx.prepare_cached("SELECT 1 FROM ledger_entries WHERE request_id = ?1 AND kind = 'settlement'")?;
+        for op in ops {
+            let rid = op.request_id();
+            if !snap.holds.contains_key(rid) {
+                let row = hold
+                    .query_row([rid], |r| {
+                        Ok(HoldRow {
+                            workspace_id: r.get(0)?,
+                            key_id: r.get(1)?,
+                            amount_cents: r.get(2)?,
+                            state: r.get(3)?,
+                        })
+                    })
+                    .optional()?;
+                if let Some(row) = row {
+                    wss.push(row.workspace_id.clone());
+                    snap.holds.insert(rid.to_string(), row);
+                }
+            }
+            if matches!(op, LedgerOp::Settle(_)) && settled.query_row([rid], |_| Ok(())).optional()?.is_some() {
+                snap.settled.insert(rid.to_string());
+            }
+            if let Some(ws) = op.workspace_id() {
+                wss.push(ws.to_string());
+            }
+        }
+    }
+    let mut money =
+        tx.prepare_cached("SELECT balance_cents, held_cents, carry_microcents FROM workspaces WHERE id = ?1")?;
+    for ws in wss {
+        if snap.workspaces.contains_key(&ws) {
+            continue;
+        }
+        let m = money
+            .query_row([&ws], |r| {
+                Ok(Money { balance_cents: r.get(0)?, held_cents: r.get(1)?, carry_microcents: r.get(2)? })
+            })
+            .optional()?;
+        if let Some(m) = m {
+            snap.workspaces.insert(ws, m);
+        }
+    }
+    Ok(snap)
+}
+
+fn write(tx: &rusqlite::Transaction<'_>, p: &Plan) -> rusqlite::Result<()> {
+    let mut insert_hold = tx.prepare_cached(
+        "INSERT INTO holds (request_id, workspace_id, key_id, amount_cents, state, expires_at, created_at) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+    )?;
+    for h in &p.new_holds {
+        let r = &h.row;
+        insert_hold.execute(params![
+            h.request_id,
+            r.workspace_id,
+            r.key_id,
+            r.amount_cents,
+            r.state,
+            h.expires_at,
+            h.created_at
+        ])?;
+    }
+    let mut hold_state = tx.prepare_cached("UPDATE holds SET state = ?2 WHERE request_id = ?1")?;
+    for (rid, state) in &p.hold_states {
+        hold_state.execute(params![rid, state])?;
+    }
+    let mut entry = tx.prepare_cached(
+        "INSERT INTO ledger_entries (workspace_id, kind, amount_cents, request_id, key_id, cost_microcents, created_at) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+    )?;
+    for e in &p.entries {
+        entry.execute(params![
+            e.workspace_id,
+            e.kind,
+            e.amount_cents,
+            e.request_id,
+            e.key_id,
+            e.cost_microcents,
+            e.created_at
+        ])?;
+    }
+    let mut ws = tx.prepare_cached(
+        "UPDATE workspaces SET balance_cents = ?2, held_cents = ?3, carry_microcents = ?4 WHERE id = ?1",
+    )?;
+    for (id, m) in &p.workspaces {
+        ws.execute(params![id, m.balance_cents, m.held_cents, m.carry_microcents])?;
+    }
+    let mut spend = tx.prepare_cached(
+        "INSERT INTO key_month_spend (key_id, month, spent_microcents) VALUES (?1, ?2, ?3) \
+         ON CONFLICT (key_id, month) DO UPDATE SET spent_microcents = spent_microcents + excluded.spent_microcents",
+    )?;
+    for (key, month, spent) in &p.key_spend {
+        spend.execute(params![key, month, spent])?;
+    }
+    Ok(())
+}
