@@ -5,6 +5,7 @@
 use async_trait::async_trait;
 
 use super::StoreError;
+use super::ledger_ops::{LedgerOp, OpOutcome, OpResult, hold_op};
 use crate::clock::Millis;
 use crate::money::Microcents;
 
@@ -83,6 +84,14 @@ pub trait LedgerStore: Send + Sync {
 
     async fn balance(&self, workspace_id: &str) -> Result<Option<Balance>, StoreError>;
 
+    /// Apply one money write (a hold, a settlement or a release): straight to the store, or
+    /// queued for group commit (`ledger_batch.rs`). The four calls below are built on it, so
+    /// every backend writes money through one path (`ledger_ops::plan`).
+    async fn submit(&self, op: LedgerOp) -> OpResult;
+
+    /// Request ids of open holds whose expiry has passed.
+    async fn expired_holds(&self, now: Millis) -> Result<Vec<String>, StoreError>;
+
     /// Reserve `amount_cents` for `request_id` if the balance covers it, atomically (no
     /// read-then-write race between concurrent requests of one workspace).
     async fn place_hold(
@@ -93,19 +102,38 @@ pub trait LedgerStore: Send + Sync {
         amount_cents: i64,
         expires_at: Millis,
         now: Millis,
-    ) -> Result<HoldOutcome, StoreError>;
+    ) -> Result<HoldOutcome, StoreError> {
+        hold_outcome(self.submit(hold_op(request_id, workspace_id, key_id, amount_cents, expires_at, now)).await)
+    }
 
     /// Release the request's hold (if still open) and debit its cost in whole cents with the
     /// fractional remainder carried. Exactly once per request id.
-    async fn settle(&self, s: &Settlement) -> Result<SettleOutcome, StoreError>;
+    async fn settle(&self, s: &Settlement) -> Result<SettleOutcome, StoreError> {
+        settle_outcome(self.submit(LedgerOp::Settle(s.clone())).await)
+    }
 
     /// Release the request's hold without charge (refusal or failure before output).
     /// `false` when there was no open hold.
-    async fn release_hold(&self, request_id: &str, now: Millis) -> Result<bool, StoreError>;
+    async fn release_hold(&self, request_id: &str, now: Millis) -> Result<bool, StoreError> {
+        release_outcome(self.submit(LedgerOp::Release { request_id: request_id.into(), now }).await)
+    }
 
     /// Release holds still open past their expiry (their gateway died); returns the request
     /// ids released. Never charges.
-    async fn sweep_expired_holds(&self, now: Millis) -> Result<Vec<String>, StoreError>;
+    async fn sweep_expired_holds(&self, now: Millis) -> Result<Vec<String>, StoreError> {
+        let ids = self.expired_holds(now).await?;
+        let answers = futures_util::future::join_all(
+            ids.iter().map(|id| self.submit(LedgerOp::Release { request_id: id.clone(), now })),
+        )
+        .await;
+        let mut released = Vec::new();
+        for (id, r) in ids.into_iter().zip(answers) {
+            if release_outcome(r)? {
+                released.push(id);
+            }
+        }
+        Ok(released)
+    }
 
     async fn entries(&self, workspace_id: &str, limit: i64) -> Result<Vec<LedgerEntry>, StoreError>;
 
@@ -125,6 +153,28 @@ pub trait LedgerStore: Send + Sync {
     /// once per top-up, as one `expiry` entry per workspace. Returns (workspace, cents removed)
     /// for each workspace that lost credit.
     async fn sweep_expired_credit(&self, now: Millis) -> Result<Vec<(String, i64)>, StoreError>;
+}
+
+/// The answers of the four money calls, from what `submit` returned.
+pub fn hold_outcome(r: OpResult) -> Result<HoldOutcome, StoreError> {
+    match r? {
+        OpOutcome::Hold(h) => Ok(h),
+        other => Err(StoreError::Unavailable(format!("unexpected ledger answer {other:?}"))),
+    }
+}
+
+pub fn settle_outcome(r: OpResult) -> Result<SettleOutcome, StoreError> {
+    match r? {
+        OpOutcome::Settle(s) => Ok(s),
+        other => Err(StoreError::Unavailable(format!("unexpected ledger answer {other:?}"))),
+    }
+}
+
+pub fn release_outcome(r: OpResult) -> Result<bool, StoreError> {
+    match r? {
+        OpOutcome::Release(b) => Ok(b),
+        other => Err(StoreError::Unavailable(format!("unexpected ledger answer {other:?}"))),
+    }
 }
 
 /// A top-up not yet swept: (entry id, amount in cents, expiry).

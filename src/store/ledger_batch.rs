@@ -26,8 +26,8 @@ use async_trait::async_trait;
 use tokio::sync::{mpsc, oneshot};
 
 use super::StoreError;
-use super::ledger::{Balance, HoldOutcome, LedgerEntry, LedgerStore, SettleOutcome, Settlement};
-use super::ledger_ops::{LedgerOp, OpOutcome, OpResult, hold_op};
+use super::ledger::{Balance, LedgerEntry, LedgerStore};
+use super::ledger_ops::{LedgerOp, OpResult};
 use crate::clock::Millis;
 
 /// Most ops in one transaction.
@@ -58,44 +58,6 @@ pub async fn apply_one(w: &(impl LedgerWrites + ?Sized), op: LedgerOp) -> OpResu
         .into_iter()
         .next()
         .unwrap_or_else(|| Err(StoreError::Unavailable("the ledger answered no result".into())))
-}
-
-pub fn hold_outcome(r: OpResult) -> Result<HoldOutcome, StoreError> {
-    match r? {
-        OpOutcome::Hold(h) => Ok(h),
-        other => Err(StoreError::Unavailable(format!("unexpected ledger answer {other:?}"))),
-    }
-}
-
-pub fn settle_outcome(r: OpResult) -> Result<SettleOutcome, StoreError> {
-    match r? {
-        OpOutcome::Settle(s) => Ok(s),
-        other => Err(StoreError::Unavailable(format!("unexpected ledger answer {other:?}"))),
-    }
-}
-
-pub fn release_outcome(r: OpResult) -> Result<bool, StoreError> {
-    match r? {
-        OpOutcome::Release(b) => Ok(b),
-        other => Err(StoreError::Unavailable(format!("unexpected ledger answer {other:?}"))),
-    }
-}
-
-/// Release every expired open hold as one batch; the ids actually released.
-pub async fn sweep_holds(w: &(impl LedgerWrites + ?Sized), now: Millis) -> Result<Vec<String>, StoreError> {
-    let ids = w.expired_holds(now).await?;
-    if ids.is_empty() {
-        return Ok(ids);
-    }
-    let ops: Vec<LedgerOp> = ids.iter().map(|id| LedgerOp::Release { request_id: id.clone(), now }).collect();
-    let results = w.apply(Arc::from(ops)).await?;
-    let mut released = Vec::new();
-    for (id, r) in ids.into_iter().zip(results) {
-        if release_outcome(r)? {
-            released.push(id);
-        }
-    }
-    Ok(released)
 }
 
 struct Job {
@@ -140,7 +102,7 @@ impl BatchedLedger {
         Ok(BatchedLedger { store, writes, queue: tx, reserve: queue / 4 })
     }
 
-    async fn submit(&self, op: LedgerOp) -> OpResult {
+    async fn enqueue(&self, op: LedgerOp) -> OpResult {
         let (reply, answer) = oneshot::channel();
         let is_hold = matches!(op, LedgerOp::Hold { .. });
         let job = Job { op, reply };
@@ -211,40 +173,12 @@ impl LedgerStore for BatchedLedger {
         self.store.balance(workspace_id).await
     }
 
-    async fn place_hold(
-        &self,
-        request_id: &str,
-        workspace_id: &str,
-        key_id: Option<&str>,
-        amount_cents: i64,
-        expires_at: Millis,
-        now: Millis,
-    ) -> Result<HoldOutcome, StoreError> {
-        hold_outcome(self.submit(hold_op(request_id, workspace_id, key_id, amount_cents, expires_at, now)).await)
+    async fn submit(&self, op: LedgerOp) -> OpResult {
+        self.enqueue(op).await
     }
 
-    async fn settle(&self, s: &Settlement) -> Result<SettleOutcome, StoreError> {
-        settle_outcome(self.submit(LedgerOp::Settle(s.clone())).await)
-    }
-
-    async fn release_hold(&self, request_id: &str, now: Millis) -> Result<bool, StoreError> {
-        release_outcome(self.submit(LedgerOp::Release { request_id: request_id.into(), now }).await)
-    }
-
-    /// The expired holds are released through the queue, in the writer's transactions.
-    async fn sweep_expired_holds(&self, now: Millis) -> Result<Vec<String>, StoreError> {
-        let ids = self.writes.expired_holds(now).await?;
-        let answers = futures_util::future::join_all(
-            ids.iter().map(|id| self.submit(LedgerOp::Release { request_id: id.clone(), now })),
-        )
-        .await;
-        let mut released = Vec::new();
-        for (id, r) in ids.into_iter().zip(answers) {
-            if release_outcome(r)? {
-                released.push(id);
-            }
-        }
-        Ok(released)
+    async fn expired_holds(&self, now: Millis) -> Result<Vec<String>, StoreError> {
+        self.writes.expired_holds(now).await
     }
 
     async fn entries(&self, workspace_id: &str, limit: i64) -> Result<Vec<LedgerEntry>, StoreError> {
@@ -275,6 +209,8 @@ impl LedgerStore for BatchedLedger {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::ledger::{HoldOutcome, SettleOutcome};
+    use crate::store::ledger_ops::OpOutcome;
     use tokio::sync::Semaphore;
 
     /// Answers every op after the test lets one batch through.

@@ -8,11 +8,9 @@ use async_trait::async_trait;
 use rusqlite::{OptionalExtension, TransactionBehavior, params};
 
 use super::StoreError;
-use super::ledger::{
-    Balance, HoldOutcome, LedgerEntry, LedgerStore, LiveTopUp, SettleOutcome, Settlement, expiring_credit,
-};
-use super::ledger_batch::{apply_one, hold_outcome, release_outcome, settle_outcome, sweep_holds};
-use super::ledger_ops::{LedgerOp, hold_op};
+use super::ledger::{Balance, LedgerEntry, LedgerStore, LiveTopUp, expiring_credit};
+use super::ledger_batch::{LedgerWrites, apply_one};
+use super::ledger_ops::{LedgerOp, OpResult};
 use super::sqlite::SqliteStore;
 use crate::clock::Millis;
 
@@ -68,28 +66,12 @@ impl LedgerStore for SqliteStore {
         .await
     }
 
-    async fn place_hold(
-        &self,
-        request_id: &str,
-        workspace_id: &str,
-        key_id: Option<&str>,
-        amount_cents: i64,
-        expires_at: Millis,
-        now: Millis,
-    ) -> Result<HoldOutcome, StoreError> {
-        hold_outcome(apply_one(self, hold_op(request_id, workspace_id, key_id, amount_cents, expires_at, now)).await)
+    async fn submit(&self, op: LedgerOp) -> OpResult {
+        apply_one(self, op).await
     }
 
-    async fn settle(&self, s: &Settlement) -> Result<SettleOutcome, StoreError> {
-        settle_outcome(apply_one(self, LedgerOp::Settle(s.clone())).await)
-    }
-
-    async fn release_hold(&self, request_id: &str, now: Millis) -> Result<bool, StoreError> {
-        release_outcome(apply_one(self, LedgerOp::Release { request_id: request_id.into(), now }).await)
-    }
-
-    async fn sweep_expired_holds(&self, now: Millis) -> Result<Vec<String>, StoreError> {
-        sweep_holds(self, now).await
+    async fn expired_holds(&self, now: Millis) -> Result<Vec<String>, StoreError> {
+        LedgerWrites::expired_holds(self, now).await
     }
 
     async fn entries(&self, workspace_id: &str, limit: i64) -> Result<Vec<LedgerEntry>, StoreError> {
