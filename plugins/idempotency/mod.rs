@@ -53,6 +53,8 @@ struct Held {
     content_type: Option<String>,
     body: Vec<u8>,
     too_large: bool,
+    /// The non-streamed answer's body reached its end (it was produced, and charged, whole).
+    complete: bool,
 }
 
 impl Drop for Held {
@@ -156,7 +158,9 @@ impl Idempotency {
     fn record(cx: &RequestCtx, held: &Held) -> Option<Record> {
         let ok = (200..300).contains(&held.status);
         if !held.streamed {
-            if !ok || cx.failure.is_some() || cx.client_gone {
+            // An answer produced whole is recorded even if its client left before reading it:
+            // it was charged, and the retry gets it without a second charge.
+            if !ok || cx.failure.is_some() || !held.complete {
                 return None;
             }
             let body = (!held.too_large).then(|| String::from_utf8_lossy(&held.body).into_owned());
@@ -247,6 +251,7 @@ impl Plugin for Idempotency {
                     content_type: None,
                     body: Vec::new(),
                     too_large: false,
+                    complete: false,
                 });
                 Ok(Flow::Continue)
             }
@@ -263,8 +268,9 @@ impl Plugin for Idempotency {
         Ok(())
     }
 
-    fn on_response_chunk(&self, body: &mut Option<Bytes>, _eos: bool, cx: &mut RequestCtx) -> Result<(), GatewayError> {
+    fn on_response_chunk(&self, body: &mut Option<Bytes>, eos: bool, cx: &mut RequestCtx) -> Result<(), GatewayError> {
         let Some(h) = cx.ext.get_mut::<Held>() else { return Ok(()) };
+        h.complete |= eos;
         if h.streamed || h.too_large {
             return Ok(());
         }
