@@ -257,3 +257,64 @@ fn a_translator_gets_the_whole_answer() {
     assert_eq!(v["usage"]["service"]["cost_microcents"], 13_000);
     assert_eq!(cx.usage.map(|u| u.cost.0), Some(13_000));
 }
+
+fn translated(which: u8) -> RequestCtx {
+    let mut cx = ctx();
+    match which {
+        1 => cx.ext.insert(Translation(Box::new(crate::dialects::MessagesStream::new("m", b"k")))),
+        2 => cx.ext.insert(Translation(Box::new(crate::dialects::ResponsesStream::new("m")))),
+        _ => {}
+    }
+    cx
+}
+
+/// Frames a replica might send, good and bad, for the stream property below.
+fn frame_of(kind: u8, n: u8) -> String {
+    let head = format!(r#"{{"id":"c","object":"chat.completion.chunk","created":1,"model":"{UP}","#);
+    match kind % 9 {
+        0 => format!("data: {head}\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"t{n} \"}}}}]}}\n\n"),
+        1 => format!("data: {head}\"choices\":[{{\"index\":0,\"delta\":{{\"reasoning_content\":\"r{n}\"}}}}]}}\n\n"),
+        2 => format!("data: {head}\"choices\":[{{\"index\":{n},\"delta\":{{}},\"finish_reason\":\"length\"}}]}}\n\n"),
+        3 => format!("data: {head}\"choices\":[],\"usage\":{{\"prompt_tokens\":{n},\"completion_tokens\":2}}}}\n\n"),
+        4 => "data: [DONE]\n\n".into(),
+        5 => ": keep-alive\n\n".into(),
+        6 => format!(
+            "data: {head}\ndata: \"choices\":[{{\"delta\":{{\"tool_calls\":[{{\"index\":0,\"function\":{{\"arguments\":\"{{\\\"a\\\":{n}}}\"}}}}]}}}}]}}\n\n"
+        ),
+        7 => "data: {\"error\":{\"message\":\"x\"}}\n\n".into(),
+        _ => format!("data: {{\"choices\":[{n}\n\n"),
+    }
+}
+
+proptest::proptest! {
+    /// Any bytes, cut anywhere, on the chat route and through both translators: no panic, and
+    /// a stream that ended is closed exactly once (`[DONE]` / its dialect's end, or one error).
+    #[test]
+    fn any_replica_stream_ends_once_and_never_panics(
+        frames in proptest::collection::vec((0u8..9, 0u8..200), 0..12),
+        noise in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..64),
+        cut in 0usize..4096,
+        which in 0u8..3,
+    ) {
+        let mut bytes: Vec<u8> = frames.iter().flat_map(|&(k, n)| frame_of(k, n).into_bytes()).collect();
+        bytes.extend_from_slice(&noise);
+        let cut = cut.min(bytes.len());
+        let mut cx = translated(which);
+        let mut out = Vec::new();
+        for (part, eos) in [(&bytes[..cut], false), (&bytes[cut..], true)] {
+            let mut body = Some(Bytes::copy_from_slice(part));
+            super::stream::on_chunk(&mut body, eos, &mut cx);
+            out.extend_from_slice(&body.unwrap_or_default());
+        }
+        proptest::prop_assert!(cx.response.saw_done);
+        let text = String::from_utf8_lossy(&out);
+        let ends = match which {
+            0 => text.matches("data: [DONE]").count() + text.matches("\"error\":{").count(),
+            1 => text.matches("event: message_stop").count() + text.matches("event: error").count(),
+            _ => text.matches("event: response.completed").count()
+                + text.matches("event: response.incomplete").count()
+                + text.matches("event: response.failed").count(),
+        };
+        proptest::prop_assert_eq!(ends, 1, "{}", text);
+    }
+}

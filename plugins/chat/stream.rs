@@ -62,8 +62,8 @@ fn malformed(cx: &mut RequestCtx, out: &mut BytesMut) {
 }
 
 pub(super) fn on_frame(frame: &[u8], cx: &mut RequestCtx, out: &mut BytesMut) {
-    if cx.failure.is_some() {
-        return; // the stream already ended with an error frame: nothing follows it
+    if cx.failure.is_some() || cx.response.saw_done {
+        return; // the stream already ended (`[DONE]`, or an error frame): nothing follows it
     }
     let translating = cx.ext.get::<Translation>().is_some();
     let Some(data) = data_payload(frame) else {
