@@ -62,7 +62,7 @@
 # PostgreSQL, pg_stat_database and the CPU of the bench database's backends are read; after
 # the runs the ledger check of the admin API must be consistent with no open hold. With
 # BENCH_FULL the configuration users run, conf/tollgate.yaml's chain (connection_gate, auth,
-# dialects, chat_completions, limits, billing) with the priced model and the funded
+# dialects, idempotency, chat_completions, limits, billing; requests carry no Idempotency-Key) with the priced model and the funded
 # workspace, on both store sets: gw-full (ports base+16,17: SQLite identity and ledger,
 # in-process limiter) and gw-full-pg (base+18,19: PostgreSQL identity and ledger, Redis
 # limiter with the run's key prefix); gw-auth and gw-auth-pg are started first (they create
@@ -522,6 +522,7 @@ plugins:
   - name: connection_gate
   - name: auth
   - name: dialects
+  - name: idempotency
   - name: chat_completions
   - name: limits
   - name: billing
@@ -1232,7 +1233,7 @@ report() {
             hop = ((c, "nginx") in cnt) ? cpu[c, "nginx"] + 0 : 0
             hops = ((c, "nginx") in cnt && sched[c, "nginx"] != "-") ? sched[c, "nginx"] + 0 : 0
             print ""
-            printf "full default chain (connection_gate auth dialects chat_completions limits billing), %s%s\n", c,
+            printf "full default chain (connection_gate auth dialects idempotency chat_completions limits billing), %s%s\n", c,
                 (c ~ /^sse/) ? " (" frames " SSE frames)" : ""
             printf ffmt, "target", "req/s", "p50 ms", "p99 ms", "+p50 ms", "+p99 ms", "CPU", "CPU", "CPU", "CPU", "non-", "holds", "settles", "settled", "PG CPU", "Redis"
             printf ffmt, "", "", "", "", "", "", "us/req", "x nginx", "us/req", "x nginx", "2xx", "/req", "/req", "/s", "us/req", "cmd/req"

@@ -76,7 +76,8 @@ pub struct RequestCtx {
     pub body_read: bool,
     /// The parsed request body (inference routes).
     pub body: Option<Value>,
-    /// The request body as received (inference routes), e.g. for a fingerprint.
+    /// The request body as received (inference routes), for the request phase (e.g. a
+    /// fingerprint); dropped once that phase has run.
     pub raw_body: Option<Bytes>,
     /// Where the request goes, once its `model` is resolved (inference routes).
     pub placement: Option<Placement>,

@@ -65,8 +65,7 @@ impl Gateway {
             _ => {}
         }
         let keepalive = s.get_keepalive();
-        let raw = read_json_body(s, cx).await?;
-        cx.raw_body = Some(raw.clone());
+        cx.raw_body = Some(read_json_body(s, cx).await?);
         request::resolve_model(cx, route)?;
         crate::faults::panic_point("request");
         let rewritten = match self.chain.on_request(s, cx).await? {
@@ -74,6 +73,7 @@ impl Gateway {
             Flow::Forward(body) => Some(body),
             Flow::Continue => None,
         };
+        let raw = cx.raw_body.take().unwrap_or_default(); // not kept while the answer streams
         if route.is_generation() && rewritten.is_none() {
             // Generation routes must be translated by a dialect plugin (upstream model name,
             // usage always requested); none in the chain took this one.
