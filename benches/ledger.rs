@@ -48,6 +48,7 @@ async fn billed_request(l: &dyn LedgerStore, ws: &str) {
         workspace_id: ws.into(),
         key_id: Some("k".into()),
         cost: tollgate::money::Microcents(3_000_000),
+        value: tollgate::money::Microcents(3_000_000),
         now,
         month: "2026-11".into(),
     };

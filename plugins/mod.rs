@@ -110,6 +110,7 @@ pub fn build(config: &Config, services: &Services) -> Result<Chain, ConfigErrors
                     config.gateway.topup_url.clone(),
                     i64::try_from((config.gateway.budgets.response + config.gateway.hold_margin).as_millis())
                         .unwrap_or(i64::MAX),
+                    config.gateway.plans.clone(),
                 ))),
                 (None, None) => problem("`billing` needs the `identity` section (its store holds the ledger)".into()),
                 (None, Some(_)) => {}

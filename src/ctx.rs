@@ -104,6 +104,9 @@ pub struct RequestCtx {
     pub response: ResponseState,
     /// Usage of the response as delivered: counts and cost (for billing in `logging`).
     pub usage: Option<UsageFigures>,
+    /// A coding plan or Standby pays for this request (decided at admission): its usage
+    /// shows cost 0 with the plan value and `paid_from`.
+    pub paid_from: Option<crate::usage::PaidFrom>,
     /// The client went away before the response ended.
     pub client_gone: bool,
     /// `logging` ran.
@@ -182,6 +185,7 @@ impl RequestCtx {
             first_token_seen: Arc::new(AtomicBool::new(false)),
             response: ResponseState::default(),
             usage: None,
+            paid_from: None,
             client_gone: false,
             logged: false,
         }

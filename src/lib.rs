@@ -23,6 +23,7 @@ pub mod json_raw;
 pub mod limits;
 pub mod money;
 pub mod placement;
+pub mod plans;
 pub mod plugin;
 pub mod proxy;
 pub mod request;

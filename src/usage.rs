@@ -19,6 +19,30 @@ pub enum UsageBasis {
     DeliveredFrames,
 }
 
+/// Who paid for a response when it was not credits (the usage's `service.paid_from`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PaidFrom {
+    Plan,
+    Standby,
+}
+
+impl PaidFrom {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PaidFrom::Plan => "plan",
+            PaidFrom::Standby => "standby",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<PaidFrom> {
+        match s {
+            "plan" => Some(PaidFrom::Plan),
+            "standby" => Some(PaidFrom::Standby),
+            _ => None,
+        }
+    }
+}
+
 /// The billing figures of one response.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct UsageFigures {
@@ -29,6 +53,34 @@ pub struct UsageFigures {
     pub cached_tokens: u64,
     pub cost: Microcents,
     pub basis: UsageBasis,
+    /// When a plan or Standby paid: who, and the usage value at per-token rates (`cost` is 0).
+    pub paid: Option<(PaidFrom, Microcents)>,
+}
+
+impl UsageFigures {
+    /// The figures as the client sees them when `from` paid: cost 0, the value kept apart.
+    pub fn paid_by(mut self, from: Option<PaidFrom>) -> Self {
+        if let Some(from) = from {
+            self.paid = Some((from, self.cost));
+            self.cost = Microcents::ZERO;
+        }
+        self
+    }
+
+    /// The usage value at per-token rates (the cost, or what a plan metered).
+    pub fn value(&self) -> Microcents {
+        self.paid.map_or(self.cost, |(_, v)| v)
+    }
+
+    /// `,"plan_value_microcents":N,"paid_from":"plan"` when a plan or Standby paid.
+    pub fn paid_members(&self) -> String {
+        match self.paid {
+            Some((from, value)) => {
+                format!(",\"plan_value_microcents\":{},\"paid_from\":\"{}\"", value.0, from.as_str())
+            }
+            None => String::new(),
+        }
+    }
 }
 
 /// Cost in microcents, rounded half up to a whole microcent.
@@ -77,6 +129,7 @@ pub fn figures(
         cached_tokens: cached,
         cost,
         basis,
+        paid: None,
     }
 }
 
@@ -121,7 +174,7 @@ pub fn render_chat_usage(u: &UsageFigures, no_answer: bool) -> String {
         concat!(
             "{{\"prompt_tokens\":{},\"completion_tokens\":{},\"total_tokens\":{},",
             "\"prompt_tokens_details\":{{\"cached_tokens\":{}}},\"cost\":{},",
-            "\"service\":{{\"cost_microcents\":{},\"cached_input_tokens\":{}{}}}}}"
+            "\"service\":{{\"cost_microcents\":{},\"cached_input_tokens\":{}{}{}}}}}"
         ),
         u.prompt_tokens,
         u.completion_tokens,
@@ -130,6 +183,7 @@ pub fn render_chat_usage(u: &UsageFigures, no_answer: bool) -> String {
         u.cost.dollars(),
         u.cost.0,
         u.cached_tokens,
+        u.paid_members(),
         accounting
     )
 }
@@ -179,6 +233,7 @@ mod tests {
             cached_tokens: 4,
             cost: Microcents(1_234),
             basis: UsageBasis::ProviderReported,
+            paid: None,
         };
         let v: Value = serde_json::from_str(&render_chat_usage(&u, true)).unwrap_or_default();
         assert_eq!(v["prompt_tokens_details"]["cached_tokens"], 4);

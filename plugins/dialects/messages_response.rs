@@ -93,10 +93,18 @@ pub(super) fn usage(priced: Option<&PricedUsage>) -> Value {
     let (prompt, cached, completion) =
         priced.map_or((0, 0, 0), |u| (u.figures.prompt_tokens, u.figures.cached_tokens, u.figures.completion_tokens));
     let cached = cached.min(prompt);
-    json!({
+    let mut usage = json!({
         "input_tokens": prompt - cached,
         "output_tokens": completion,
         "cache_read_input_tokens": cached,
         "cache_creation_input_tokens": 0,
-    })
+    });
+    // Plan- or Standby-paid usage also carries `cost` (0) and `service` (spec "Messages
+    // response"); credit-funded usage carries the four counters only.
+    if let Some((from, value)) = priced.and_then(|u| u.figures.paid) {
+        usage["cost"] = json!(0);
+        usage["service"] =
+            json!({ "cost_microcents": 0, "plan_value_microcents": value.0, "paid_from": from.as_str() });
+    }
+    usage
 }

@@ -135,7 +135,7 @@ impl Idempotency {
 
     /// A streamed original's receipt, in the form and dialect the retry asks for.
     fn receipt(&self, cx: &mut RequestCtx, r: &Receipt, status: u16) -> (String, Bytes) {
-        let usage = r.usage.map(|u| u.priced());
+        let usage = r.usage.as_ref().map(|u| u.priced());
         let streaming =
             cx.body.as_ref().and_then(|b| b.get("stream")).and_then(serde_json::Value::as_bool) == Some(true);
         match cx.ext.get_mut::<Translation>() {

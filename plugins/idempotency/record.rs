@@ -49,7 +49,7 @@ pub struct Receipt {
     pub usage: Option<StoredUsage>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StoredUsage {
     pub prompt: u64,
     pub completion: u64,
@@ -58,6 +58,11 @@ pub struct StoredUsage {
     pub cost_microcents: u64,
     pub no_answer: bool,
     pub provider_reported: bool,
+    /// `plan` or `standby` when one paid (the value is then in `plan_value_microcents`).
+    #[serde(default)]
+    pub paid_from: Option<String>,
+    #[serde(default)]
+    pub plan_value_microcents: u64,
 }
 
 impl StoredUsage {
@@ -70,6 +75,8 @@ impl StoredUsage {
             cost_microcents: f.cost.0,
             no_answer,
             provider_reported: f.basis == UsageBasis::ProviderReported,
+            paid_from: f.paid.map(|(from, _)| from.as_str().to_string()),
+            plan_value_microcents: f.paid.map_or(0, |(_, v)| v.0),
         }
     }
 
@@ -82,6 +89,11 @@ impl StoredUsage {
             cached_tokens: self.cached,
             cost: Microcents(self.cost_microcents),
             basis,
+            paid: self
+                .paid_from
+                .as_deref()
+                .and_then(tollgate::usage::PaidFrom::parse)
+                .map(|from| (from, Microcents(self.plan_value_microcents))),
         };
         PricedUsage { figures, no_answer: self.no_answer }
     }
@@ -104,8 +116,8 @@ impl Receipt {
     }
 
     fn replay_object(&self, status: u16) -> Value {
-        let cost = self.usage.map_or(0, |u| u.cost_microcents);
-        let basis = match self.usage {
+        let cost = self.usage.as_ref().map_or(0, |u| u.cost_microcents);
+        let basis = match &self.usage {
             Some(u) if !u.provider_reported => "delivered_frames",
             _ => "provider_reported",
         };
@@ -133,7 +145,7 @@ impl Receipt {
             "choices": [{ "index": 0, "message": { "role": "assistant", "content": null }, "finish_reason": self.finish() }],
             "idempotent_replay": self.replay_object(status),
         });
-        with_usage(&body, self.usage.map(|u| u.priced()))
+        with_usage(&body, self.usage.as_ref().map(|u| u.priced()))
     }
 
     /// The receipt as a short chat event stream (a streaming retry, clarification 7): one
@@ -150,7 +162,7 @@ impl Receipt {
         out.extend_from_slice(b"data: ");
         out.extend_from_slice(chunk.to_string().as_bytes());
         out.extend_from_slice(b"\n\n");
-        if let Some(u) = self.usage {
+        if let Some(u) = &self.usage {
             let frame = json!({ "id": id, "object": "chat.completion.chunk", "created": created, "model": self.model, "choices": [] });
             out.extend_from_slice(b"data: ");
             out.extend_from_slice(&with_usage(&frame, Some(u.priced())));

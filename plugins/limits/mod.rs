@@ -170,6 +170,7 @@ impl Limits {
                 }
                 if let Some(&n) = gates_in_use.get(shared_index) {
                     self.busy.record(&model.id, n, now);
+                    cx.ext.insert(crate::shared::ModelLoad { busy: n >= f.busy_at });
                 }
                 cx.ext.insert(Admission(lease.map(|l| self.keeper.hold(l))));
                 Ok(())

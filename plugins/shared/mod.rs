@@ -23,3 +23,11 @@ impl ChatRequest {
         cx.ext.get::<ChatRequest>().copied().unwrap_or_default()
     }
 }
+
+/// In `cx.ext` after admission (limits): the model was busy (its shared in-flight count at
+/// the busy threshold of clarification 5). Billing refuses Standby on a busy model
+/// (`hosted_standby_pressure`, decision 103).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ModelLoad {
+    pub busy: bool,
+}

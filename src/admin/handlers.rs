@@ -109,9 +109,9 @@ pub async fn route(app: &AdminApp, method: &str, path: &str, body: &Value) -> An
         ("POST", ["admin", "v1", "workspaces", ws, "freeze"]) => super::credits::freeze(app, ws, body, true).await,
         ("POST", ["admin", "v1", "workspaces", ws, "unfreeze"]) => super::credits::freeze(app, ws, body, false).await,
         ("GET", ["admin", "v1", "workspaces", ws, "ledger"]) => super::credits::ledger_listing(app, ws).await,
-        ("PUT", ["admin", "v1", "workspaces", _, "plan"]) => {
-            Err(AdminError::new(501, "not_implemented", "coding plans are not built yet"))
-        }
+        ("PUT", ["admin", "v1", "workspaces", ws, "plan"]) => super::plans::put(app, ws, body).await,
+        ("GET", ["admin", "v1", "workspaces", ws, "plan"]) => super::plans::get(app, ws).await,
+        ("DELETE", ["admin", "v1", "workspaces", ws, "plan"]) => super::plans::delete(app, ws).await,
         _ => Err(AdminError::new(404, "unknown_route", format!("{method} {path} is not an admin route"))),
     }
 }

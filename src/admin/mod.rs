@@ -7,6 +7,7 @@
 mod credits;
 mod fields;
 mod handlers;
+mod plans;
 
 use std::sync::Arc;
 

@@ -43,6 +43,8 @@ struct RawGateway {
     admin: RawAdmin,
     #[serde(default)]
     billing: RawBilling,
+    #[serde(default)]
+    plans: super::plans::RawPlans,
 }
 
 #[derive(Deserialize)]
@@ -224,6 +226,8 @@ pub struct GatewaySettings {
     pub topup_url: String,
     pub hold_margin: Duration,
     pub sweep_interval: Duration,
+    /// Coding plan tiers and the window wait.
+    pub plans: std::sync::Arc<crate::plans::PlanSettings>,
 }
 
 fn budget(p: &mut Problems, path: &str, secs: f64) -> Duration {
@@ -259,6 +263,7 @@ pub(super) fn load(file: &Path, out: &mut Vec<ConfigProblem>) -> Option<GatewayS
         p.add("limits.max_request_bytes", "must be between 1 and 67108864");
     }
     let limits = super::limits::check(&mut p, &raw.limits);
+    let plans = std::sync::Arc::new(super::plans::check(&mut p, &raw.plans));
     let first_token = budget(&mut p, "budgets.first_token_seconds", raw.budgets.first_token_seconds);
     let response = budget(&mut p, "budgets.response_seconds", raw.budgets.response_seconds);
     let heartbeat = budget(&mut p, "budgets.heartbeat_seconds", raw.budgets.heartbeat_seconds);
@@ -312,6 +317,7 @@ pub(super) fn load(file: &Path, out: &mut Vec<ConfigProblem>) -> Option<GatewayS
         topup_url: raw.billing.topup_url.clone(),
         hold_margin: Duration::from_secs(raw.billing.hold_margin_seconds),
         sweep_interval: Duration::from_secs(raw.billing.sweep_interval_seconds.clamp(1, 3600)),
+        plans,
     };
     (out.len() == before).then_some(settings)
 }

@@ -12,6 +12,7 @@ mod chat_rules;
 mod gateway;
 mod identity;
 mod limits;
+mod plans;
 mod tokenizer;
 mod upstreams;
 

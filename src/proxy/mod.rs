@@ -377,7 +377,8 @@ impl ProxyHttp for Gateway {
         // from what was delivered.
         if cx.usage.is_none() {
             if let Some(model) = cx.model() {
-                cx.usage = crate::usage::from_delivered(model, cx.prompt_estimate, cx.response.delivered_tokens);
+                cx.usage = crate::usage::from_delivered(model, cx.prompt_estimate, cx.response.delivered_tokens)
+                    .map(|f| f.paid_by(cx.paid_from));
             }
         }
         if let Err(p) = AssertUnwindSafe(self.chain.on_log(cx)).catch_unwind().await {

@@ -5,9 +5,10 @@
 use async_trait::async_trait;
 
 use super::StoreError;
-use super::ledger_ops::{LedgerOp, OpOutcome, OpResult, hold_op};
+use super::ledger_ops::{FundOp, FundOutcome, LedgerOp, OpOutcome, OpResult, hold_op};
 use crate::clock::Millis;
 use crate::money::Microcents;
+use crate::plans::{PlanRecord, PlanTerms};
 
 pub use crate::money::MICROCENTS_PER_CENT;
 
@@ -42,6 +43,9 @@ pub struct Settlement {
     pub key_id: Option<String>,
     /// The cost the client saw (the usage object), debited with the carry rule.
     pub cost: Microcents,
+    /// The usage value at the model's per-token rates: what a plan or Standby request meters
+    /// into its windows (its `cost` is 0).
+    pub value: Microcents,
     pub now: Millis,
     /// UTC month of the settlement, `YYYY-MM` (the key spending limit's period).
     pub month: String,
@@ -105,6 +109,29 @@ pub trait LedgerStore: Send + Sync {
     ) -> Result<HoldOutcome, StoreError> {
         hold_outcome(self.submit(hold_op(request_id, workspace_id, key_id, amount_cents, expires_at, now)).await)
     }
+
+    /// Decide who pays for a request and place its hold, in one write (see `FundOp`).
+    async fn fund(&self, op: FundOp) -> Result<FundOutcome, StoreError> {
+        match self.submit(LedgerOp::Fund(Box::new(op))).await? {
+            OpOutcome::Fund(f) => Ok(*f),
+            other => Err(StoreError::Unavailable(format!("unexpected ledger answer {other:?}"))),
+        }
+    }
+
+    /// The workspace's plan with its counters as stored (not rolled to now).
+    async fn plan(&self, workspace_id: &str) -> Result<Option<PlanRecord>, StoreError>;
+
+    /// Set the plan's terms (the counters of an existing plan stay), under the workspace
+    /// lock. `None`: no such workspace.
+    async fn set_plan(
+        &self,
+        workspace_id: &str,
+        terms: &PlanTerms,
+        now: Millis,
+    ) -> Result<Option<PlanRecord>, StoreError>;
+
+    /// Remove the plan; `false` when there was none. Running plan requests settle without it.
+    async fn clear_plan(&self, workspace_id: &str) -> Result<bool, StoreError>;
 
     /// Release the request's hold (if still open) and debit its cost in whole cents with the
     /// fractional remainder carried. Exactly once per request id.

@@ -29,6 +29,7 @@ use super::StoreError;
 use super::ledger::{Balance, LedgerEntry, LedgerStore};
 use super::ledger_ops::{LedgerOp, OpResult};
 use crate::clock::Millis;
+use crate::plans::{PlanRecord, PlanTerms};
 
 /// Most ops in one transaction.
 pub const MAX_BATCH: usize = 512;
@@ -181,6 +182,23 @@ impl LedgerStore for BatchedLedger {
         self.writes.expired_holds(now).await
     }
 
+    async fn plan(&self, workspace_id: &str) -> Result<Option<PlanRecord>, StoreError> {
+        self.store.plan(workspace_id).await
+    }
+
+    async fn set_plan(
+        &self,
+        workspace_id: &str,
+        terms: &PlanTerms,
+        now: Millis,
+    ) -> Result<Option<PlanRecord>, StoreError> {
+        self.store.set_plan(workspace_id, terms, now).await
+    }
+
+    async fn clear_plan(&self, workspace_id: &str) -> Result<bool, StoreError> {
+        self.store.clear_plan(workspace_id).await
+    }
+
     async fn entries(&self, workspace_id: &str, limit: i64) -> Result<Vec<LedgerEntry>, StoreError> {
         self.store.entries(workspace_id, limit).await
     }
@@ -226,6 +244,7 @@ mod tests {
                     LedgerOp::Hold { .. } => Ok(OpOutcome::Hold(HoldOutcome::Placed { balance_cents: 0 })),
                     LedgerOp::Settle(_) => Ok(OpOutcome::Settle(SettleOutcome::AlreadySettled)),
                     LedgerOp::Release { .. } => Ok(OpOutcome::Release(true)),
+                    LedgerOp::Fund(_) => Err(StoreError::Unavailable("not in this test".into())),
                 })
                 .collect())
         }

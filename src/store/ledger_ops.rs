@@ -14,6 +14,8 @@ use super::StoreError;
 use super::ledger::{HoldOutcome, SettleOutcome, Settlement};
 use crate::clock::Millis;
 use crate::money::{Microcents, debit_with_carry};
+use crate::plans::decide::{Funding, finish};
+use crate::plans::{Counters, PlanRecord};
 
 /// One write to the ledger.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -26,6 +28,8 @@ pub enum LedgerOp {
         expires_at: Millis,
         now: Millis,
     },
+    /// The funding decision and its hold (plan, credits or Standby), in one write.
+    Fund(Box<FundOp>),
     Settle(Settlement),
     Release {
         request_id: String,
@@ -37,6 +41,7 @@ impl LedgerOp {
     pub fn request_id(&self) -> &str {
         match self {
             LedgerOp::Hold { request_id, .. } | LedgerOp::Release { request_id, .. } => request_id,
+            LedgerOp::Fund(f) => &f.request_id,
             LedgerOp::Settle(s) => &s.request_id,
         }
     }
@@ -45,6 +50,7 @@ impl LedgerOp {
     pub fn workspace_id(&self) -> Option<&str> {
         match self {
             LedgerOp::Hold { workspace_id, .. } => Some(workspace_id),
+            LedgerOp::Fund(f) => Some(&f.workspace_id),
             LedgerOp::Settle(s) => Some(&s.workspace_id),
             LedgerOp::Release { .. } => None,
         }
@@ -64,9 +70,10 @@ pub fn hold_op(rid: &str, ws: &str, key: Option<&str>, amount_cents: i64, expire
 }
 
 /// What one op did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum OpOutcome {
     Hold(HoldOutcome),
+    Fund(Box<FundOutcome>),
     Settle(SettleOutcome),
     /// `false` when there was no open hold.
     Release(bool),
@@ -90,6 +97,11 @@ pub struct HoldRow {
     pub amount_cents: i64,
     /// `open`, `settled` or `released`.
     pub state: String,
+    /// Who pays: the hold's `funding` column.
+    pub funding: Funding,
+    /// What the request added to its funding's pending commitments (microcents).
+    pub value_microcents: i64,
+    pub created_at: Millis,
 }
 
 /// What the batch reads under the workspace locks.
@@ -100,6 +112,8 @@ pub struct Snapshot {
     pub holds: HashMap<String, HoldRow>,
     /// Request ids of the batch that already have a settlement entry.
     pub settled: HashSet<String>,
+    /// The plans of the locked workspaces.
+    pub plans: HashMap<String, PlanRecord>,
 }
 
 /// A hold row to insert (in its final state: a hold placed and settled in one batch is
@@ -137,6 +151,8 @@ pub struct Plan {
     pub workspaces: Vec<(String, Money)>,
     /// Settled cost to add per (key, month), summed over the batch.
     pub key_spend: Vec<(String, String, i64)>,
+    /// Final counters of each plan the batch changed.
+    pub plans: Vec<(String, Counters)>,
 }
 
 /// Apply `ops` in order to `snap`; nothing is written for an op that is refused or fails.
@@ -147,14 +163,20 @@ pub fn plan(ops: &[LedgerOp], snap: Snapshot) -> Plan {
         new_holds: HashSet::new(),
         changed_holds: Vec::new(),
         changed_ws: Vec::new(),
+        changed_plans: Vec::new(),
     };
     for op in ops {
         let result = match op {
             LedgerOp::Hold { request_id, workspace_id, key_id, amount_cents, expires_at, now } => {
-                p.hold(request_id, workspace_id, key_id.as_deref(), *amount_cents, *expires_at, *now)
+                let h =
+                    NewHoldArgs { rid: request_id, ws: workspace_id, key: key_id.as_deref(), amount: *amount_cents };
+                p.hold(&h, Funding::PayAsYouGo, 0, *expires_at, *now).map(OpOutcome::Hold)
             }
+            LedgerOp::Fund(f) => p.fund(f),
             LedgerOp::Settle(s) => p.settle(s),
-            LedgerOp::Release { request_id, now } => Ok(OpOutcome::Release(p.release(request_id, "released", *now))),
+            LedgerOp::Release { request_id, now } => {
+                Ok(OpOutcome::Release(p.release(request_id, "released", *now, None)))
+            }
         };
         p.plan.outcomes.push(result);
     }
@@ -167,6 +189,14 @@ struct Planner {
     new_holds: HashSet<String>,
     changed_holds: Vec<String>,
     changed_ws: Vec<String>,
+    changed_plans: Vec<String>,
+}
+
+struct NewHoldArgs<'a> {
+    rid: &'a str,
+    ws: &'a str,
+    key: Option<&'a str>,
+    amount: i64,
 }
 
 fn touch(list: &mut Vec<String>, id: &str) {
@@ -176,50 +206,57 @@ fn touch(list: &mut Vec<String>, id: &str) {
 }
 
 impl Planner {
+    /// A credit hold of `h.amount` cents (refused, writing nothing, when the balance cannot
+    /// cover it), or with `amount` 0 a plan or Standby hold that reserves no money.
     fn hold(
         &mut self,
-        rid: &str,
-        ws: &str,
-        key: Option<&str>,
-        amount: i64,
+        h: &NewHoldArgs<'_>,
+        funding: Funding,
+        value: i64,
         expires_at: Millis,
         now: Millis,
-    ) -> OpResult {
-        if self.snap.holds.contains_key(rid) {
-            return Err(StoreError::Conflict(format!("a hold for request {rid} exists already")));
+    ) -> Result<HoldOutcome, StoreError> {
+        if self.snap.holds.contains_key(h.rid) {
+            return Err(StoreError::Conflict(format!("a hold for request {} exists already", h.rid)));
         }
-        let Some(m) = self.snap.workspaces.get_mut(ws) else {
-            return Ok(OpOutcome::Hold(HoldOutcome::Insufficient { balance_cents: 0 }));
+        let Some(m) = self.snap.workspaces.get_mut(h.ws) else {
+            return Ok(HoldOutcome::Insufficient { balance_cents: 0 });
         };
-        if m.balance_cents < amount {
-            return Ok(OpOutcome::Hold(HoldOutcome::Insufficient { balance_cents: m.balance_cents }));
+        if m.balance_cents < h.amount {
+            return Ok(HoldOutcome::Insufficient { balance_cents: m.balance_cents });
         }
-        m.balance_cents -= amount;
-        m.held_cents += amount;
+        m.balance_cents -= h.amount;
+        m.held_cents += h.amount;
         let balance_cents = m.balance_cents;
         let row = HoldRow {
-            workspace_id: ws.into(),
-            key_id: key.map(Into::into),
-            amount_cents: amount,
+            workspace_id: h.ws.into(),
+            key_id: h.key.map(Into::into),
+            amount_cents: h.amount,
             state: "open".into(),
-        };
-        self.snap.holds.insert(rid.into(), row.clone());
-        self.plan.new_holds.push(NewHold { request_id: rid.into(), row, expires_at, created_at: now });
-        self.new_holds.insert(rid.into());
-        touch(&mut self.changed_ws, ws);
-        self.plan.entries.push(NewEntry {
-            workspace_id: ws.into(),
-            kind: "hold",
-            amount_cents: -amount,
-            request_id: rid.into(),
-            key_id: key.map(Into::into),
-            cost_microcents: None,
+            funding,
+            value_microcents: value,
             created_at: now,
-        });
-        Ok(OpOutcome::Hold(HoldOutcome::Placed { balance_cents }))
+        };
+        self.snap.holds.insert(h.rid.into(), row.clone());
+        self.plan.new_holds.push(NewHold { request_id: h.rid.into(), row, expires_at, created_at: now });
+        self.new_holds.insert(h.rid.into());
+        if h.amount != 0 {
+            touch(&mut self.changed_ws, h.ws);
+            self.plan.entries.push(NewEntry {
+                workspace_id: h.ws.into(),
+                kind: "hold",
+                amount_cents: -h.amount,
+                request_id: h.rid.into(),
+                key_id: h.key.map(Into::into),
+                cost_microcents: None,
+                created_at: now,
+            });
+        }
+        Ok(HoldOutcome::Placed { balance_cents })
     }
 
-    /// Release the hold (if open) and debit the cost with the carry, once per request id.
+    /// Release the hold (if open) and debit the cost with the carry, once per request id. A
+    /// plan or Standby request moves its plan's counters instead: the balance is untouched.
     fn settle(&mut self, s: &Settlement) -> OpResult {
         if self.snap.settled.contains(&s.request_id) {
             return Ok(OpOutcome::Settle(SettleOutcome::AlreadySettled));
@@ -227,15 +264,19 @@ impl Planner {
         if !self.snap.workspaces.contains_key(&s.workspace_id) {
             return Err(StoreError::Conflict("settlement for a workspace that does not exist".into()));
         }
-        self.release(&s.request_id, "settled", s.now);
+        let funding = self.snap.holds.get(&s.request_id).map_or(Funding::PayAsYouGo, |h| h.funding);
+        let plan_paid = matches!(funding, Funding::Plan | Funding::Standby);
+        let used = if plan_paid { s.value } else { s.cost };
+        self.release(&s.request_id, "settled", s.now, Some(used.as_i64()));
         let Some(m) = self.snap.workspaces.get_mut(&s.workspace_id) else {
             return Err(StoreError::Conflict("settlement for a workspace that does not exist".into()));
         };
-        let (debit, carry) = debit_with_carry(Microcents::from_stored(m.carry_microcents), s.cost);
+        let cost = if plan_paid { Microcents::ZERO } else { s.cost };
+        let (debit, carry) = debit_with_carry(Microcents::from_stored(m.carry_microcents), cost);
         m.balance_cents -= debit.0;
         m.carry_microcents = carry.as_i64();
         let balance_cents = m.balance_cents;
-        let cost = s.cost.as_i64();
+        let cost = cost.as_i64();
         self.plan.entries.push(NewEntry {
             workspace_id: s.workspace_id.clone(),
             kind: "settlement",
@@ -245,7 +286,7 @@ impl Planner {
             cost_microcents: Some(cost),
             created_at: s.now,
         });
-        if let Some(key) = &s.key_id {
+        if let Some(key) = s.key_id.as_ref().filter(|_| cost > 0) {
             match self.plan.key_spend.iter_mut().find(|(k, month, _)| k == key && *month == s.month) {
                 Some(row) => row.2 += cost,
                 None => self.plan.key_spend.push((key.clone(), s.month.clone(), cost)),
@@ -256,23 +297,33 @@ impl Planner {
         Ok(OpOutcome::Settle(SettleOutcome::Settled { debit_cents: debit.0, balance_cents }))
     }
 
-    /// Release `rid`'s open hold into `state`, crediting it back; `false` if none was open.
-    fn release(&mut self, rid: &str, state: &str, now: Millis) -> bool {
+    /// Release `rid`'s open hold into `state`, crediting it back and taking it out of its
+    /// plan's counters (metering `used` when it settles); `false` if none was open.
+    fn release(&mut self, rid: &str, state: &str, now: Millis, used: Option<i64>) -> bool {
         let Some(hold) = self.snap.holds.get_mut(rid).filter(|h| h.state == "open") else { return false };
         let Some(m) = self.snap.workspaces.get_mut(&hold.workspace_id) else { return false };
         m.balance_cents += hold.amount_cents;
         m.held_cents -= hold.amount_cents;
         hold.state = state.into();
-        self.plan.entries.push(NewEntry {
-            workspace_id: hold.workspace_id.clone(),
-            kind: "hold_release",
-            amount_cents: hold.amount_cents,
-            request_id: rid.into(),
-            key_id: hold.key_id.clone(),
-            cost_microcents: None,
-            created_at: now,
-        });
+        if hold.amount_cents != 0 {
+            self.plan.entries.push(NewEntry {
+                workspace_id: hold.workspace_id.clone(),
+                kind: "hold_release",
+                amount_cents: hold.amount_cents,
+                request_id: rid.into(),
+                key_id: hold.key_id.clone(),
+                cost_microcents: None,
+                created_at: now,
+            });
+        }
         let ws = hold.workspace_id.clone();
+        if hold.funding != Funding::PayAsYouGo {
+            if let Some(rec) = self.snap.plans.get_mut(&ws) {
+                rec.counters.roll(rec.terms.started_at, now);
+                finish(&mut rec.counters, hold.funding, hold.value_microcents, hold.created_at, used);
+                touch(&mut self.changed_plans, &ws);
+            }
+        }
         touch(&mut self.changed_ws, &ws);
         self.changed_holds.push(rid.into());
         true
@@ -293,105 +344,17 @@ impl Planner {
         }
         let ws = &self.snap.workspaces;
         self.plan.workspaces = self.changed_ws.iter().filter_map(|w| ws.get(w).map(|m| (w.clone(), *m))).collect();
+        let plans = &self.snap.plans;
+        self.plan.plans =
+            self.changed_plans.iter().filter_map(|w| plans.get(w).map(|r| (w.clone(), r.counters))).collect();
         self.plan
     }
 }
 
+#[path = "ledger_ops_fund.rs"]
+mod fund;
+pub use fund::{FundOp, FundOutcome, FundRefusal};
+
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn hold(rid: &str, amount: i64) -> LedgerOp {
-        LedgerOp::Hold {
-            request_id: rid.into(),
-            workspace_id: "w".into(),
-            key_id: Some("k".into()),
-            amount_cents: amount,
-            expires_at: 10,
-            now: 1,
-        }
-    }
-
-    fn settle(rid: &str, cost: u64) -> LedgerOp {
-        LedgerOp::Settle(Settlement {
-            request_id: rid.into(),
-            workspace_id: "w".into(),
-            key_id: Some("k".into()),
-            cost: Microcents(cost),
-            now: 2,
-            month: "2026-11".into(),
-        })
-    }
-
-    fn snap(balance: i64) -> Snapshot {
-        let mut s = Snapshot::default();
-        s.workspaces.insert("w".into(), Money { balance_cents: balance, ..Money::default() });
-        s
-    }
-
-    fn sum(p: &Plan) -> i64 {
-        p.entries.iter().map(|e| e.amount_cents).sum()
-    }
-
-    #[test]
-    fn holds_apply_in_order_against_the_running_balance() {
-        let ops = [hold("a", 6), hold("b", 5), hold("c", 4), hold("d", 1)];
-        let p = plan(&ops, snap(10));
-        let placed: Vec<bool> =
-            p.outcomes.iter().map(|o| matches!(o, Ok(OpOutcome::Hold(HoldOutcome::Placed { .. })))).collect();
-        assert_eq!(placed, [true, false, true, false], "b does not fit after a; c does; nothing is left for d");
-        assert_eq!(p.outcomes[1], Ok(OpOutcome::Hold(HoldOutcome::Insufficient { balance_cents: 4 })));
-        assert_eq!(
-            p.workspaces,
-            vec![("w".to_string(), Money { balance_cents: 0, held_cents: 10, carry_microcents: 0 })]
-        );
-        assert_eq!(sum(&p), -10, "one entry per change");
-        assert_eq!(p.new_holds.len(), 2);
-    }
-
-    #[test]
-    fn settlement_is_once_with_the_carry_and_a_hold_settled_in_its_batch_is_written_once() {
-        let ops = [hold("a", 3), settle("a", 2_500_000), settle("a", 2_500_000), settle("b", 600_000)];
-        let p = plan(&ops, snap(100));
-        assert_eq!(p.outcomes[1], Ok(OpOutcome::Settle(SettleOutcome::Settled { debit_cents: 2, balance_cents: 98 })));
-        assert_eq!(p.outcomes[2], Ok(OpOutcome::Settle(SettleOutcome::AlreadySettled)));
-        // Half a cent carried plus 0.6: one more cent, 0.1 carried.
-        assert_eq!(p.outcomes[3], Ok(OpOutcome::Settle(SettleOutcome::Settled { debit_cents: 1, balance_cents: 97 })));
-        assert_eq!(p.workspaces[0].1, Money { balance_cents: 97, held_cents: 0, carry_microcents: 100_000 });
-        assert_eq!(sum(&p), -3);
-        assert_eq!(p.new_holds.len(), 1);
-        assert_eq!(p.new_holds[0].row.state, "settled");
-        assert!(p.hold_states.is_empty());
-        assert_eq!(p.key_spend, vec![("k".to_string(), "2026-11".to_string(), 3_100_000)]);
-    }
-
-    #[test]
-    fn existing_holds_are_released_once_and_settled_requests_stay_settled() {
-        let mut s = snap(50);
-        s.workspaces.insert("w".into(), Money { balance_cents: 50, held_cents: 20, carry_microcents: 0 });
-        let open =
-            |amount| HoldRow { workspace_id: "w".into(), key_id: None, amount_cents: amount, state: "open".into() };
-        s.holds.insert("x".into(), open(20));
-        s.holds.insert("done".into(), HoldRow { state: "settled".into(), ..open(5) });
-        s.settled.insert("done".into());
-        let release = |rid: &str| LedgerOp::Release { request_id: rid.into(), now: 3 };
-        let ops = [release("x"), release("x"), settle("done", 9_000_000), hold("done", 1), release("nope")];
-        let p = plan(&ops, s);
-        assert_eq!(p.outcomes[0], Ok(OpOutcome::Release(true)));
-        assert_eq!(p.outcomes[1], Ok(OpOutcome::Release(false)));
-        assert_eq!(p.outcomes[2], Ok(OpOutcome::Settle(SettleOutcome::AlreadySettled)));
-        assert!(matches!(p.outcomes[3], Err(StoreError::Conflict(_))), "a request id holds once");
-        assert_eq!(p.outcomes[4], Ok(OpOutcome::Release(false)));
-        assert_eq!(p.hold_states, vec![("x".to_string(), "released")]);
-        assert_eq!(p.workspaces[0].1, Money { balance_cents: 70, held_cents: 0, carry_microcents: 0 });
-        assert_eq!(sum(&p), 20);
-    }
-
-    #[test]
-    fn an_unknown_workspace_is_refused_without_writing() {
-        let p = plan(&[hold("a", 1), settle("a", 1)], Snapshot::default());
-        assert_eq!(p.outcomes[0], Ok(OpOutcome::Hold(HoldOutcome::Insufficient { balance_cents: 0 })));
-        assert!(matches!(p.outcomes[1], Err(StoreError::Conflict(_))));
-        assert!(p.entries.is_empty() && p.workspaces.is_empty() && p.new_holds.is_empty());
-    }
-}
+#[path = "ledger_ops_tests.rs"]
+mod tests;

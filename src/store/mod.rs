@@ -6,13 +6,16 @@
 pub mod ledger;
 pub mod ledger_batch;
 pub mod ledger_ops;
+pub mod plan_rows;
 pub mod postgres;
 mod postgres_ledger;
 mod postgres_ledger_batch;
+mod postgres_plans;
 mod postgres_pool;
 pub mod sqlite;
 mod sqlite_ledger;
 mod sqlite_ledger_batch;
+mod sqlite_plans;
 
 use std::sync::Arc;
 
@@ -116,11 +119,13 @@ pub const SQLITE_MIGRATIONS: &[Migration] = &[
     (1, "identity", include_str!("../../migrations/sqlite/001_identity.sql")),
     (2, "ledger", include_str!("../../migrations/sqlite/002_ledger.sql")),
     (3, "credit_expiry", include_str!("../../migrations/sqlite/003_credit_expiry.sql")),
+    (4, "plans", include_str!("../../migrations/sqlite/004_plans.sql")),
 ];
 pub const POSTGRES_MIGRATIONS: &[Migration] = &[
     (1, "identity", include_str!("../../migrations/postgres/001_identity.sql")),
     (2, "ledger", include_str!("../../migrations/postgres/002_ledger.sql")),
     (3, "credit_expiry", include_str!("../../migrations/postgres/003_credit_expiry.sql")),
+    (4, "plans", include_str!("../../migrations/postgres/004_plans.sql")),
 ];
 
 /// Which backend a config names.

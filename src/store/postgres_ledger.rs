@@ -9,6 +9,7 @@ use super::ledger_batch::{LedgerWrites, apply_one};
 use super::ledger_ops::{LedgerOp, OpResult};
 use super::postgres::PostgresStore;
 use crate::clock::Millis;
+use crate::plans::{PlanRecord, PlanTerms};
 use async_trait::async_trait;
 
 #[async_trait]
@@ -69,6 +70,23 @@ impl LedgerStore for PostgresStore {
 
     async fn submit(&self, op: LedgerOp) -> OpResult {
         apply_one(self, op).await
+    }
+
+    async fn plan(&self, workspace_id: &str) -> Result<Option<PlanRecord>, StoreError> {
+        self.read_plan(workspace_id).await
+    }
+
+    async fn set_plan(
+        &self,
+        workspace_id: &str,
+        terms: &PlanTerms,
+        now: Millis,
+    ) -> Result<Option<PlanRecord>, StoreError> {
+        self.write_plan(workspace_id, terms, now).await
+    }
+
+    async fn clear_plan(&self, workspace_id: &str) -> Result<bool, StoreError> {
+        self.delete_plan(workspace_id).await
     }
 
     async fn expired_holds(&self, now: Millis) -> Result<Vec<String>, StoreError> {

@@ -1,7 +1,7 @@
 //! A batch of ledger writes on PostgreSQL, in one transaction of four round trips whatever
 //! its size: lock the workspace rows the batch touches (in id order, so two gateway instances
-//! never deadlock), read the batch's hold rows and settled request ids (two pipelined
-//! queries), write the plan of `ledger_ops::plan` in ONE statement of `unnest` arrays
+//! never deadlock), read the batch's hold rows, settled request ids and plans (three
+//! pipelined queries), write the plan of `ledger_ops::plan` in ONE statement of `unnest` arrays
 //! (holds, hold states, entries, balances, key month spend), commit. Every change of a hold
 //! or a balance takes the workspace row lock first (holds, settlements, releases and the
 //! sweeper all come through here; top-ups and the credit expiry lock it too), so what the
@@ -15,18 +15,37 @@ use tokio_postgres::types::ToSql;
 use super::StoreError;
 use super::ledger_batch::LedgerWrites;
 use super::ledger_ops::{HoldRow, LedgerOp, Money, OpResult, Plan, Snapshot, plan};
+use super::plan_rows::{all_columns, counter_values, read_plan};
 use super::postgres::PostgresStore;
 use crate::clock::Millis;
+use crate::plans::decide::Funding;
 
 const LOCK: &str = "SELECT id, balance_cents, held_cents, carry_microcents FROM workspaces \
      WHERE id = ANY($1) OR id IN (SELECT workspace_id FROM holds WHERE request_id = ANY($2)) \
      ORDER BY id FOR UPDATE";
-const HOLDS: &str =
-    "SELECT request_id, workspace_id, key_id, amount_cents, state FROM holds WHERE request_id = ANY($1)";
+
+/// The locked workspaces' plans. A statement of its own, run after the lock is held: joined
+/// into the locking query, a row of `plans` would be read from the snapshot taken before the
+/// wait for the lock (PostgreSQL re-fetches only the locked table's rows), and a plan
+/// counted by the other gateway's batch would be missed.
+fn plans_sql() -> &'static str {
+    static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    SQL.get_or_init(|| format!("SELECT workspace_id, {} FROM plans WHERE workspace_id = ANY($1)", all_columns()))
+}
+const HOLDS: &str = "SELECT request_id, workspace_id, key_id, amount_cents, state, funding, value_microcents, \
+     created_at FROM holds WHERE request_id = ANY($1)";
 const SETTLED: &str = "SELECT request_id FROM ledger_entries WHERE kind = 'settlement' AND request_id = ANY($1)";
 const WRITE: &str = "WITH \
-     nh AS (INSERT INTO holds (request_id, workspace_id, key_id, amount_cents, state, expires_at, created_at) \
-            SELECT * FROM unnest($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::BIGINT[], $5::TEXT[], $6::BIGINT[], $7::BIGINT[])), \
+     nh AS (INSERT INTO holds (request_id, workspace_id, key_id, amount_cents, state, expires_at, created_at, funding, value_microcents) \
+            SELECT * FROM unnest($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::BIGINT[], $5::TEXT[], $6::BIGINT[], $7::BIGINT[], $24::TEXT[], $25::BIGINT[])), \
+     pc AS (UPDATE plans SET five_hour_start = u.c0, five_hour_used = u.c1, week_start = u.c2, week_used = u.c3, \
+            day_start = u.c4, standby_used = u.c5, period_start = u.c6, period_used = u.c7, credits_month_start = u.c8, \
+            credits_spent = u.c9, plan_pending = u.c10, standby_pending = u.c11, credits_pending = u.c12, \
+            plan_running = u.c13, standby_running = u.c14 \
+            FROM unnest($26::TEXT[], $27::BIGINT[], $28::BIGINT[], $29::BIGINT[], $30::BIGINT[], $31::BIGINT[], $32::BIGINT[], \
+                        $33::BIGINT[], $34::BIGINT[], $35::BIGINT[], $36::BIGINT[], $37::BIGINT[], $38::BIGINT[], $39::BIGINT[], \
+                        $40::BIGINT[], $41::BIGINT[]) AS u(ws, c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14) \
+            WHERE plans.workspace_id = u.ws), \
      hs AS (UPDATE holds SET state = u.state FROM unnest($8::TEXT[], $9::TEXT[]) AS u(rid, state) \
             WHERE holds.request_id = u.rid), \
      le AS (INSERT INTO ledger_entries (workspace_id, kind, amount_cents, request_id, key_id, cost_microcents, created_at) \
@@ -51,24 +70,49 @@ impl LedgerWrites for PostgresStore {
             wss.sort_unstable();
             wss.dedup();
             let tx = c.transaction().await?;
-            let (lock, holds, settled) =
-                tokio::try_join!(tx.prepare_cached(LOCK), tx.prepare_cached(HOLDS), tx.prepare_cached(SETTLED))?;
+            let (lock, holds, settled, plans) = tokio::try_join!(
+                tx.prepare_cached(LOCK),
+                tx.prepare_cached(HOLDS),
+                tx.prepare_cached(SETTLED),
+                tx.prepare_cached(plans_sql())
+            )?;
             let mut snap = Snapshot::default();
+            let mut locked: Vec<String> = Vec::new();
             for r in tx.query(&lock, &[&wss, &rids]).await? {
                 let money =
                     Money { balance_cents: r.try_get(1)?, held_cents: r.try_get(2)?, carry_microcents: r.try_get(3)? };
-                snap.workspaces.insert(r.try_get(0)?, money);
+                let id: String = r.try_get(0)?;
+                locked.push(id.clone());
+                snap.workspaces.insert(id, money);
             }
-            let (hold_params, settled_params): ([&(dyn ToSql + Sync); 1], [&(dyn ToSql + Sync); 1]) =
-                ([&rids], [&settles]);
-            let (hold_rows, settled_rows) =
-                tokio::try_join!(tx.query(&holds, &hold_params), tx.query(&settled, &settled_params))?;
+            let (hold_params, settled_params, plan_params): (
+                [&(dyn ToSql + Sync); 1],
+                [&(dyn ToSql + Sync); 1],
+                [&(dyn ToSql + Sync); 1],
+            ) = ([&rids], [&settles], [&locked]);
+            let (hold_rows, settled_rows, plan_rows) = tokio::try_join!(
+                tx.query(&holds, &hold_params),
+                tx.query(&settled, &settled_params),
+                tx.query(&plans, &plan_params)
+            )?;
+            for r in plan_rows {
+                match read_plan(&r, 1) {
+                    Ok(plan) => {
+                        snap.plans.insert(r.try_get(0)?, plan);
+                    }
+                    // Nothing is written: the transaction is dropped (rolled back).
+                    Err(e) => return Ok(ops.iter().map(|_| Err(StoreError::Unavailable(e.clone()))).collect()),
+                }
+            }
             for r in hold_rows {
                 let row = HoldRow {
                     workspace_id: r.try_get(1)?,
                     key_id: r.try_get(2)?,
                     amount_cents: r.try_get(3)?,
                     state: r.try_get(4)?,
+                    funding: Funding::parse(r.try_get(5)?),
+                    value_microcents: r.try_get(6)?,
+                    created_at: r.try_get(7)?,
                 };
                 snap.holds.insert(r.try_get(0)?, row);
             }
@@ -76,7 +120,11 @@ impl LedgerWrites for PostgresStore {
                 snap.settled.insert(r.try_get(0)?);
             }
             let plan = plan(&ops, snap);
-            if !plan.entries.is_empty() || !plan.workspaces.is_empty() {
+            if !plan.entries.is_empty()
+                || !plan.workspaces.is_empty()
+                || !plan.new_holds.is_empty()
+                || !plan.plans.is_empty()
+            {
                 let write = tx.prepare_cached(WRITE).await?;
                 tx.execute(&write, &Columns::of(&plan).params()).await?;
             }
@@ -121,6 +169,10 @@ struct Columns<'a> {
     k_key: Vec<&'a str>,
     k_month: Vec<&'a str>,
     k_spent: Vec<i64>,
+    h_funding: Vec<&'a str>,
+    h_value: Vec<i64>,
+    p_ws: Vec<&'a str>,
+    p_counters: [Vec<Option<i64>>; 15],
 }
 
 impl<'a> Columns<'a> {
@@ -134,6 +186,14 @@ impl<'a> Columns<'a> {
             c.h_state.push(&h.row.state);
             c.h_expires.push(h.expires_at);
             c.h_created.push(h.created_at);
+            c.h_funding.push(h.row.funding.as_str());
+            c.h_value.push(h.row.value_microcents);
+        }
+        for (ws, counters) in &p.plans {
+            c.p_ws.push(ws);
+            for (col, v) in c.p_counters.iter_mut().zip(counter_values(counters)) {
+                col.push(v);
+            }
         }
         for (rid, state) in &p.hold_states {
             c.s_rid.push(rid);
@@ -162,7 +222,8 @@ impl<'a> Columns<'a> {
         c
     }
 
-    fn params(&self) -> [&(dyn ToSql + Sync); 23] {
+    fn params(&self) -> [&(dyn ToSql + Sync); 41] {
+        let pc = &self.p_counters;
         [
             &self.h_rid,
             &self.h_ws,
@@ -187,6 +248,24 @@ impl<'a> Columns<'a> {
             &self.k_key,
             &self.k_month,
             &self.k_spent,
+            &self.h_funding,
+            &self.h_value,
+            &self.p_ws,
+            &pc[0],
+            &pc[1],
+            &pc[2],
+            &pc[3],
+            &pc[4],
+            &pc[5],
+            &pc[6],
+            &pc[7],
+            &pc[8],
+            &pc[9],
+            &pc[10],
+            &pc[11],
+            &pc[12],
+            &pc[13],
+            &pc[14],
         ]
     }
 }

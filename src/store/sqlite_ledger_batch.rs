@@ -15,7 +15,9 @@ use super::StoreError;
 use super::ledger_batch::LedgerWrites;
 use super::ledger_ops::{HoldRow, LedgerOp, Money, OpResult, Plan, Snapshot, plan};
 use super::sqlite::SqliteStore;
+use super::sqlite_plans::{plan_of, write_counters};
 use crate::clock::Millis;
+use crate::plans::decide::Funding;
 
 #[async_trait]
 impl LedgerWrites for SqliteStore {
@@ -46,7 +48,7 @@ fn snapshot(tx: &rusqlite::Transaction<'_>, ops: &[LedgerOp]) -> rusqlite::Resul
     let mut wss: Vec<String> = Vec::new();
     {
         let mut hold =
-            tx.prepare_cached("SELECT workspace_id, key_id, amount_cents, state FROM holds WHERE request_id = ?1")?;
+            tx.prepare_cached("SELECT workspace_id, key_id, amount_cents, state, funding, value_microcents, created_at FROM holds WHERE request_id = ?1")?;
         let mut settled =
             tx.prepare_cached("SELECT 1 FROM ledger_entries WHERE request_id = ?1 AND kind = 'settlement'")?;
         for op in ops {
@@ -59,6 +61,9 @@ fn snapshot(tx: &rusqlite::Transaction<'_>, ops: &[LedgerOp]) -> rusqlite::Resul
                             key_id: r.get(1)?,
                             amount_cents: r.get(2)?,
                             state: r.get(3)?,
+                            funding: Funding::parse(&r.get::<_, String>(4)?),
+                            value_microcents: r.get(5)?,
+                            created_at: r.get(6)?,
                         })
                     })
                     .optional()?;
@@ -87,6 +92,9 @@ fn snapshot(tx: &rusqlite::Transaction<'_>, ops: &[LedgerOp]) -> rusqlite::Resul
             })
             .optional()?;
         if let Some(m) = m {
+            if let Some(plan) = plan_of(tx, &ws)? {
+                snap.plans.insert(ws.clone(), plan);
+            }
             snap.workspaces.insert(ws, m);
         }
     }
@@ -95,8 +103,8 @@ fn snapshot(tx: &rusqlite::Transaction<'_>, ops: &[LedgerOp]) -> rusqlite::Resul
 
 fn write(tx: &rusqlite::Transaction<'_>, p: &Plan) -> rusqlite::Result<()> {
     let mut insert_hold = tx.prepare_cached(
-        "INSERT INTO holds (request_id, workspace_id, key_id, amount_cents, state, expires_at, created_at) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+        "INSERT INTO holds (request_id, workspace_id, key_id, amount_cents, state, expires_at, created_at, funding, value_microcents) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
     )?;
     for h in &p.new_holds {
         let r = &h.row;
@@ -107,7 +115,9 @@ fn write(tx: &rusqlite::Transaction<'_>, p: &Plan) -> rusqlite::Result<()> {
             r.amount_cents,
             r.state,
             h.expires_at,
-            h.created_at
+            h.created_at,
+            r.funding.as_str(),
+            r.value_microcents
         ])?;
     }
     let mut hold_state = tx.prepare_cached("UPDATE holds SET state = ?2 WHERE request_id = ?1")?;
@@ -142,5 +152,5 @@ fn write(tx: &rusqlite::Transaction<'_>, p: &Plan) -> rusqlite::Result<()> {
     for (key, month, spent) in &p.key_spend {
         spend.execute(params![key, month, spent])?;
     }
-    Ok(())
+    write_counters(tx, &p.plans)
 }

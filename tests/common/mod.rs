@@ -192,6 +192,8 @@ pub struct Opts {
     pub heartbeat_seconds: f64,
     /// Extra environment of the gateway process (e.g. `TOLLGATE_FAULT_PANIC`).
     pub env: Vec<(&'static str, String)>,
+    /// Top-level sections appended to `tollgate.yaml` (e.g. `plans:`).
+    pub extra_yaml: String,
 }
 
 impl Default for Opts {
@@ -209,6 +211,7 @@ impl Default for Opts {
             limits: None,
             heartbeat_seconds: 15.0,
             env: Vec::new(),
+            extra_yaml: String::new(),
         }
     }
 }
@@ -274,7 +277,7 @@ impl Gateway {
                 if opts.limits.is_some() { "  - name: connection_gate\n" } else { "" },
                 if opts.without_dialects { "" } else { "  - name: dialects\n  - name: idempotency\n" },
                 if opts.limits.is_some() { "  - name: limits\n" } else { "" }
-            ),
+            ) + &opts.extra_yaml,
         )
         .unwrap();
         std::fs::write(dir.join("models.yaml"), models_yaml()).unwrap();

@@ -20,6 +20,10 @@ const HELP: &str = "tollgate admin [--config F] [--url http://127.0.0.1:8081] [-
   key copy KEY_ID --actor WHO --role owner|creator|member|viewer
   model pause MODEL --until ISO8601
   model resume MODEL
+  plan set WORKSPACE_ID --tier starter|pro|team [--status active|past_due|unpaid|disputed|canceled]
+           [--credits-after-limits] [--cap-cents N] [--grace-until ISO8601] [--cancel-at ISO8601]
+  plan show WORKSPACE_ID
+  plan clear WORKSPACE_ID
   health";
 
 struct Client {
@@ -36,6 +40,7 @@ impl Client {
             ("GET", _) => self.agent.get(&url).header("authorization", &auth).call(),
             ("DELETE", _) => self.agent.delete(&url).header("authorization", &auth).call(),
             ("PATCH", b) => self.agent.patch(&url).header("authorization", &auth).send_json(b.unwrap_or(json!({}))),
+            ("PUT", b) => self.agent.put(&url).header("authorization", &auth).send_json(b.unwrap_or(json!({}))),
             (_, b) => self.agent.post(&url).header("authorization", &auth).send_json(b.unwrap_or(json!({}))),
         };
         let mut resp = result.map_err(|e| format!("admin API at {} not reachable: {e}", self.url))?;
@@ -167,6 +172,30 @@ pub fn main(args: &[String]) -> Result<ExitCode, String> {
         }
         (Some("model"), Some("resume")) => {
             ("POST", format!("/admin/v1/models/{}/resume", word(2).ok_or("MODEL?")?), None)
+        }
+        (Some("plan"), Some("set")) => {
+            let ws = word(2).ok_or("WORKSPACE_ID?")?;
+            let tier = flag(&mut args, "--tier")?.ok_or("--tier is required (starter, pro or team)")?;
+            let status = flag(&mut args, "--status")?.unwrap_or_else(|| "active".into());
+            let mut b = json!({ "tier": tier, "status": status });
+            let cap = int(flag(&mut args, "--cap-cents")?, "--cap-cents")?;
+            if switch(&mut args, "--credits-after-limits") || cap.is_some() {
+                b["credits_after_limits"] = json!({ "enabled": true, "cap_cents": cap });
+            }
+            for (name, field) in
+                [("--grace-until", "grace_until"), ("--cancel-at", "cancel_at"), ("--started-at", "started_at")]
+            {
+                if let Some(v) = flag(&mut args, name)? {
+                    b[field] = json!(v);
+                }
+            }
+            ("PUT", format!("/admin/v1/workspaces/{ws}/plan"), Some(b))
+        }
+        (Some("plan"), Some("show")) => {
+            ("GET", format!("/admin/v1/workspaces/{}/plan", word(2).ok_or("WORKSPACE_ID?")?), None)
+        }
+        (Some("plan"), Some("clear")) => {
+            ("DELETE", format!("/admin/v1/workspaces/{}/plan", word(2).ok_or("WORKSPACE_ID?")?), None)
         }
         (Some("health"), _) => ("GET", "/admin/v1/health".into(), None),
         _ => {

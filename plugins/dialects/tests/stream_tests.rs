@@ -307,6 +307,7 @@ fn the_chat_plugins_own_frames_translate() {
         cached_tokens: 30,
         cost: tollgate::money::Microcents(4_321),
         basis: UsageBasis::ProviderReported,
+        paid: None,
     };
     let usage =
         format!("data: {{\"id\":\"chatcmpl-u\",\"choices\":[],\"usage\":{}}}\n\n", render_chat_usage(&figures, false));

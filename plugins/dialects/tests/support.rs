@@ -136,6 +136,7 @@ pub fn priced_of(u: &Value) -> PricedUsage {
         cached_tokens: n("/prompt_tokens_details/cached_tokens"),
         cost: Microcents(n("/service/cost_microcents")),
         basis: UsageBasis::ProviderReported,
+        paid: None,
     };
     PricedUsage { figures, no_answer: u.pointer("/service/output_token_accounting").is_some() }
 }

@@ -1,7 +1,10 @@
-//! Billing on credits (funding order `plan, credits, standby, refused`; plans and Standby
-//! arrive later, so credits fund every priced request here): the frozen-account and key
-//! spending-limit checks and the hold before inference, settlement of the delivered cost in
-//! the log phase (exactly once, per request id), and `GET /v1/credits`.
+//! Billing: the frozen-account check, then the funding decision with its hold before
+//! inference (one ledger write: plan, credits after limits, Standby or refused on a serving
+//! coding plan, else pay-as-you-go credits), settlement of the delivered usage in the log
+//! phase (exactly once, per request id), and the reads `GET /v1/credits` and `GET /v1/usage`.
+
+mod funding;
+mod usage_read;
 
 use std::sync::Arc;
 
@@ -14,9 +17,12 @@ use tollgate::clock::{Millis, iso, now_ms, utc_month_bounds};
 use tollgate::ctx::RequestCtx;
 use tollgate::error::{ErrorKind, GatewayError};
 use tollgate::money::{MICROCENTS_PER_CENT, Microcents};
+use tollgate::plans::PlanSettings;
+use tollgate::plans::decide::{FundAsk, Funding, Refusal};
 use tollgate::plugin::{Flow, Plugin};
 use tollgate::routes::Route;
-use tollgate::store::ledger::{HoldOutcome, LedgerStore, Settlement};
+use tollgate::store::ledger::{LedgerStore, Settlement};
+use tollgate::store::ledger_ops::{FundOp, FundRefusal};
 
 pub const BILLING_PRIORITY: i16 = 100;
 /// Output ceiling used for the hold when neither the request nor the model gives one (C12).
@@ -26,19 +32,24 @@ pub struct Billing {
     ledger: Arc<dyn LedgerStore>,
     topup_url: String,
     hold_ttl_ms: Millis,
+    plans: Arc<PlanSettings>,
 }
 
 /// What this plugin placed for a request.
 #[derive(Debug, Clone, Copy)]
 struct Hold {
     cents: i64,
+    funding: Funding,
 }
+
+/// How often a request waiting for room in a plan window asks again.
+const WINDOW_POLL: std::time::Duration = std::time::Duration::from_millis(250);
 
 impl Billing {
     /// `hold_ttl_ms`: the response budget plus the configured margin; past it an open hold
     /// belongs to a request whose gateway died, and the sweeper releases it.
-    pub fn new(ledger: Arc<dyn LedgerStore>, topup_url: String, hold_ttl_ms: Millis) -> Self {
-        Billing { ledger, topup_url, hold_ttl_ms }
+    pub fn new(ledger: Arc<dyn LedgerStore>, topup_url: String, hold_ttl_ms: Millis, plans: Arc<PlanSettings>) -> Self {
+        Billing { ledger, topup_url, hold_ttl_ms, plans }
     }
 }
 
@@ -81,15 +92,40 @@ impl Billing {
             .map_err(|e| GatewayError::internal(format!("write failed: {e}")))
     }
 
-    /// The hold of clarification 12, in whole cents (rounded up).
-    fn hold_cents(cx: &RequestCtx) -> i64 {
-        let Some(pricing) = cx.model().and_then(|m| m.pricing_at(now_ms())) else { return 0 };
+    /// The most the request may cost (clarification 12): its value in microcents, and the
+    /// credit hold in whole cents (rounded up: the hold must cover the cost).
+    fn estimate(cx: &RequestCtx) -> (Microcents, i64) {
+        let Some(pricing) = cx.model().and_then(|m| m.pricing_at(now_ms())) else { return (Microcents::ZERO, 0) };
         let ceiling = crate::shared::ChatRequest::of(cx)
             .output_ceiling
             .or(cx.model().and_then(|m| m.max_output_tokens))
             .unwrap_or(DEFAULT_OUTPUT_CEILING);
-        // Whole cents, rounded up (the hold must cover the cost).
-        tollgate::usage::cost_microcents(Some(&pricing), cx.prompt_estimate, 0, ceiling).ceil_cents().0
+        let value = tollgate::usage::cost_microcents(Some(&pricing), cx.prompt_estimate, 0, ceiling);
+        (value, value.ceil_cents().0)
+    }
+
+    /// The key's monthly spending limit, when it is reached: the refusal pay-as-you-go
+    /// requests get (on a serving plan it only blocks credits after limits).
+    async fn key_limit(
+        &self,
+        p: &tollgate::identity::Principal,
+        now: Millis,
+    ) -> Result<Option<GatewayError>, GatewayError> {
+        let Some(limit) = p.monthly_spend_limit_cents else { return Ok(None) };
+        let (_, next_month, month) = utc_month_bounds(now);
+        let spent = self.ledger.key_month_spend(&p.key_id, &month).await.map_err(store_down)?;
+        if spent < limit.saturating_mul(MICROCENTS_PER_CENT) {
+            return Ok(None);
+        }
+        Ok(Some(
+            GatewayError::new(
+                ErrorKind::SpendLimitReached,
+                "This key reached its monthly spending limit; it resets at the start of the next UTC month.",
+            )
+            .with_field("limit_cents", limit)
+            .with_field("spent_cents", spent / MICROCENTS_PER_CENT)
+            .with_field("resets_at", iso(next_month)),
+        ))
     }
 }
 
@@ -106,6 +142,10 @@ impl Plugin for Billing {
     async fn on_request_headers(&self, s: &mut Session, cx: &mut RequestCtx) -> Result<Flow, GatewayError> {
         if cx.route == Some(Route::Credits) && cx.principal.is_some() {
             self.credits(s, cx).await?;
+            return Ok(Flow::Handled);
+        }
+        if cx.route == Some(Route::Usage) && cx.principal.is_some() {
+            usage_read::snapshot(self, s, cx).await?;
             return Ok(Flow::Handled);
         }
         Ok(Flow::Continue)
@@ -125,52 +165,63 @@ impl Plugin for Billing {
             return Err(with_free_window(GatewayError::new(ErrorKind::AccountFrozen, why), cx));
         }
         let now = now_ms();
-        if let Some(limit) = p.monthly_spend_limit_cents {
-            let (_, next_month, month) = utc_month_bounds(now);
-            let spent = self.ledger.key_month_spend(&p.key_id, &month).await.map_err(store_down)?;
-            if spent >= limit.saturating_mul(MICROCENTS_PER_CENT) {
-                return Err(GatewayError::new(
-                    ErrorKind::SpendLimitReached,
-                    "This key reached its monthly spending limit; it resets at the start of the next UTC month.",
-                )
-                .with_field("limit_cents", limit)
-                .with_field("spent_cents", spent / MICROCENTS_PER_CENT)
-                .with_field("resets_at", iso(next_month)));
-            }
-        }
-        let hold = Self::hold_cents(cx);
+        let key_limit = self.key_limit(&p, now).await?;
+        let (value, hold) = Self::estimate(cx);
         if hold == 0 {
-            return Ok(Flow::Continue);
+            // Nothing to reserve (a free window or an unpriced model): pay-as-you-go controls.
+            return key_limit.map_or(Ok(Flow::Continue), Err);
         }
-        let outcome = self
-            .ledger
-            .place_hold(&cx.request_id, &p.workspace_id, Some(&p.key_id), hold, now + self.hold_ttl_ms, now)
-            .await
-            .map_err(|e| {
+        let ask = FundAsk {
+            value_microcents: value.as_i64(),
+            hold_cents: hold,
+            credits_only: p.credits_only,
+            key_limit_reached: key_limit.is_some(),
+            covered: funding::covered(cx.route),
+            standby_pressure: cx.ext.get::<crate::shared::ModelLoad>().is_some_and(|l| l.busy),
+        };
+        let deadline = std::time::Instant::now() + self.plans.window_wait;
+        loop {
+            let now = now_ms();
+            let op = FundOp {
+                request_id: cx.request_id.clone(),
+                workspace_id: p.workspace_id.clone(),
+                key_id: Some(p.key_id.clone()),
+                ask,
+                settings: self.plans.clone(),
+                expires_at: now + self.hold_ttl_ms,
+                now,
+            };
+            let out = self.ledger.fund(op).await.map_err(|e| {
                 log::warn!("{}: hold not recorded: {e}", cx.request_id);
                 GatewayError::new(
                     ErrorKind::CreditReservationFailed,
                     "The credit reservation could not be recorded; retry.",
                 )
             })?;
-        match outcome {
-            HoldOutcome::Placed { .. } => {
-                cx.ext.insert(Hold { cents: hold });
-                Ok(Flow::Continue)
+            match out.verdict {
+                Ok(f) => {
+                    funding::apply(cx, f, out.plan.as_ref());
+                    let cents = if matches!(f, Funding::Plan | Funding::Standby) { 0 } else { hold };
+                    cx.ext.insert(Hold { cents, funding: f });
+                    return Ok(Flow::Continue);
+                }
+                // Running requests hold the rest of a window: wait for room, up to the limit.
+                Err(FundRefusal::Plan(Refusal::WindowBusy)) if std::time::Instant::now() < deadline => {
+                    let left = deadline.saturating_duration_since(std::time::Instant::now());
+                    tokio::time::sleep(left.min(WINDOW_POLL)).await;
+                }
+                Err(FundRefusal::KeyLimit) => {
+                    return Err(key_limit.unwrap_or_else(|| GatewayError::internal("key limit without a reading")));
+                }
+                Err(r) => {
+                    let err = funding::refusal(r, out.plan.as_ref(), &self.topup_url, hold, now);
+                    return Err(if matches!(r, FundRefusal::Insufficient { .. }) {
+                        with_free_window(err, cx)
+                    } else {
+                        err
+                    });
+                }
             }
-            HoldOutcome::Insufficient { balance_cents } => Err(with_free_window(
-                GatewayError::new(
-                    ErrorKind::InsufficientCredits,
-                    format!(
-                        "The balance cannot cover this request's reservation of {hold} cents; add at least {} cents.",
-                        (hold - balance_cents).max(1)
-                    ),
-                )
-                .with_field("required_cents", hold)
-                .with_field("current_balance_cents", balance_cents)
-                .with_field("topup_url", self.topup_url.clone()),
-                cx,
-            )),
         }
     }
 
@@ -178,8 +229,10 @@ impl Plugin for Billing {
         let Some(p) = cx.principal.as_ref() else { return };
         let held = cx.ext.get::<Hold>().copied();
         let cost = cx.usage.map(|u| u.cost).unwrap_or_default();
+        // A plan-paid request costs 0 but meters its value: settle it too.
+        let value = cx.usage.map(|u| u.value()).unwrap_or_default();
         let now = now_ms();
-        let action = match (cx.usage.is_some() && cost > Microcents::ZERO, held) {
+        let action = match (cx.usage.is_some() && value > Microcents::ZERO, held) {
             // Something billable was delivered: settle (releases the hold in the same step).
             (true, _) => {
                 let (_, _, month) = utc_month_bounds(now);
@@ -188,13 +241,14 @@ impl Plugin for Billing {
                     workspace_id: p.workspace_id.clone(),
                     key_id: Some(p.key_id.clone()),
                     cost,
+                    value,
                     now,
                     month,
                 })
             }
             // Nothing billable: release the hold, charge nothing.
             (false, Some(h)) => {
-                log::debug!("{}: releasing a hold of {} cents", cx.request_id, h.cents);
+                log::debug!("{}: releasing a {} hold of {} cents", cx.request_id, h.funding.as_str(), h.cents);
                 Finish::Release(cx.request_id.clone())
             }
             (false, None) => return,

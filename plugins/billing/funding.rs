@@ -1,0 +1,135 @@
+//! The funding decision as the caller sees it: what the request asks of the ledger, the
+//! funding headers of an admission, and the refusals (`402 plan_limit_reached` with its
+//! fields, the plan 429s, `402 insufficient_credits` naming a plan that is not paying).
+
+use tollgate::clock::{Millis, iso};
+use tollgate::ctx::RequestCtx;
+use tollgate::error::{ErrorKind, GatewayError};
+use tollgate::plans::decide::{Funding, Refusal, limiting_window};
+use tollgate::plans::view::{PlanSeen, credits_json, fixes, funding_headers};
+use tollgate::plans::{DAY_MS, Status};
+use tollgate::routes::Route;
+use tollgate::store::ledger_ops::FundRefusal;
+use tollgate::usage::PaidFrom;
+
+/// Plans cover `chat`: chat completions, messages and Responses (spec "What the service
+/// does" item 4); the other covered categories are not served by this gateway yet.
+pub fn covered(route: Option<Route>) -> bool {
+    matches!(route, Some(Route::ChatCompletions | Route::Messages | Route::Responses))
+}
+
+/// Record an admitted request's funding in the context: who pays (for the usage object) and
+/// the funding headers when a plan decision applied.
+pub fn apply(cx: &mut RequestCtx, funding: Funding, plan: Option<&PlanSeen>) {
+    cx.paid_from = match funding {
+        Funding::Plan => Some(PaidFrom::Plan),
+        Funding::Standby => Some(PaidFrom::Standby),
+        Funding::Credits | Funding::PayAsYouGo => None,
+    };
+    if let (Some(seen), false) = (plan, funding == Funding::PayAsYouGo) {
+        cx.response_headers.extend(funding_headers(funding, seen));
+    }
+}
+
+/// The refusal of a funding decision as the error the client gets.
+pub fn refusal(r: FundRefusal, plan: Option<&PlanSeen>, topup_url: &str, hold: i64, now: Millis) -> GatewayError {
+    match r {
+        FundRefusal::Insufficient { balance_cents } => insufficient(balance_cents, hold, topup_url, plan, now),
+        FundRefusal::KeyLimit => GatewayError::new(ErrorKind::SpendLimitReached, "unreachable: checked before"),
+        FundRefusal::Plan(r) => {
+            let err = match r {
+                Refusal::LimitReached { .. } => return limit_reached(r, plan, now),
+                Refusal::WindowBusy => GatewayError::new(
+                    ErrorKind::PlanWindowBusy,
+                    "Running requests hold the rest of the plan's window; the gateway waited for room. Retry shortly.",
+                ),
+                Refusal::PlanConcurrency => GatewayError::new(
+                    ErrorKind::HostedPlanConcurrencyLimit,
+                    "The workspace has as many plan-funded requests running as its plan allows; retry when one finishes.",
+                ),
+                Refusal::StandbyWorkspace => GatewayError::new(
+                    ErrorKind::HostedStandbyWorkspaceLimit,
+                    "The workspace has as many Standby requests running as Standby allows; retry when one finishes.",
+                ),
+                Refusal::StandbyPressure => GatewayError::new(
+                    ErrorKind::HostedStandbyPressure,
+                    "Standby is paused on this model while it is under load; retry when load drops.",
+                ),
+            };
+            // These clear when a running request finishes: ask again in a second.
+            refused_headers(err.with_retry_after(1), plan)
+        }
+    }
+}
+
+/// The funding headers of a refusal: `x-service-funding: refused` and the plan's state.
+fn refused_headers(mut err: GatewayError, plan: Option<&PlanSeen>) -> GatewayError {
+    if let Some(seen) = plan {
+        for (name, value) in funding_headers(Funding::Plan, seen) {
+            err = err.with_header(name, if name == "x-service-funding" { "refused".to_string() } else { value });
+        }
+    }
+    err
+}
+
+/// `402 plan_limit_reached`: every field of the spec, a message that stands on its own (the
+/// messages envelope keeps only the message).
+fn limit_reached(r: Refusal, plan: Option<&PlanSeen>, now: Millis) -> GatewayError {
+    let (Refusal::LimitReached { credits, standby }, Some(seen)) = (r, plan) else {
+        return GatewayError::internal("plan refusal without a plan");
+    };
+    let c = &seen.record.counters;
+    let window = limiting_window(c, &seen.limits, now);
+    let (limit, resets_at, used, cap) = window
+        .map_or(("five_hour", None, 0, seen.limits.five_hour_microcents), |w| (w.name, w.resets_at, w.used, w.limit));
+    let standby_resets = c.day_start + DAY_MS;
+    let message = format!(
+        "The coding plan's {} limit is reached{}; credits after limits cannot pay ({}) and Standby cannot pay ({}, refills at {}). {}",
+        if limit == "five_hour" { "5-hour" } else { "weekly" },
+        resets_at.map(|t| format!(" until {}", iso(t))).unwrap_or_default(),
+        credits.as_str().replace('_', " "),
+        standby.as_str(),
+        iso(standby_resets),
+        "Enable or raise credits after limits, add funds, or wait for the reset.",
+    );
+    let err = GatewayError::new(ErrorKind::PlanLimitReached, message)
+        .with_field("limit", limit)
+        .with_field("resets_at", resets_at.map(iso))
+        .with_field("tier", seen.record.terms.tier.as_str())
+        .with_field("used_microcents", used)
+        .with_field("limit_microcents", cap)
+        .with_field("pending_microcents", c.plan_pending)
+        .with_field("standby_resets_at", iso(standby_resets))
+        .with_field("standby_blocker", standby.as_str())
+        .with_field("credits", credits_json(seen, Some(credits)))
+        .with_field("fixes", fixes(credits, standby))
+        .with_header("x-should-retry", "false");
+    refused_headers(err, plan)
+}
+
+/// `402 insufficient_credits`; when a plan exists but is not paying, the message ends with
+/// its state and the next step.
+fn insufficient(balance: i64, hold: i64, topup_url: &str, plan: Option<&PlanSeen>, now: Millis) -> GatewayError {
+    let mut message = format!(
+        "The balance cannot cover this request's reservation of {hold} cents; add at least {} cents.",
+        (hold - balance).max(1)
+    );
+    if let Some(seen) = plan.filter(|s| !s.record.terms.serving(now)) {
+        let t = &seen.record.terms;
+        let step = match t.status {
+            Status::PastDue | Status::Unpaid => "pay the outstanding invoice to resume it",
+            Status::Disputed => "a payment dispute holds it; contact support",
+            Status::Canceled => "it was canceled; subscribe again to resume it",
+            Status::Active => "its cancellation took effect; subscribe again to resume it",
+        };
+        message.push_str(&format!(
+            " The {} coding plan is not paying ({}): {step}.",
+            t.tier.as_str(),
+            t.status.as_str()
+        ));
+    }
+    GatewayError::new(ErrorKind::InsufficientCredits, message)
+        .with_field("required_cents", hold)
+        .with_field("current_balance_cents", balance)
+        .with_field("topup_url", topup_url.to_string())
+}
