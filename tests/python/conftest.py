@@ -37,15 +37,29 @@ def wait_listening(port: int, proc: subprocess.Popen, timeout: float = 20.0) -> 
 ADMIN_TOKEN = "pytest-admin-token-0123456789"
 
 
-def admin_post(base: str, path: str, body: dict) -> dict:
+def admin_post(base: str, path: str, body: dict, method: str = "POST") -> dict:
     req = urllib.request.Request(
         base + path,
         data=json.dumps(body).encode(),
         headers={"authorization": f"Bearer {ADMIN_TOKEN}", "content-type": "application/json"},
-        method="POST",
+        method=method,
     )
     with urllib.request.urlopen(req, timeout=10) as r:
         return json.loads(r.read())
+
+
+ADMIN: dict = {}
+
+
+@pytest.fixture(scope="session")
+def plan_gateway(gateway):
+    """The same gateway, with a key of a workspace on an active `pro` coding plan."""
+    base, _ = gateway
+    admin = ADMIN["url"]
+    ws = admin_post(admin, "/admin/v1/workspaces", {"name": "pytest-plan"})
+    admin_post(admin, f"/admin/v1/workspaces/{ws['id']}/plan", {"tier": "pro", "status": "active"}, method="PUT")
+    key = admin_post(admin, f"/admin/v1/workspaces/{ws['id']}/keys", {})
+    return base, key["key"]
 
 
 @pytest.fixture(scope="session")
@@ -80,6 +94,7 @@ def gateway():
         admin = f"http://127.0.0.1:{admin_port}"
         ws = admin_post(admin, "/admin/v1/workspaces", {"name": "pytest"})
         key = admin_post(admin, f"/admin/v1/workspaces/{ws['id']}/keys", {})
+        ADMIN["url"] = admin
         yield f"http://127.0.0.1:{port}", key["key"]
     finally:
         gw.kill()

@@ -69,3 +69,17 @@ def test_errors_are_typed(gateway):
         anthropic.Anthropic(base_url=base, api_key="rp_" + "1" * 40, max_retries=0).messages.create(
             model="llama-3.1-8b-instruct", max_tokens=5, messages=[{"role": "user", "content": "x"}]
         )
+
+
+def test_plan_funding_headers_and_plan_paid_usage(plan_gateway):
+    raw = client(plan_gateway).messages.with_raw_response.create(
+        model="llama-3.1-8b-instruct", max_tokens=6, messages=[{"role": "user", "content": "Hello"}]
+    )
+    assert raw.headers["x-service-funding"] == "plan"
+    assert raw.headers["x-service-plan"] == "pro"
+    m = raw.parse()
+    assert m.usage.output_tokens == 6
+    extra = m.usage.model_extra
+    assert extra["cost"] == 0
+    assert extra["service"]["paid_from"] == "plan"
+    assert extra["service"]["plan_value_microcents"] > 0

@@ -101,3 +101,19 @@ def test_retries_with_the_same_idempotency_key_run_and_bill_once(gateway):
     with pytest.raises(openai.BadRequestError) as e:
         c.chat.completions.create(**{**args, "max_tokens": 6})
     assert e.value.code == "idempotency_mismatch"
+
+
+def test_plan_funding_headers_and_plan_paid_usage(plan_gateway):
+    raw = client(plan_gateway).chat.completions.with_raw_response.create(
+        model=MODEL, messages=[{"role": "user", "content": "hello"}], max_tokens=5
+    )
+    assert raw.headers["x-service-funding"] == "plan"
+    assert raw.headers["x-service-plan"] == "pro"
+    assert 0 <= int(raw.headers["x-service-plan-5h-used-percent"]) <= 100
+    assert int(raw.headers["x-service-plan-week-resets-at"]) > 0
+    r = raw.parse()
+    extra = r.usage.model_extra
+    assert extra["cost"] == 0
+    assert extra["service"]["cost_microcents"] == 0
+    assert extra["service"]["paid_from"] == "plan"
+    assert extra["service"]["plan_value_microcents"] > 0
