@@ -72,6 +72,11 @@ async fn postgres_stopped_mid_traffic_charges_nothing_twice_and_settles_when_it_
         r.text
     );
     assert!(r.header("retry-after").is_some(), "retryable");
+    // The plan snapshot is read from the ledger on every call: unavailable while it is down.
+    let r = gw.get("/v1/usage").await;
+    r.assert_error(503, "datastore_unavailable");
+    let ra: u64 = r.header("retry-after").unwrap().parse().unwrap();
+    assert!((1..=4).contains(&ra));
 
     switch.on();
     // The failed settlement is retried in the background (1 s, then doubling).

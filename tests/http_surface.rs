@@ -282,16 +282,6 @@ async fn capability_routes_forward_or_refuse() {
     assert!(r.header("retry-after").is_none());
 }
 
-#[tokio::test]
-async fn usage_reads_without_a_plan_store_are_a_clear_503() {
-    let mock = Mock::start();
-    let gw = Gateway::start(&mock);
-    let r = gw.get("/v1/usage").await;
-    r.assert_error(503, "datastore_unavailable");
-    let ra: u64 = r.header("retry-after").unwrap().parse().unwrap();
-    assert!((1..=4).contains(&ra));
-}
-
 #[test]
 fn check_config_lists_every_problem_with_file_and_path() {
     let dir = std::env::temp_dir().join(format!("tollgate-badconf-{}", std::process::id()));

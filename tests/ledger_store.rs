@@ -140,7 +140,10 @@ async fn plan_holds_meter_once_and_the_sweeper_frees_them(s: Stores) {
     assert!(l.set_plan(&ws, &terms, now).await.unwrap().is_some());
     let a = l.fund(fund_op(&ws, "pa", 20, now + 60_000)).await.unwrap();
     assert_eq!(a.verdict, Ok(Funding::Plan));
-    assert!(a.plan.unwrap().record.counters.five_hour_start.is_some(), "the first plan request starts the 5-hour clock");
+    assert!(
+        a.plan.unwrap().record.counters.five_hour_start.is_some(),
+        "the first plan request starts the 5-hour clock"
+    );
     let dead = l.fund(fund_op(&ws, "pdead", 20, now - 1)).await.unwrap();
     assert_eq!(dead.verdict, Ok(Funding::Plan));
     // Running requests hold all 40 cents: the next one waits for room.
