@@ -52,6 +52,7 @@ async fn workspace(s: &Stores) -> String {
         created_at: now_ms(),
         frozen: None,
         lifetime_purchases_cents: 0,
+        plan: None,
     };
     s.identity.create_workspace(&ws).await.unwrap();
     ws.id

@@ -78,7 +78,7 @@ async fn purchases_raise_the_tier_and_custom_limits_are_clamped_to_it() {
 }
 
 #[tokio::test]
-async fn credits_and_usage_reads_have_their_own_bucket() {
+async fn credits_and_usage_reads_have_their_own_buckets() {
     let mock = Mock::start();
     let gw = Gateway::start_with(&mock, with_limits("  reads_per_minute: 2\n"));
     for _ in 0..2 {
@@ -88,8 +88,14 @@ async fn credits_and_usage_reads_have_their_own_bucket() {
     let r = gw.get("/v1/credits").await;
     r.assert_error(429, "rate_limit_exceeded");
     retry_after(&r);
+    // GET /v1/usage has a bucket of its own (decision 112).
+    for _ in 0..2 {
+        let r = gw.get("/v1/usage").await;
+        assert_eq!(r.status, 200, "{}", r.text);
+    }
+    gw.get("/v1/usage").await.assert_error(429, "rate_limit_exceeded");
     let r = gw.get("/v1/models").await;
-    assert_eq!(r.status, 200, "the per-key window is not spent by the reads bucket");
+    assert_eq!(r.status, 200, "the per-key window is not spent by the reads buckets");
 }
 
 #[tokio::test]

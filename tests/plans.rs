@@ -430,3 +430,39 @@ async fn two_instances_on_one_store_never_admit_past_a_window() {
     assert_eq!(p["five_hour"]["used_microcents"], 100 * M, "{p}");
     assert_eq!(p["pending_microcents"]["plan"], 0);
 }
+
+#[tokio::test]
+async fn the_model_object_shows_plan_concurrency_and_the_pro_token_floor_only_while_the_plan_serves() {
+    let mock = Mock::start();
+    let gw = Gateway::start_with(
+        &mock,
+        Opts { limits: Some(String::new()), extra_yaml: plans_yaml(0.2, 3, 1), ..Opts::default() },
+    );
+    let model = |v: &Value, id: &str| v["data"].as_array().unwrap().iter().find(|m| m["id"] == id).cloned().unwrap();
+    let m = gw.get("/v1/models/chat-model").await.json();
+    assert!(m.get("max_concurrent_plan_requests_per_workspace").is_none(), "{m}");
+    assert!(m.get("max_concurrent_standby_requests_per_workspace").is_none());
+    assert_eq!(m["max_tokens_per_minute_per_workspace"], 1_000_000);
+
+    set_plan(&gw, &gw.workspace, json!({"tier": "starter", "status": "active"}));
+    tokio::time::sleep(std::time::Duration::from_millis(700)).await; // key cache lifetime
+    let list = gw.get("/v1/models").await.json();
+    let m = model(&list, "chat-model");
+    assert_eq!(m["max_concurrent_plan_requests_per_workspace"], 3, "{m}");
+    assert_eq!(m["max_concurrent_standby_requests_per_workspace"], 1);
+    assert_eq!(m["max_tokens_per_minute_per_workspace"], 1_000_000, "starter has no token floor");
+    assert!(model(&list, "embed-model").get("max_concurrent_plan_requests_per_workspace").is_none(), "not covered");
+    assert!(model(&list, "dead-model").get("max_concurrent_plan_requests_per_workspace").is_none(), "unpriced");
+
+    set_plan(&gw, &gw.workspace, json!({"tier": "pro", "status": "active"}));
+    tokio::time::sleep(std::time::Duration::from_millis(700)).await;
+    let m = gw.get("/v1/models/chat-model").await.json();
+    assert_eq!(m["max_tokens_per_minute_per_workspace"], 20_000_000, "the Pro floor: {m}");
+    assert_eq!(m["max_concurrent_plan_requests_per_workspace"], 4, "pro's default");
+
+    set_plan(&gw, &gw.workspace, json!({"tier": "pro", "status": "disputed"}));
+    tokio::time::sleep(std::time::Duration::from_millis(700)).await;
+    let m = gw.get("/v1/models/chat-model").await.json();
+    assert!(m.get("max_concurrent_plan_requests_per_workspace").is_none(), "a plan that does not serve: {m}");
+    assert_eq!(m["max_tokens_per_minute_per_workspace"], 1_000_000);
+}

@@ -225,6 +225,25 @@ impl Plugin for Billing {
         }
     }
 
+    /// While the caller's workspace plan serves, a covered (priced chat) model publishes the
+    /// plan and Standby concurrency per workspace (so `GET /v1/models` depends on the caller).
+    fn describe_model(
+        &self,
+        model: &tollgate::config::ModelEntry,
+        object: &mut serde_json::Map<String, serde_json::Value>,
+        cx: &RequestCtx,
+    ) {
+        let now = now_ms();
+        let Some(tier) = cx.principal.as_ref().and_then(|p| p.plan).and_then(|b| b.serving_tier(now)) else { return };
+        let chat = ["chat_completions", "messages", "responses"].iter().any(|e| model.supports(e));
+        if !chat || model.pricing_at(now).is_none() {
+            return;
+        }
+        let limits = self.plans.limits(tier);
+        object.insert("max_concurrent_plan_requests_per_workspace".into(), json!(limits.plan_concurrency));
+        object.insert("max_concurrent_standby_requests_per_workspace".into(), json!(limits.standby_concurrency));
+    }
+
     async fn on_log(&self, cx: &mut RequestCtx) {
         let Some(p) = cx.principal.as_ref() else { return };
         let held = cx.ext.get::<Hold>().copied();

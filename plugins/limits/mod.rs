@@ -96,8 +96,14 @@ impl Limits {
     async fn count_window(&self, cx: &mut RequestCtx, route: Route) -> Result<(), GatewayError> {
         let Some(p) = cx.principal.as_ref() else { return Ok(()) };
         let mut windows = vec![self.key_window(p)];
-        if matches!(route, Route::Credits | Route::Usage) {
-            windows.push(WindowLimit { key: format!("r:{}", p.key_id), limit: self.settings.reads_per_minute });
+        // Each read endpoint has its own 60-a-minute bucket (decision 112).
+        let bucket = match route {
+            Route::Credits => Some("rc"),
+            Route::Usage => Some("ru"),
+            _ => None,
+        };
+        if let Some(b) = bucket {
+            windows.push(WindowLimit { key: format!("{b}:{}", p.key_id), limit: self.settings.reads_per_minute });
         }
         let check =
             Check { now_ms: now_ms(), windows, gates: Vec::new(), tpm: None, lease_id: String::new(), lease_ttl_ms: 0 };

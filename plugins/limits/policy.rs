@@ -12,6 +12,9 @@ const TPM_MIDDLE_TIER_CENTS: i64 = 5_000;
 /// Lifetime purchases (cents) from which tokens per minute have no practical limit.
 const TPM_TOP_TIER_CENTS: i64 = 20_000;
 const TPM_MIDDLE_TIER_FLOOR: u64 = 20_000_000;
+/// Pro and Team plans: at least 20 million tokens per minute per model while serving (spec
+/// "Limits", coding plan token floor).
+const PLAN_TOKEN_FLOOR: u64 = 20_000_000;
 
 /// How long this instance trusts the model's shared in-flight count read at its last
 /// admission when deciding whether the model is busy (decision 37).
@@ -55,8 +58,14 @@ pub fn in_force(settings: &LimitSettings, model: &ModelEntry, pool: &Pool, p: &P
     });
     let tokens_per_minute = model.max_tokens_per_minute_per_workspace.and_then(|default| {
         let bought = p.lifetime_purchases_cents;
+        let plan_floor = p
+            .plan
+            .and_then(|b| b.serving_tier(tollgate::clock::now_ms()))
+            .is_some_and(|t| matches!(t, tollgate::plans::Tier::Pro | tollgate::plans::Tier::Team));
         if p.tier() == RateTier::Enterprise || bought >= TPM_TOP_TIER_CENTS {
             None
+        } else if plan_floor {
+            Some(default.max(PLAN_TOKEN_FLOOR))
         } else if bought >= TPM_MIDDLE_TIER_CENTS {
             Some(default.max(TPM_MIDDLE_TIER_FLOOR))
         } else {
@@ -130,6 +139,7 @@ mod tests {
             frozen: None,
             legacy_format: false,
             lifetime_purchases_cents: bought,
+            plan: None,
         }
     }
 

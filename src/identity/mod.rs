@@ -47,6 +47,52 @@ pub struct Workspace {
     /// Freeze reason (`unpaid`, `dispute`) while frozen.
     pub frozen: Option<String>,
     pub lifetime_purchases_cents: i64,
+    /// The workspace's coding plan as the key lookup read it (not stored with the workspace).
+    #[serde(skip)]
+    pub plan: Option<PlanBrief>,
+}
+
+/// What the request path needs of a workspace's coding plan before billing runs: its tier
+/// and whether it serves (the model object's plan fields, the Pro/Team token floor).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PlanBrief {
+    pub tier: crate::plans::Tier,
+    pub status: crate::plans::Status,
+    pub grace_until: Option<Millis>,
+    pub cancel_at: Option<Millis>,
+}
+
+impl PlanBrief {
+    /// The tier, while the plan serves at `now`.
+    pub fn serving_tier(&self, now: Millis) -> Option<crate::plans::Tier> {
+        let terms = crate::plans::PlanTerms {
+            tier: self.tier,
+            status: self.status,
+            started_at: 0,
+            cancel_at: self.cancel_at,
+            grace_until: self.grace_until,
+            credits_enabled: false,
+            cap_cents: None,
+            pending_tier: None,
+            pending_effective_at: None,
+        };
+        terms.serving(now).then_some(self.tier)
+    }
+
+    /// From the `plans` columns `tier, status, grace_until, cancel_at` (all null: no plan).
+    pub fn from_columns(
+        tier: Option<String>,
+        status: Option<String>,
+        grace: Option<Millis>,
+        cancel: Option<Millis>,
+    ) -> Option<PlanBrief> {
+        Some(PlanBrief {
+            tier: crate::plans::Tier::parse(&tier?)?,
+            status: crate::plans::Status::parse(&status?)?,
+            grace_until: grace,
+            cancel_at: cancel,
+        })
+    }
 }
 
 /// What a key may be used for (spec "Authentication" 3 and 4).
@@ -168,6 +214,8 @@ pub struct Principal {
     pub rate_limit_rpm: Option<i64>,
     pub frozen: Option<String>,
     pub legacy_format: bool,
+    /// The workspace's coding plan (read with the key; billing reads the full plan itself).
+    pub plan: Option<PlanBrief>,
     /// Credit purchases over the workspace's life (promotional credit excluded), in cents.
     pub lifetime_purchases_cents: i64,
 }

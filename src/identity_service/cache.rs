@@ -125,6 +125,7 @@ mod tests {
             created_at: 0,
             frozen: None,
             lifetime_purchases_cents: 0,
+            plan: None,
         };
         (k, w)
     }

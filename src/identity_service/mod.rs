@@ -120,6 +120,7 @@ impl Identity {
             rate_limit_rpm: key.rate_limit_rpm,
             frozen: ws.frozen.clone(),
             legacy_format: key.legacy_format(),
+            plan: ws.plan,
             lifetime_purchases_cents: ws.lifetime_purchases_cents,
         }
     }
@@ -132,6 +133,7 @@ impl Identity {
             created_at: now_ms(),
             frozen: None,
             lifetime_purchases_cents: 0,
+            plan: None,
         };
         self.store.create_workspace(&ws).await?;
         Ok(ws)

@@ -14,7 +14,7 @@ use super::postgres_pool::ko;
 use super::{CopyAudit, IdentityStore, KeyPatch, POSTGRES_MIGRATIONS, RotateOpts, StoreError, Successor};
 use crate::clock::Millis;
 use crate::identity::lifecycle::{self, KeyOpError};
-use crate::identity::{KeyRecord, KeyScope, RateTier, Workspace};
+use crate::identity::{KeyRecord, KeyScope, PlanBrief, RateTier, Workspace};
 
 const KEY_COLUMNS: &str = "id, workspace_id, name, scope, digest, format_version, encrypted_copy, created_by, \
      created_at, expires_at, revoked_at, grace_until, rotated_from, rotation_root, credits_only, \
@@ -53,6 +53,7 @@ fn ws_from_row(r: &Row, at: usize) -> Result<Workspace, tokio_postgres::Error> {
         created_at: r.try_get(at + 3)?,
         frozen: r.try_get(at + 4)?,
         lifetime_purchases_cents: r.try_get(at + 5)?,
+        plan: None,
     })
 }
 
@@ -197,13 +198,19 @@ impl IdentityStore for PostgresStore {
             let kcols: Vec<String> = KEY_COLUMNS.split(", ").map(|col| format!("k.{col}")).collect();
             let wcols: Vec<String> = WS_COLUMNS.split(", ").map(|col| format!("w.{col}")).collect();
             let sql = format!(
-                "SELECT {}, {} FROM api_keys k JOIN workspaces w ON w.id = k.workspace_id WHERE k.digest = $1",
+                "SELECT {}, {}, p.tier, p.status, p.grace_until, p.cancel_at FROM api_keys k \
+                 JOIN workspaces w ON w.id = k.workspace_id LEFT JOIN plans p ON p.workspace_id = w.id \
+                 WHERE k.digest = $1",
                 kcols.join(", "),
                 wcols.join(", ")
             );
             let st = c.prepare_cached(&sql).await?;
             match c.query_opt(&st, &[&digest]).await? {
-                Some(r) => Ok(Some((key_from_row(&r, 0)?, ws_from_row(&r, 17)?))),
+                Some(r) => {
+                    let mut ws = ws_from_row(&r, 17)?;
+                    ws.plan = PlanBrief::from_columns(r.try_get(23)?, r.try_get(24)?, r.try_get(25)?, r.try_get(26)?);
+                    Ok(Some((key_from_row(&r, 0)?, ws)))
+                }
                 None => Ok(None),
             }
         })

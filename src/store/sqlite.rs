@@ -11,7 +11,7 @@ use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
 use super::{CopyAudit, IdentityStore, KeyPatch, RotateOpts, SQLITE_MIGRATIONS, StoreError, Successor};
 use crate::clock::Millis;
 use crate::identity::lifecycle::{self, KeyOpError};
-use crate::identity::{KeyRecord, KeyScope, RateTier, Workspace};
+use crate::identity::{KeyRecord, KeyScope, PlanBrief, RateTier, Workspace};
 
 pub struct SqliteStore {
     conn: Arc<Mutex<Connection>>,
@@ -66,6 +66,7 @@ fn ws_from_row(r: &Row<'_>, at: usize) -> rusqlite::Result<Workspace> {
         created_at: r.get(at + 3)?,
         frozen: r.get(at + 4)?,
         lifetime_purchases_cents: r.get(at + 5)?,
+        plan: None,
     })
 }
 
@@ -238,10 +239,16 @@ impl IdentityStore for SqliteStore {
         self.with_conn(move |c| {
             let cols: String = KEY_COLUMNS.split(", ").map(|col| format!("k.{col}")).collect::<Vec<_>>().join(", ");
             c.prepare_cached(&format!(
-                "SELECT {cols}, w.id, w.name, w.rate_tier, w.created_at, w.frozen, w.lifetime_purchases_cents \
-                 FROM api_keys k JOIN workspaces w ON w.id = k.workspace_id WHERE k.digest = ?1"
+                "SELECT {cols}, w.id, w.name, w.rate_tier, w.created_at, w.frozen, w.lifetime_purchases_cents, \
+                 p.tier, p.status, p.grace_until, p.cancel_at \
+                 FROM api_keys k JOIN workspaces w ON w.id = k.workspace_id \
+                 LEFT JOIN plans p ON p.workspace_id = w.id WHERE k.digest = ?1"
             ))?
-            .query_row([digest], |r| Ok((key_from_row(r)?, ws_from_row(r, 17)?)))
+            .query_row([digest], |r| {
+                let mut ws = ws_from_row(r, 17)?;
+                ws.plan = PlanBrief::from_columns(r.get(23)?, r.get(24)?, r.get(25)?, r.get(26)?);
+                Ok((key_from_row(r)?, ws))
+            })
             .optional()
         })
         .await
