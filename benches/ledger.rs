@@ -32,6 +32,7 @@ async fn ledger(config: StoreConfig) -> Option<(Arc<dyn LedgerStore>, String)> {
         created_at: now_ms(),
         frozen: None,
         lifetime_purchases_cents: 0,
+        plan: None,
     };
     s.identity.create_workspace(&ws).await.ok()?;
     s.ledger.top_up(&ws.id, 1_000_000_000, "grant", None, now_ms()).await.ok()?;
