@@ -466,3 +466,28 @@ async fn the_model_object_shows_plan_concurrency_and_the_pro_token_floor_only_wh
     assert!(m.get("max_concurrent_plan_requests_per_workspace").is_none(), "a plan that does not serve: {m}");
     assert_eq!(m["max_tokens_per_minute_per_workspace"], 1_000_000);
 }
+
+#[tokio::test]
+async fn an_idempotent_replay_keeps_the_original_funding_receipt_and_meters_once() {
+    let mock = Mock::start();
+    let gw = Gateway::start_with(&mock, opts(false, None, plans_yaml(0.2, 4, 1)));
+    set_plan(&gw, &gw.workspace, json!({"tier": "starter", "status": "active"}));
+    let mut b = chat_body("pricey-model", false);
+    b["max_tokens"] = json!(10);
+    let key = [("idempotency-key", "plan-replay-1"), ("x-mock-tokens", "10")];
+    let first = gw.post("/v1/chat/completions", &b, &key).await;
+    assert_eq!(first.status, 200, "{}", first.text);
+    assert_eq!(funding(&first).as_deref(), Some("plan"));
+    // Another request moves the window on.
+    assert_eq!(funding(&twenty_cents(&gw, &gw.key).await).as_deref(), Some("plan"));
+    plan_state(&gw, &gw.workspace);
+    let replay = gw.post("/v1/chat/completions", &b, &key).await;
+    assert_eq!(replay.status, 200, "{}", replay.text);
+    assert_eq!(replay.header("x-service-idempotent-replay").as_deref(), Some("true"));
+    for h in ["x-service-funding", "x-service-plan", "x-service-plan-5h-used-percent", "x-service-plan-5h-resets-at"] {
+        assert_eq!(replay.header(h), first.header(h), "{h}: the original receipt");
+    }
+    assert_eq!(replay.json()["usage"]["service"]["paid_from"], "plan");
+    let p = plan_state(&gw, &gw.workspace);
+    assert_eq!(p["five_hour"]["used_microcents"], 30 * M, "10 + 20 cents: the replay metered nothing: {p}");
+}

@@ -128,6 +128,7 @@ impl Idempotency {
             (None, None) => return Err(GatewayError::internal("an idempotency record without a response")),
         };
         cx.response_headers.push(("x-service-idempotent-replay", "true".into()));
+        cx.response_headers.extend(record::funding_headers(&rec.funding));
         tollgate::responder::whole(s, cx, 200, &content_type, body, &[])
             .await
             .map_err(|e| GatewayError::internal(format!("write failed: {e}")))
@@ -172,10 +173,11 @@ impl Idempotency {
                 body,
                 content_type: held.content_type.clone(),
                 receipt: None,
+                funding: record::funding_of(&cx.response_headers),
             });
         }
         // A stream that delivered nothing and billed nothing releases the key.
-        let billed = cx.usage.is_some_and(|u| u.cost.0 > 0);
+        let billed = cx.usage.is_some_and(|u| u.value().0 > 0);
         if !ok || (cx.response.delivered_tokens == 0 && !billed) {
             return None;
         }
@@ -196,6 +198,7 @@ impl Idempotency {
                 completed: cx.response.saw_done && cx.failure.is_none(),
                 usage: cx.usage.map(|u| StoredUsage::of(&u, no_answer)),
             }),
+            funding: record::funding_of(&cx.response_headers),
         })
     }
 }

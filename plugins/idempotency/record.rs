@@ -36,6 +36,32 @@ pub struct Record {
     /// A streamed original's receipt facts.
     #[serde(default)]
     pub receipt: Option<Receipt>,
+    /// The original's funding headers (a replay keeps the original receipt's).
+    #[serde(default)]
+    pub funding: Vec<(String, String)>,
+}
+
+/// The funding headers an admission may set (spec, funding headers).
+pub const FUNDING_HEADERS: [&str; 6] = [
+    "x-service-funding",
+    "x-service-plan",
+    "x-service-plan-5h-used-percent",
+    "x-service-plan-5h-resets-at",
+    "x-service-plan-week-used-percent",
+    "x-service-plan-week-resets-at",
+];
+
+/// The funding headers of a response being recorded.
+pub fn funding_of(headers: &[(&'static str, String)]) -> Vec<(String, String)> {
+    headers.iter().filter(|(k, _)| FUNDING_HEADERS.contains(k)).map(|(k, v)| ((*k).to_string(), v.clone())).collect()
+}
+
+/// Stored funding headers as response headers again (unknown names are dropped).
+pub fn funding_headers(stored: &[(String, String)]) -> Vec<(&'static str, String)> {
+    stored
+        .iter()
+        .filter_map(|(k, v)| FUNDING_HEADERS.iter().find(|h| **h == k.as_str()).map(|h| (*h, v.clone())))
+        .collect()
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
