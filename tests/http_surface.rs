@@ -286,7 +286,11 @@ async fn capability_routes_forward_or_refuse() {
 fn check_config_lists_every_problem_with_file_and_path() {
     let dir = std::env::temp_dir().join(format!("tollgate-badconf-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("tollgate.yaml"), "listen: nowhere\nbudgets:\n  response_seconds: -1\n").unwrap();
+    std::fs::write(
+        dir.join("tollgate.yaml"),
+        "listen: nowhere\nbudgets:\n  response_seconds: -1\nplans:\n  window_wait_seconds: 45\n  tiers:\n    pro: { five_hour_cents: 500, week_cents: 100, standby_day_cents: 10, plan_concurrency: 0, standby_concurrency: 1 }\n",
+    )
+    .unwrap();
     std::fs::write(
         dir.join("models.yaml"),
         "models:\n  - id: a\n    supported_endpoints: [chat_completions, teleport]\n    pricing: { input: 0.123456789, output: 1 }\n",
@@ -302,6 +306,9 @@ fn check_config_lists_every_problem_with_file_and_path() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("tollgate.yaml: listen:"), "{err}");
     assert!(err.contains("tollgate.yaml: budgets.response_seconds:"), "{err}");
+    assert!(err.contains("tollgate.yaml: plans.window_wait_seconds: must be 0..=30 seconds"), "{err}");
+    assert!(err.contains("tollgate.yaml: plans.tiers.pro.plan_concurrency: must be 1..=10000, got 0"), "{err}");
+    assert!(err.contains("tollgate.yaml: plans.tiers.pro.week_cents: must be at least five_hour_cents"), "{err}");
 
     // With the gateway file fixed, the catalog's problems are all listed together.
     std::fs::write(dir.join("tollgate.yaml"), "listen: 127.0.0.1:1\n").unwrap();
