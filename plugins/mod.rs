@@ -105,13 +105,20 @@ pub fn build(config: &Config, services: &Services) -> Result<Chain, ConfigErrors
                 (None, Some(_)) => {}
             },
             "billing" => match (&services.ledger, &config.gateway.identity) {
-                (Some(ledger), _) => plugins.push(Arc::new(billing::Billing::new(
-                    ledger.clone(),
-                    config.gateway.topup_url.clone(),
-                    i64::try_from((config.gateway.budgets.response + config.gateway.hold_margin).as_millis())
-                        .unwrap_or(i64::MAX),
-                    config.gateway.plans.clone(),
-                ))),
+                (Some(ledger), _) => {
+                    let billing = billing::Billing::new(
+                        ledger.clone(),
+                        config.gateway.topup_url.clone(),
+                        i64::try_from((config.gateway.budgets.response + config.gateway.hold_margin).as_millis())
+                            .unwrap_or(i64::MAX),
+                        config.gateway.plans.clone(),
+                    );
+                    let billing = match open_limiter(&mut problems) {
+                        Some(store) => billing.with_standby_capacity(store, config.gateway.limits.lease_ttl),
+                        None => billing,
+                    };
+                    plugins.push(Arc::new(billing))
+                }
                 (None, None) => problem("`billing` needs the `identity` section (its store holds the ledger)".into()),
                 (None, Some(_)) => {}
             },

@@ -113,10 +113,12 @@ async fn funding_order(postgres: bool) {
     assert_eq!(r.header("x-service-plan-5h-used-percent").as_deref(), Some("100"));
     assert_eq!(r.json()["usage"]["service"]["paid_from"], "standby");
     assert_eq!(r.json()["usage"]["service"]["plan_value_microcents"], 20 * M);
+    plan_state(&gw, &ws); // its Standby slot is free again
     let r = twenty_cents(&gw, &key).await;
     assert_eq!(funding(&r).as_deref(), Some("standby"), "20 of 30 cents used: room left");
 
     // Standby's day is used up too: refused, with every field.
+    plan_state(&gw, &ws);
     let r = twenty_cents(&gw, &key).await;
     let v = r.assert_error(402, "plan_limit_reached");
     let e = &v["error"];
@@ -490,4 +492,39 @@ async fn an_idempotent_replay_keeps_the_original_funding_receipt_and_meters_once
     assert_eq!(replay.json()["usage"]["service"]["paid_from"], "plan");
     let p = plan_state(&gw, &gw.workspace);
     assert_eq!(p["five_hour"]["used_microcents"], 30 * M, "10 + 20 cents: the replay metered nothing: {p}");
+}
+
+#[tokio::test]
+async fn standby_across_workspaces_stops_at_the_models_standby_capacity() {
+    let mock = Mock::start();
+    // An empty 5-hour window: every request of a serving plan goes to Standby.
+    let yaml = "plans:\n  tiers:\n    starter: { five_hour_cents: 0, week_cents: 300, standby_day_cents: 300, plan_concurrency: 4, standby_concurrency: 4 }\n".to_string();
+    let gw = Gateway::start_with(&mock, opts(false, None, yaml));
+    set_plan(&gw, &gw.workspace, json!({"tier": "starter", "status": "active"}));
+    let (other_ws, other_key) = gw.mint_workspace_key();
+    set_plan(&gw, &other_ws, json!({"tier": "starter", "status": "active"}));
+    // pricey-model takes one Standby request at a time (models.yaml).
+    let mut slow = chat_body("pricey-model", false);
+    slow["max_tokens"] = json!(5);
+    let first = gw.post("/v1/chat/completions", &slow, &[("x-mock-tokens", "5"), ("x-mock-ttft-ms", "1200")]);
+    let second = async {
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        twenty_cents(&gw, &other_key).await
+    };
+    let (first, second) = tokio::join!(first, second);
+    assert_eq!(funding(&first).as_deref(), Some("standby"), "{}", first.text);
+    let v = second.assert_error(429, "hosted_standby_aggregate_limit");
+    assert_eq!(v["error"]["type"], "rate_limit_error");
+    assert!(second.header("retry-after").is_some());
+    assert_eq!(funding(&second).as_deref(), Some("refused"));
+    // The refused request left nothing behind: its Standby count and hold are gone.
+    let p = plan_state(&gw, &other_ws);
+    assert_eq!(
+        (p["running"]["standby"].as_i64(), p["pending_microcents"]["standby"].as_i64()),
+        (Some(0), Some(0)),
+        "{p}"
+    );
+    plan_state(&gw, &gw.workspace);
+    let r = twenty_cents(&gw, &other_key).await;
+    assert_eq!(funding(&r).as_deref(), Some("standby"), "the slot is free again: {}", r.text);
 }

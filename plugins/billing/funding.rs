@@ -62,6 +62,11 @@ pub fn refusal(r: FundRefusal, plan: Option<&PlanSeen>, topup_url: &str, hold: i
     }
 }
 
+/// A refusal after the funding decision (Standby capacity) with the plan's refused headers.
+pub fn with_refused_headers(err: GatewayError, plan: Option<&PlanSeen>) -> GatewayError {
+    refused_headers(err, plan)
+}
+
 /// The funding headers of a refusal: `x-service-funding: refused` and the plan's state.
 fn refused_headers(mut err: GatewayError, plan: Option<&PlanSeen>) -> GatewayError {
     if let Some(seen) = plan {

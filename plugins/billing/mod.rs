@@ -4,6 +4,7 @@
 //! phase (exactly once, per request id), and the reads `GET /v1/credits` and `GET /v1/usage`.
 
 mod funding;
+mod standby;
 mod usage_read;
 
 use std::sync::Arc;
@@ -33,6 +34,8 @@ pub struct Billing {
     topup_url: String,
     hold_ttl_ms: Millis,
     plans: Arc<PlanSettings>,
+    /// Standby's capacity across workspaces (on the shared limiter).
+    standby: Option<standby::StandbyGate>,
 }
 
 /// What this plugin placed for a request.
@@ -49,7 +52,17 @@ impl Billing {
     /// `hold_ttl_ms`: the response budget plus the configured margin; past it an open hold
     /// belongs to a request whose gateway died, and the sweeper releases it.
     pub fn new(ledger: Arc<dyn LedgerStore>, topup_url: String, hold_ttl_ms: Millis, plans: Arc<PlanSettings>) -> Self {
-        Billing { ledger, topup_url, hold_ttl_ms, plans }
+        Billing { ledger, topup_url, hold_ttl_ms, plans, standby: None }
+    }
+
+    /// Count Standby requests per model on this limiter store (shared by every instance).
+    pub fn with_standby_capacity(
+        mut self,
+        store: Arc<tollgate::limits::FallbackLimiter>,
+        lease_ttl: std::time::Duration,
+    ) -> Self {
+        self.standby = Some(standby::StandbyGate::new(store, lease_ttl));
+        self
     }
 }
 
@@ -178,6 +191,10 @@ impl Plugin for Billing {
             key_limit_reached: key_limit.is_some(),
             covered: funding::covered(cx.route),
             standby_pressure: cx.ext.get::<crate::shared::ModelLoad>().is_some_and(|l| l.busy),
+            standby_closed: match (cx.model(), cx.pool()) {
+                (Some(m), Some(pool)) => standby::capacity(m, pool) == 0,
+                _ => false,
+            },
         };
         let deadline = std::time::Instant::now() + self.plans.window_wait;
         loop {
@@ -200,6 +217,15 @@ impl Plugin for Billing {
             })?;
             match out.verdict {
                 Ok(f) => {
+                    if let (Funding::Standby, Some(gate)) = (f, &self.standby) {
+                        if let Err(e) = gate.take(cx).await {
+                            // The ledger counted it: take it out again (nothing was used).
+                            if let Err(le) = self.ledger.release_hold(&cx.request_id, now_ms()).await {
+                                log::warn!("{}: Standby hold not released ({le}); the sweeper frees it", cx.request_id);
+                            }
+                            return Err(funding::with_refused_headers(e, out.plan.as_ref()));
+                        }
+                    }
                     funding::apply(cx, f, out.plan.as_ref());
                     let cents = if matches!(f, Funding::Plan | Funding::Standby) { 0 } else { hold };
                     cx.ext.insert(Hold { cents, funding: f });
@@ -241,10 +267,13 @@ impl Plugin for Billing {
         }
         let limits = self.plans.limits(tier);
         object.insert("max_concurrent_plan_requests_per_workspace".into(), json!(limits.plan_concurrency));
-        object.insert("max_concurrent_standby_requests_per_workspace".into(), json!(limits.standby_concurrency));
+        let closed = cx.config.pools.get(&model.id).is_some_and(|pool| standby::capacity(model, pool) == 0);
+        let standby = if closed { 0 } else { limits.standby_concurrency };
+        object.insert("max_concurrent_standby_requests_per_workspace".into(), json!(standby));
     }
 
     async fn on_log(&self, cx: &mut RequestCtx) {
+        standby::StandbyGate::release(cx).await;
         let Some(p) = cx.principal.as_ref() else { return };
         let held = cx.ext.get::<Hold>().copied();
         let cost = cx.usage.map(|u| u.cost).unwrap_or_default();

@@ -11,7 +11,6 @@
 //! concurrency, large-prompt shed, shared-model concurrency, workspace tokens per minute.
 //! The lease taken is renewed while the request runs and released in the log phase.
 
-mod leases;
 pub mod policy;
 mod refusals;
 
@@ -27,12 +26,12 @@ use tollgate::config::{LimitSettings, ModelEntry};
 use tollgate::ctx::RequestCtx;
 use tollgate::error::{ErrorKind, GatewayError};
 use tollgate::identity::Principal;
-use tollgate::limits::{Check, ConcurrencyGate, FallbackLimiter, LimiterError, TokenBudget, Verdict, WindowLimit};
+use tollgate::limits::{
+    Check, ConcurrencyGate, FallbackLimiter, Held, LeaseKeeper, LimiterError, TokenBudget, Verdict, WindowLimit,
+};
 use tollgate::plugin::{Flow, Plugin};
 use tollgate::routes::Route;
 
-use leases::Held;
-pub use leases::LeaseKeeper;
 use policy::{BusyReadings, in_force};
 use refusals::Scope;
 pub use refusals::gate_refused;

@@ -47,6 +47,9 @@ pub struct ModelEntry {
     pub max_tokens_per_minute_per_workspace: Option<u64>,
     /// Shared-model concurrency (else the pool's capacity).
     pub max_concurrent_requests: Option<u64>,
+    /// Standby requests running at once on this model across every workspace (never
+    /// published; else a quarter of the pool's capacity; `0` closes Standby on the model).
+    pub max_concurrent_standby_requests: Option<u64>,
     /// Chat request rules and the tokenizer (not part of the published object).
     pub chat: ChatRules,
     /// The object of `GET /v1/models` without the availability fields.

@@ -54,6 +54,9 @@ pub(super) struct RawModel {
     max_tokens_per_minute_per_workspace: Option<u64>,
     /// Shared-model concurrency across every gateway instance (default: the pool's capacity).
     max_concurrent_requests: Option<u64>,
+    /// Standby across every workspace (default: a quarter of the pool's capacity; 0 closes
+    /// Standby on the model). Never published.
+    max_concurrent_standby_requests: Option<u64>,
     /// Promotional free window: requests inside it are priced at zero and carry no hold.
     free_window: Option<RawFreeWindow>,
     // Chat request rules and token counting (`chat_rules.rs`); never published.
@@ -294,6 +297,7 @@ pub(super) fn check_model(
         max_concurrent_requests_per_api_key: m.max_concurrent_requests_per_api_key,
         max_tokens_per_minute_per_workspace: m.max_tokens_per_minute_per_workspace,
         max_concurrent_requests: m.max_concurrent_requests,
+        max_concurrent_standby_requests: m.max_concurrent_standby_requests,
         chat,
         reasoning_efforts: m.reasoning_efforts,
         object: o,

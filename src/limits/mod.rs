@@ -24,6 +24,7 @@
 
 mod buckets;
 pub mod fallback;
+pub mod leases;
 pub mod memory;
 pub mod redis;
 
@@ -32,6 +33,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 pub use fallback::{Counting, FallbackLimiter, FallbackOptions, Outcome};
+pub use leases::{Held, LeaseKeeper};
 pub use memory::InProcessLimiter;
 pub use redis::{RedisLimiter, RedisOptions};
 

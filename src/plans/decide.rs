@@ -22,6 +22,8 @@ pub struct FundAsk {
     pub covered: bool,
     /// The model is under load: Standby would be refused with `hosted_standby_pressure`.
     pub standby_pressure: bool,
+    /// The model takes no Standby requests (its Standby capacity is 0).
+    pub standby_closed: bool,
 }
 
 /// Who pays.
@@ -233,7 +235,8 @@ pub fn decide(
         rec.counters.credits_pending += ask.hold_cents * MICROCENTS_PER_CENT;
         return Ok(Funding::Credits);
     };
-    if let Some(standby) = standby_blocker(&rec.counters, lim) {
+    let closed = ask.standby_closed.then_some(StandbyBlocker::Closed);
+    if let Some(standby) = closed.or_else(|| standby_blocker(&rec.counters, lim)) {
         return Err(Refusal::LimitReached { credits, standby });
     }
     if ask.standby_pressure {

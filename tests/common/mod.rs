@@ -149,6 +149,7 @@ models:
     supported_endpoints: [chat_completions]
     max_output_tokens: 4096
     pricing: { input: 0, output: 10000 }
+    max_concurrent_standby_requests: 1
   - id: stream-model
     supported_endpoints: [chat_completions]
     pricing: { input: 0, output: 1.0 }

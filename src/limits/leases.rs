@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
-use tollgate::clock::now_ms;
-use tollgate::limits::{FallbackLimiter, Lease, Renewal};
+use super::{FallbackLimiter, Lease, Renewal};
+use crate::clock::now_ms;
 
 /// Live leases of this instance, and the thread that renews them.
 pub struct LeaseKeeper {
