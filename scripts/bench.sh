@@ -40,6 +40,10 @@
 #                           it); it must answer, else the bench stops: eval "$(scripts/services.sh)"
 #   BENCH_PG_STATS_WAIT=11  seconds to wait before reading pg_stat_database around each -pg
 #                           run (an idle backend publishes its counters up to 10 s late)
+#   BENCH_PLAN=0            1: the full-chain workspace holds a serving `team` coding plan
+#                           whose windows never fill, so every full-chain request is funded
+#                           by the plan (the funding decision, window counters, plan-paid
+#                           usage) instead of credits; compare a run with 0 and one with 1
 #   BENCH_BIN_DIR=          directory holding tollgate and tollgate-mock-replica to use
 #                           instead of target/release (implies --no-build): copy the binaries
 #                           there first when another build may overwrite target/release
@@ -121,6 +125,7 @@ LIMITS=${BENCH_LIMITS:-0}
 FULL=${BENCH_FULL:-0}
 REDIS_URL=${REDIS_URL:-redis://127.0.0.1:6379}
 BILLING=${BENCH_BILLING:-0}
+PLAN=${BENCH_PLAN:-0}
 DATABASE_URL=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}
 PG_STATS_WAIT=${BENCH_PG_STATS_WAIT:-11}
 BIN_DIR=${BENCH_BIN_DIR:-}
@@ -428,10 +433,12 @@ REDIS_PREFIX=""
 # store_of TARGET: sqlite or pg (the identity store, and so the workspace and key, it uses).
 store_of() { if [[ $1 == *-pg ]]; then echo pg; else echo sqlite; fi; }
 key_of() { if [[ $(store_of "$1") == pg ]]; then echo "$PG_API_KEY"; else echo "$API_KEY"; fi; }
-# admin TARGET PATH [BODY]: an admin API call through TARGET (POST with BODY, else GET).
+# admin TARGET PATH [BODY [METHOD]]: an admin API call through TARGET (POST with BODY, else
+# GET; METHOD overrides).
 admin() {
     local -a data=()
     if [[ $# -ge 3 ]]; then data=(-H 'content-type: application/json' --data-binary "$3"); fi
+    if [[ $# -ge 4 ]]; then data+=(-X "$4"); fi
     curl -sS --max-time 10 -H "authorization: Bearer $(<"$ID/secrets/admin_token")" "${data[@]}" \
         "http://127.0.0.1:${LT_ADMIN[$1]}$2"
 }
@@ -515,6 +522,10 @@ EOC
             gw-full | gw-full-pg)
                 # conf/tollgate.yaml's chain, in its order (the priority fixes the order anyway).
                 limits_section "$t"
+                if [[ $PLAN == 1 ]]; then
+                    # Windows no run can fill, and room for every connection at once.
+                    printf 'plans:\n  tiers:\n    team: { five_hour_cents: 100000000, week_cents: 100000000, standby_day_cents: 0, plan_concurrency: 10000, standby_concurrency: 0 }\n'
+                fi
                 cat <<'EOC'
 billing:
   topup_url: https://billing.example.com/top-up
@@ -559,6 +570,12 @@ EOC
                 die "admin API: $ans"
             [[ $(jq -r '.balance_cents // empty' <<<"$ans") -ge 100000000 ]] || die "top-up failed: $ans"
             log "workspace $ws topped up through $t: $(jq -r .balance_cents <<<"$ans") cents"
+            if [[ $PLAN == 1 && $t == gw-full* ]]; then
+                ans=$(admin "$t" "/admin/v1/workspaces/$ws/plan" '{"tier":"team","status":"active"}' PUT) ||
+                    die "admin API: $ans"
+                [[ $(jq -r '.serving // empty' <<<"$ans") == true ]] || die "plan not set: $ans"
+                log "workspace $ws holds a serving team plan (set through $t)"
+            fi
             ;;
         esac
     done
@@ -647,8 +664,15 @@ check() {
             sleep 0.1
         done
         [[ $n -ge 1 ]] || die "$target ($case): no settlement in the ledger after a priced request${rid:+ ($rid)}"
-        [[ $(ledger_count "$target" "kind = 'hold' AND $which") -ge 1 ]] ||
-            die "$target ($case): no hold in the ledger${rid:+ for $rid}"
+        if [[ $PLAN == 1 ]] && is_full "$target"; then
+            # Plan-funded: a hold row of 0 cents with funding 'plan', no money entry.
+            grep -qi '^x-service-funding: plan' "$f.headers" || die "$target ($case): not funded by the plan"
+            [[ -n $rid && $(ledger_sql "$target" "SELECT count(*) FROM holds WHERE funding = 'plan' AND request_id = '$rid'") -ge 1 ]] ||
+                die "$target ($case): no plan hold${rid:+ for $rid}"
+        else
+            [[ $(ledger_count "$target" "kind = 'hold' AND $which") -ge 1 ]] ||
+                die "$target ($case): no hold in the ledger${rid:+ for $rid}"
+        fi
         log "$target ($case): the check request${rid:+ $rid} placed a hold and settled"
     fi
     cp "$f" "$f.headers" "$OUT/"
