@@ -52,12 +52,18 @@ pub struct Placement {
     pub slot: Option<Slot>,
     /// Replica indexes already tried (at most two are).
     pub tried: Vec<usize>,
+    /// What names the request's conversation (its session or opening messages), if anything.
+    pub affinity: Option<crate::session::Affinity>,
+    /// The request had a preferred replica and was placed on another.
+    pub spilled: bool,
+    /// A replica slot was given at some point (the slot itself frees before logging).
+    pub placed: bool,
 }
 
 impl Placement {
     /// Resolved, not yet placed on a replica.
     pub fn new(model: Arc<ModelEntry>, pool: Arc<Pool>) -> Self {
-        Placement { model, pool, slot: None, tried: Vec::new() }
+        Placement { model, pool, slot: None, tried: Vec::new(), affinity: None, spilled: false, placed: false }
     }
 }
 

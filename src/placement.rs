@@ -1,6 +1,10 @@
 //! Placement: choose the replica of a pool that a request goes to, and hold its
-//! concurrency slot until the request ends. Least loaded first (session affinity comes
-//! later); at most two replicas are tried, then `hosted_model_at_capacity`.
+//! concurrency slot until the request ends. A request with an affinity key (its session or
+//! its opening messages, `session.rs`) prefers the replica that rendezvous hashing gives the
+//! key, so every gateway instance agrees without sharing state and adding or removing a
+//! replica moves only the sessions it takes or held; when that replica is full or failed,
+//! the request spills to the least-loaded other one. Without a key: least loaded first. At
+//! most two replicas are tried, then `hosted_model_at_capacity`.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -44,10 +48,51 @@ fn try_reserve(index: usize, replica: &Arc<Replica>) -> Option<Slot> {
 /// Reserve a slot on the least-loaded replica not in `tried`, offering the request to at
 /// most `MAX_TRIES` replicas in all (counting `tried`).
 pub fn place(pool: &Pool, tried: &[usize]) -> Result<Slot, NoSlot> {
+    place_for(pool, tried, None).map(|(slot, _)| slot)
+}
+
+/// A stable 64-bit mix (splitmix64's finalizer): the same on every instance and run.
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// A replica's name as a number (FNV-1a of its configured `host:port`).
+fn replica_id(r: &Replica) -> u64 {
+    r.authority.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+}
+
+/// The replica rendezvous hashing gives `key`: the highest score of key and replica.
+pub fn preferred(pool: &Pool, key: u64) -> Option<usize> {
+    pool.replicas.iter().enumerate().max_by_key(|(_, r)| mix(key ^ replica_id(r))).map(|(i, _)| i)
+}
+
+/// Reserve a slot, preferring `key`'s replica when given; the flag says the request spilled
+/// (it had a preferred replica and went elsewhere).
+pub fn place_for(pool: &Pool, tried: &[usize], key: Option<u64>) -> Result<(Slot, bool), NoSlot> {
     let budget = MAX_TRIES.saturating_sub(tried.len());
     if budget == 0 {
         return Err(NoSlot::Exhausted);
     }
+    let home = key.and_then(|k| preferred(pool, k));
+    if let Some(h) = home.filter(|h| !tried.contains(h)) {
+        if let Some(slot) = try_reserve(h, &pool.replicas[h]) {
+            return Ok((slot, false));
+        }
+        // Full: the one other replica this request may still be offered to.
+        let mut others = tried.to_vec();
+        others.push(h);
+        return least_loaded(pool, &others, budget - 1).map(|slot| (slot, true));
+    }
+    least_loaded(pool, tried, budget).map(|slot| (slot, home.is_some()))
+}
+
+fn least_loaded(pool: &Pool, skip: &[usize], budget: usize) -> Result<Slot, NoSlot> {
+    if budget == 0 {
+        return Err(NoSlot::AtCapacity);
+    }
+    let tried = skip;
     let mut candidates: Vec<(u64, usize)> = pool
         .replicas
         .iter()
@@ -118,6 +163,42 @@ mod tests {
         let held: Vec<_> = (0..3).filter_map(|_| place(&p, &[]).ok()).collect();
         assert_eq!(held.len(), 3);
         assert_eq!(place(&p, &[]).err(), Some(NoSlot::AtCapacity));
+    }
+
+    #[test]
+    fn a_key_prefers_its_replica_and_spills_to_the_least_loaded_other() {
+        let p = pool(&[1, 1, 1]);
+        let key = 42;
+        let home = preferred(&p, key).unwrap_or(0);
+        let (first, spilled) = place_for(&p, &[], Some(key)).ok().unwrap();
+        assert_eq!((first.index, spilled), (home, false));
+        let (second, spilled) = place_for(&p, &[], Some(key)).ok().unwrap();
+        assert!(spilled && second.index != home, "the home replica is full: served elsewhere");
+        drop(first);
+        let (again, spilled) = place_for(&p, &[], Some(key)).ok().unwrap();
+        assert_eq!((again.index, spilled), (home, false), "back home once it has room");
+        // A connect failure on the home replica: the retry goes elsewhere.
+        drop(again);
+        let (retry, spilled) = place_for(&p, &[home], Some(key)).ok().unwrap();
+        assert!(spilled && retry.index != home);
+    }
+
+    #[test]
+    fn rendezvous_moves_only_the_keys_of_a_removed_replica() {
+        let three = pool(&[8, 8, 8]);
+        let mut two = pool(&[8, 8, 8]);
+        two.replicas.remove(2);
+        let mut moved = 0;
+        for key in 0..3_000u64 {
+            let before = preferred(&three, key).unwrap_or(0);
+            let after = preferred(&two, key).unwrap_or(0);
+            if before != 2 {
+                assert_eq!(before, after, "key {key} moved without its replica going");
+            } else {
+                moved += 1;
+            }
+        }
+        assert!((800..1_200).contains(&moved), "about a third of the keys were on the removed replica: {moved}");
     }
 
     #[test]

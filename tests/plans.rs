@@ -282,6 +282,21 @@ async fn funding_headers_and_plan_paid_usage_on_messages_and_responses() {
     assert_eq!(u["service"]["paid_from"], "plan", "{u}");
     assert_eq!(u["service"]["cost_microcents"], 0);
 
+    // A streamed chat answer's usage frame says the plan paid.
+    let mut b = chat_body("chat-model", true);
+    b["stream_options"] = json!({"include_usage": true});
+    let r = gw.post("/v1/chat/completions", &b, &[]).await;
+    assert_eq!(funding(&r).as_deref(), Some("plan"));
+    let usage = r.sse_data().into_iter().rev().find(|d| d.contains("\"usage\"")).expect("a usage frame");
+    let usage: Value = serde_json::from_str(&usage).unwrap();
+    assert_eq!(usage["usage"]["service"]["paid_from"], "plan", "{usage}");
+    assert_eq!(usage["usage"]["service"]["cost_microcents"], 0);
+
+    // A promotional zero-price request makes no funding decision.
+    let r = gw.post("/v1/chat/completions", &chat_body("free-model", false), &[]).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(funding(&r), None, "free window: no funding headers");
+
     // count_tokens is not billed and carries no funding decision.
     let r = gw.post("/v1/messages/count_tokens", &msg, &[("anthropic-version", "2023-06-01")]).await;
     assert_eq!(r.status, 200, "{}", r.text);

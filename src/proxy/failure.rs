@@ -155,3 +155,26 @@ pub(super) fn has_no_body(resp: &ResponseHeader) -> bool {
 fn header_sent(s: &Session) -> bool {
     s.response_written().is_some_and(|r| !r.status.is_informational())
 }
+
+/// The access log line of a finished request: id, method, path, status, error code, model,
+/// time, usage, how it was placed (`session`, `opening` or `load`, `+spill` when it went to
+/// another replica than its preferred one) and whether the client left. Never an identity.
+pub(super) fn access_line(s: &Session, cx: &RequestCtx, status: u16) -> String {
+    let placed = cx.placement.as_ref().filter(|p| p.placed).map(|p| {
+        let by = p.affinity.map_or(crate::session::PlacedBy::Load, |a| a.by).as_str();
+        format!(" placed={by}{}", if p.spilled { "+spill" } else { "" })
+    });
+    format!(
+        "{} {} {} status={} code={} model={} ms={} usage={:?}{}{}",
+        cx.request_id,
+        s.req_header().method,
+        s.req_header().uri.path(),
+        status,
+        cx.failure.as_ref().map(|f| f.kind.code()).unwrap_or("-"),
+        cx.model().map(|m| m.id.as_str()).unwrap_or("-"),
+        cx.started.elapsed().as_millis(),
+        cx.usage,
+        placed.unwrap_or_default(),
+        if cx.client_gone { " client_gone" } else { "" },
+    )
+}

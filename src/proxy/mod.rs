@@ -67,6 +67,9 @@ impl Gateway {
         let keepalive = s.get_keepalive();
         cx.raw_body = Some(read_json_body(s, cx).await?);
         request::resolve_model(cx, route)?;
+        if let (Some(p), Some(principal)) = (cx.placement.as_mut(), cx.principal.as_ref()) {
+            p.affinity = crate::session::affinity(&principal.workspace_id, &s.req_header().headers, cx.body.as_ref());
+        }
         crate::faults::panic_point("request");
         let rewritten = match self.chain.on_request(s, cx).await? {
             Flow::Handled => return Ok(Flow::Handled),
@@ -165,9 +168,10 @@ impl ProxyHttp for Gateway {
             if let Some(slot) = p.slot.take() {
                 p.tried.push(slot.index);
             }
-            if let Ok(next) = crate::placement::place(&p.pool, &p.tried) {
+            if let Ok((next, spilled)) = crate::placement::place_for(&p.pool, &p.tried, p.affinity.map(|a| a.key)) {
                 log::info!("{}: replica connect failed, trying another", cx.request_id);
                 p.slot = Some(next);
+                p.spilled |= spilled;
                 e.set_retry(true);
                 return e;
             }
@@ -205,8 +209,9 @@ impl ProxyHttp for Gateway {
         req: &mut pingora::http::RequestHeader,
         cx: &mut RequestCtx,
     ) -> Result<()> {
-        for h in ["accept-encoding", "authorization", "x-api-key", "expect", "cookie"] {
-            req.remove_header(h);
+        let session = crate::session::SESSION_HEADERS.iter();
+        for h in ["accept-encoding", "authorization", "x-api-key", "expect", "cookie"].iter().chain(session) {
+            req.remove_header(*h);
         }
         if let Some(slot) = cx.placement.as_ref().and_then(|p| p.slot.as_ref()) {
             req.insert_header("host", slot.replica.authority.as_str())?;
@@ -385,17 +390,6 @@ impl ProxyHttp for Gateway {
             panicked("log", &*p, &cx.request_id);
         }
         cx.logged = true;
-        log::info!(
-            "{} {} {} status={} code={} model={} ms={} usage={:?}{}",
-            cx.request_id,
-            s.req_header().method,
-            s.req_header().uri.path(),
-            status,
-            cx.failure.as_ref().map(|f| f.kind.code()).unwrap_or("-"),
-            cx.model().map(|m| m.id.as_str()).unwrap_or("-"),
-            cx.started.elapsed().as_millis(),
-            cx.usage,
-            if cx.client_gone { " client_gone" } else { "" },
-        );
+        log::info!("{}", failure::access_line(s, cx, status));
     }
 }

@@ -177,6 +177,8 @@ pub struct Opts {
     pub first_token_seconds: f64,
     /// Replicas of `chat-model`: the mock, unless a test lists others.
     pub chat_replicas: Vec<String>,
+    /// Concurrency of each `chat-model` replica.
+    pub chat_concurrency: u32,
     pub tiny_pool_concurrency: u32,
     pub max_request_bytes: u64,
     /// Identity store: SQLite in the temp dir, or this PostgreSQL URL.
@@ -203,6 +205,7 @@ impl Default for Opts {
             response_seconds: 30.0,
             first_token_seconds: 30.0,
             chat_replicas: Vec::new(),
+            chat_concurrency: 64,
             tiny_pool_concurrency: 1,
             max_request_bytes: 3_500_000,
             postgres_url: None,
@@ -285,7 +288,12 @@ impl Gateway {
         let m = vec![mock.addr()];
         let dead = vec![format!("127.0.0.1:{}", closed_port()), format!("127.0.0.1:{}", closed_port())];
         let pools: Vec<(&str, &str, &[String], u32)> = vec![
-            ("chat-model", "    upstream_model: org/Chat-Model-7B\n    connect_timeout_ms: 500\n", &chat, 64),
+            (
+                "chat-model",
+                "    upstream_model: org/Chat-Model-7B\n    connect_timeout_ms: 500\n",
+                &chat,
+                opts.chat_concurrency,
+            ),
             ("shared-cache-model", "", &m, 64),
             ("embed-model", "    upstream_model: org/embed\n", &m, 64),
             ("paused-model", "", &m, 64),
