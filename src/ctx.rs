@@ -58,12 +58,23 @@ pub struct Placement {
     pub spilled: bool,
     /// A replica slot was given at some point (the slot itself frees before logging).
     pub placed: bool,
+    /// The replica the request prefers (its session's), if it has one.
+    pub home: Option<usize>,
 }
 
 impl Placement {
     /// Resolved, not yet placed on a replica.
     pub fn new(model: Arc<ModelEntry>, pool: Arc<Pool>) -> Self {
-        Placement { model, pool, slot: None, tried: Vec::new(), affinity: None, spilled: false, placed: false }
+        Placement {
+            model,
+            pool,
+            slot: None,
+            tried: Vec::new(),
+            affinity: None,
+            spilled: false,
+            placed: false,
+            home: None,
+        }
     }
 }
 

@@ -24,6 +24,7 @@ pub mod limits;
 pub mod money;
 pub mod placement;
 pub mod placement_sim;
+pub mod placements;
 pub mod plans;
 pub mod plugin;
 pub mod proxy;

@@ -71,11 +71,17 @@ pub fn preferred(pool: &Pool, key: u64) -> Option<usize> {
 /// Reserve a slot, preferring `key`'s replica when given; the flag says the request spilled
 /// (it had a preferred replica and went elsewhere).
 pub fn place_for(pool: &Pool, tried: &[usize], key: Option<u64>) -> Result<(Slot, bool), NoSlot> {
+    place_home(pool, tried, key.and_then(|k| preferred(pool, k)))
+}
+
+/// Reserve a slot, preferring replica `home` when given (a session's stored replica, or its
+/// rendezvous one); the flag says the request spilled.
+pub fn place_home(pool: &Pool, tried: &[usize], home: Option<usize>) -> Result<(Slot, bool), NoSlot> {
     let budget = MAX_TRIES.saturating_sub(tried.len());
     if budget == 0 {
         return Err(NoSlot::Exhausted);
     }
-    let home = key.and_then(|k| preferred(pool, k));
+    let home = home.filter(|&h| h < pool.replicas.len());
     if let Some(h) = home.filter(|h| !tried.contains(h)) {
         if let Some(slot) = try_reserve(h, &pool.replicas[h]) {
             return Ok((slot, false));

@@ -184,7 +184,7 @@ pub fn paused(id: &str, until: Timestamp) -> GatewayError {
 /// Reserve a replica slot (`429 hosted_model_at_capacity` when the replicas tried are full).
 pub fn place(cx: &mut RequestCtx) -> Result<(), GatewayError> {
     let p = cx.placement.as_mut().ok_or_else(|| GatewayError::internal("no pool resolved"))?;
-    match placement::place_for(&p.pool, &p.tried, p.affinity.map(|a| a.key)) {
+    match placement::place_home(&p.pool, &p.tried, p.home) {
         Ok((slot, spilled)) => {
             p.slot = Some(slot);
             p.spilled |= spilled;

@@ -221,3 +221,118 @@ async fn a_session_keeps_its_replica_across_dialects_streaming_or_not() {
     let d = delta(&before, &three.counts().await);
     assert_eq!(d.iter().filter(|&&c| c == 5).count(), 1, "one replica for the session on every dialect: {d:?}");
 }
+
+/// Which replica served one request (by the mocks' counters).
+async fn served_by(three: &Three, gw: &Gateway, n: usize, session: &str) -> usize {
+    let before = three.counts().await;
+    let r = gw.post("/v1/chat/completions", &turn(n), &[("x-session-id", session)]).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let d = delta(&before, &three.counts().await);
+    d.iter().position(|&c| c == 1).unwrap_or_else(|| panic!("no single replica served it: {d:?}"))
+}
+
+#[tokio::test]
+async fn a_spill_that_persists_moves_the_session_until_it_idles_past_the_ttl() {
+    let three = Three::start();
+    let gw = Gateway::start_with(&three.mocks[0], Opts { affinity_ttl_seconds: 4, ..opts(three.addrs(), 1) });
+    let home = served_by(&three, &gw, 1, "mover").await;
+    // The session's own slow turn holds its home replica (one slot each) ...
+    let slow = async {
+        let h = [("x-session-id", "mover"), ("x-mock-ttft-ms", "2500")];
+        gw.post("/v1/chat/completions", &turn(2), &h).await
+    };
+    // ... while three more turns in a row run elsewhere: the third moves the session.
+    let spills = async {
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        let mut ran = Vec::new();
+        for n in 3..=5 {
+            ran.push(served_by(&three, &gw, n, "mover").await);
+        }
+        ran
+    };
+    let (slow, ran) = tokio::join!(slow, spills);
+    assert_eq!(slow.status, 200);
+    assert!(ran.iter().all(|&r| r != home), "home was full: {ran:?} vs {home}");
+    let moved = ran[2];
+    // The home replica is free again, but the session now lives where it moved.
+    assert_eq!(served_by(&three, &gw, 6, "mover").await, moved, "moved after three spills in a row");
+    log_with(&gw, "placed=session+spill").await;
+    // Idle past the TTL: the stored placement is forgotten and hashing places it home again.
+    tokio::time::sleep(std::time::Duration::from_millis(4_500)).await;
+    assert_eq!(served_by(&three, &gw, 7, "mover").await, home, "forgotten after the idle TTL");
+}
+
+#[tokio::test]
+async fn two_instances_on_one_redis_share_a_moved_session() {
+    let url = pg::fresh_database().await;
+    let three = Three::start();
+    let redis = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let limits = format!(
+        "  store: {{ backend: redis, url: \"{redis}\", prefix: tollgate-aff-{}-{} }}\n",
+        std::process::id(),
+        jiff::Timestamp::now().as_millisecond()
+    );
+    let o = || Opts { postgres_url: Some(url.clone()), limits: Some(limits.clone()), ..opts(three.addrs(), 1) };
+    let a = Gateway::start_with(&three.mocks[0], o());
+    let mut b = Gateway::start_with(&three.mocks[0], o());
+    b.key = a.key.clone(); // one workspace, one key, on the shared identity store
+    let home = served_by(&three, &a, 1, "shared-mover").await;
+    assert_eq!(served_by(&three, &b, 2, "shared-mover").await, home, "both instances agree");
+    // Moved through instance a (its home busy for three turns in a row) ...
+    let slow = async {
+        let h = [("x-session-id", "shared-mover"), ("x-mock-ttft-ms", "2000")];
+        a.post("/v1/chat/completions", &turn(3), &h).await
+    };
+    let spills = async {
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        let mut ran = Vec::new();
+        for n in 4..=6 {
+            ran.push(served_by(&three, &a, n, "shared-mover").await);
+        }
+        ran
+    };
+    let (slow, ran) = tokio::join!(slow, spills);
+    assert_eq!(slow.status, 200);
+    // ... instance b places it where it moved.
+    assert_eq!(served_by(&three, &b, 7, "shared-mover").await, ran[2], "the move is shared through Redis");
+}
+
+#[tokio::test]
+async fn metrics_count_placements_by_kind() {
+    let three = Three::start();
+    let gw = Gateway::start_with(&three.mocks[0], opts(three.addrs(), 64));
+    served_by(&three, &gw, 1, "metered").await;
+    served_by(&three, &gw, 2, "metered").await;
+    let r = gw.post("/v1/chat/completions", &turn(1), &[]).await;
+    assert_eq!(r.status, 200);
+    let url = format!("http://127.0.0.1:{}/metrics", gw.admin_port);
+    let line = |text: &str, by: &str| {
+        text.lines()
+            .find(|l| {
+                l.starts_with("tollgate_placements_total")
+                    && l.contains(&format!("by=\"{by}\""))
+                    && l.contains("spill=\"false\"")
+            })
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|n| n.parse::<u64>().ok())
+    };
+    let mut text = String::new();
+    for _ in 0..20 {
+        text = reqwest::Client::new()
+            .get(&url)
+            .header("authorization", format!("Bearer {}", gw.admin_token))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        if line(&text, "opening").is_some() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(line(&text, "session"), Some(2), "{text}");
+    assert_eq!(line(&text, "opening"), Some(1), "{text}");
+    assert!(!text.contains("metered"), "no identity in the metrics");
+}

@@ -44,7 +44,8 @@ pub fn run(config: Config, chain: Chain, services: Services, pid_dir: &std::path
         identity: services.identity.clone(),
         ledger: services.ledger.clone(),
     };
-    let mut proxy = pingora::proxy::http_proxy_service(&server.configuration, Gateway::new(config, chain));
+    let gateway = Gateway::new(config.clone(), chain, placement_store(&config.gateway.limits.store));
+    let mut proxy = pingora::proxy::http_proxy_service(&server.configuration, gateway);
     proxy.add_tcp(&listen);
     let mut admin_service = Service::new("admin".to_string(), admin);
     admin_service.add_tcp(&admin_listen);
@@ -87,5 +88,22 @@ fn spawn_hold_sweeper(ledger: Arc<dyn tollgate::store::ledger::LedgerStore>, eve
     };
     if let Err(e) = std::thread::Builder::new().name("hold-sweeper".into()).spawn(run) {
         log::error!("hold sweeper thread: {e}");
+    }
+}
+
+/// Session placements live in the limiter's store: in process, or on the same Redis (so every
+/// instance keeps a session on one replica).
+fn placement_store(cfg: &tollgate::limits::LimiterConfig) -> Arc<dyn tollgate::placements::PlacementStore> {
+    use tollgate::limits::LimiterConfig;
+    use tollgate::placements::{InProcessPlacements, RedisPlacements};
+    match cfg {
+        LimiterConfig::Redis { url, options } => match RedisPlacements::new(url, &options.prefix, options.timeout) {
+            Ok(store) => Arc::new(store),
+            Err(e) => {
+                log::warn!("{e}; session placements are kept in this process");
+                Arc::new(InProcessPlacements::new())
+            }
+        },
+        _ => Arc::new(InProcessPlacements::new()),
     }
 }

@@ -26,6 +26,7 @@ use crate::responder;
 use crate::routes::Route;
 use crate::watchdog::Watchdog;
 
+mod affinity;
 mod failure;
 
 use failure::{guarded, has_no_body, panicked};
@@ -33,11 +34,13 @@ use failure::{guarded, has_no_body, panicked};
 pub struct Gateway {
     pub config: Arc<Config>,
     pub chain: Chain,
+    /// Established sessions' replicas (in process, or shared on Redis by every instance).
+    placements: Arc<dyn crate::placements::PlacementStore>,
 }
 
 impl Gateway {
-    pub fn new(config: Arc<Config>, chain: Chain) -> Self {
-        Gateway { config, chain }
+    pub fn new(config: Arc<Config>, chain: Chain, placements: Arc<dyn crate::placements::PlacementStore>) -> Self {
+        Gateway { config, chain, placements }
     }
 
     async fn handle(&self, s: &mut Session, cx: &mut RequestCtx) -> Result<Flow, GatewayError> {
@@ -67,9 +70,7 @@ impl Gateway {
         let keepalive = s.get_keepalive();
         cx.raw_body = Some(read_json_body(s, cx).await?);
         request::resolve_model(cx, route)?;
-        if let (Some(p), Some(principal)) = (cx.placement.as_mut(), cx.principal.as_ref()) {
-            p.affinity = crate::session::affinity(&principal.workspace_id, &s.req_header().headers, cx.body.as_ref());
-        }
+        affinity::identify(&s.req_header().headers, cx);
         crate::faults::panic_point("request");
         let rewritten = match self.chain.on_request(s, cx).await? {
             Flow::Handled => return Ok(Flow::Handled),
@@ -85,7 +86,7 @@ impl Gateway {
                 "This endpoint's dialect is not enabled on this gateway.",
             ));
         }
-        request::place(cx)?;
+        affinity::place(&*self.placements, cx).await?;
         let body = match rewritten {
             Some(b) => b,
             None => request::forwarded_body(cx, raw)?,
@@ -168,7 +169,7 @@ impl ProxyHttp for Gateway {
             if let Some(slot) = p.slot.take() {
                 p.tried.push(slot.index);
             }
-            if let Ok((next, spilled)) = crate::placement::place_for(&p.pool, &p.tried, p.affinity.map(|a| a.key)) {
+            if let Ok((next, spilled)) = crate::placement::place_home(&p.pool, &p.tried, p.home) {
                 log::info!("{}: replica connect failed, trying another", cx.request_id);
                 p.slot = Some(next);
                 p.spilled |= spilled;

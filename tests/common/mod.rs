@@ -179,6 +179,8 @@ pub struct Opts {
     pub chat_replicas: Vec<String>,
     /// Concurrency of each `chat-model` replica.
     pub chat_concurrency: u32,
+    /// `budgets.session_affinity_idle_ttl_seconds`.
+    pub affinity_ttl_seconds: u64,
     pub tiny_pool_concurrency: u32,
     pub max_request_bytes: u64,
     /// Identity store: SQLite in the temp dir, or this PostgreSQL URL.
@@ -206,6 +208,7 @@ impl Default for Opts {
             first_token_seconds: 30.0,
             chat_replicas: Vec::new(),
             chat_concurrency: 64,
+            affinity_ttl_seconds: 900,
             tiny_pool_concurrency: 1,
             max_request_bytes: 3_500_000,
             postgres_url: None,
@@ -276,8 +279,8 @@ impl Gateway {
         std::fs::write(
             dir.join("tollgate.yaml"),
             format!(
-                "listen: 127.0.0.1:{port}\nadmin_listen: 127.0.0.1:{admin_port}\nthreads: 1\nlimits:\n  max_request_bytes: {}\n{}budgets:\n  first_token_seconds: {}\n  response_seconds: {}\n  heartbeat_seconds: {}\nshutdown:\n  grace_period_seconds: 1\n  graceful_shutdown_timeout_seconds: 1\nidentity:\n  store: {store}\n  key_pepper: {{ file: pepper }}\n  key_encryption_key: {{ file: enc }}\n{admin}billing:\n  topup_url: https://pay.example.com/top-up\n  hold_margin_seconds: {}\n  sweep_interval_seconds: 1\nplugins:\n{}  - name: auth\n{}  - name: chat_completions\n  - name: billing\n{}",
-                opts.max_request_bytes, opts.limits.clone().unwrap_or_default(), opts.first_token_seconds, opts.response_seconds, opts.heartbeat_seconds, opts.hold_margin_seconds,
+                "listen: 127.0.0.1:{port}\nadmin_listen: 127.0.0.1:{admin_port}\nthreads: 1\nlimits:\n  max_request_bytes: {}\n{}budgets:\n  first_token_seconds: {}\n  response_seconds: {}\n  heartbeat_seconds: {}\n  session_affinity_idle_ttl_seconds: {}\nshutdown:\n  grace_period_seconds: 1\n  graceful_shutdown_timeout_seconds: 1\nidentity:\n  store: {store}\n  key_pepper: {{ file: pepper }}\n  key_encryption_key: {{ file: enc }}\n{admin}billing:\n  topup_url: https://pay.example.com/top-up\n  hold_margin_seconds: {}\n  sweep_interval_seconds: 1\nplugins:\n{}  - name: auth\n{}  - name: chat_completions\n  - name: billing\n{}",
+                opts.max_request_bytes, opts.limits.clone().unwrap_or_default(), opts.first_token_seconds, opts.response_seconds, opts.heartbeat_seconds, opts.affinity_ttl_seconds, opts.hold_margin_seconds,
                 if opts.limits.is_some() { "  - name: connection_gate\n" } else { "" },
                 if opts.without_dialects { "" } else { "  - name: dialects\n  - name: idempotency\n" },
                 if opts.limits.is_some() { "  - name: limits\n" } else { "" }

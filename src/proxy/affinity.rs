@@ -1,0 +1,64 @@
+//! Placing a request on a replica with its session in mind: the stored placement of an
+//! established session (shared through the limiter store), else rendezvous hashing; the
+//! placement recorded again when it is new or moved; what happened counted in
+//! `tollgate_placements_total{by, spill}`.
+
+use std::sync::LazyLock;
+
+use prometheus::{IntCounterVec, register_int_counter_vec};
+
+use crate::ctx::RequestCtx;
+use crate::error::GatewayError;
+use crate::placements::{self, Placed, PlacementStore};
+use crate::request;
+
+static PLACEMENTS: LazyLock<Option<IntCounterVec>> = LazyLock::new(|| {
+    register_int_counter_vec!(
+        "tollgate_placements_total",
+        "Requests placed on a replica, by what placed them (session, opening, load) and whether they spilled",
+        &["by", "spill"]
+    )
+    .ok()
+});
+
+/// What names the request's conversation, read before any plugin rewrites the body.
+pub(super) fn identify(headers: &http::HeaderMap, cx: &mut RequestCtx) {
+    if let (Some(p), Some(principal)) = (cx.placement.as_mut(), cx.principal.as_ref()) {
+        p.affinity = crate::session::affinity(&principal.workspace_id, headers, cx.body.as_ref());
+    }
+}
+
+/// Place `cx` on a replica (`hosted_model_at_capacity` when the replicas offered are full).
+pub(super) async fn place(store: &dyn PlacementStore, cx: &mut RequestCtx) -> Result<(), GatewayError> {
+    let ttl_ms = cx.config.gateway.budgets.session_affinity_idle_ttl_seconds.saturating_mul(1000);
+    let key = cx.placement.as_ref().and_then(|p| p.affinity).map(|a| a.key);
+    let stored = match key {
+        Some(k) => store.get(k, ttl_ms).await.unwrap_or_else(|e| {
+            log::warn!("{}: {e}; placing by hashing", cx.request_id);
+            None
+        }),
+        None => None,
+    };
+    if let Some(p) = cx.placement.as_mut() {
+        let kept = stored.as_ref().and_then(|s| p.pool.replicas.iter().position(|r| r.authority == s.replica));
+        p.home = kept.or_else(|| key.and_then(|k| crate::placement::preferred(&p.pool, k)));
+    }
+    request::place(cx)?;
+    let Some(p) = cx.placement.as_ref() else { return Ok(()) };
+    let by = p.affinity.map_or(crate::session::PlacedBy::Load, |a| a.by);
+    if let Some(m) = PLACEMENTS.as_ref() {
+        m.with_label_values(&[by.as_str(), if p.spilled { "true" } else { "false" }]).inc();
+    }
+    let (Some(k), Some(slot)) = (key, p.slot.as_ref()) else { return Ok(()) };
+    let preferred = p.home.map(|h| p.pool.replicas[h].authority.as_str()).unwrap_or_default();
+    if let Some(next) = placements::next(stored.as_ref(), preferred, &slot.replica.authority) {
+        write(store, k, &next, ttl_ms, &cx.request_id).await;
+    }
+    Ok(())
+}
+
+async fn write(store: &dyn PlacementStore, key: u64, next: &Placed, ttl_ms: u64, rid: &str) {
+    if let Err(e) = store.set(key, next, ttl_ms).await {
+        log::warn!("{rid}: {e}; the session's placement was not recorded");
+    }
+}
