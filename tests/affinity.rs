@@ -336,3 +336,55 @@ async fn metrics_count_placements_by_kind() {
     assert_eq!(line(&text, "opening"), Some(1), "{text}");
     assert!(!text.contains("metered"), "no identity in the metrics");
 }
+
+/// One request with these session headers (and body fields), on the replica it ran on.
+async fn placed_with(three: &Three, gw: &Gateway, headers: &[(&str, &str)], service: Option<&str>) -> usize {
+    let mut body = turn(1);
+    body["messages"][0]["content"] = json!("same opening everywhere");
+    if let Some(s) = service {
+        body["service"] = json!({"sessionId": s});
+    }
+    let before = three.counts().await;
+    let r = gw.post("/v1/chat/completions", &body, headers).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let d = delta(&before, &three.counts().await);
+    d.iter().position(|&c| c == 1).unwrap()
+}
+
+#[tokio::test]
+async fn every_identity_source_wins_over_the_ones_below_it_and_invalid_ones_are_skipped() {
+    let three = Three::start();
+    let gw = Gateway::start_with(&three.mocks[0], opts(three.addrs(), 64));
+    let window = ("x-agent3-window-id", "w");
+    // In the spec's order (body `service.sessionId` first, handled apart).
+    let sources = [
+        "x-service-session",
+        "x-session-id",
+        "x-agent1-session-id",
+        "x-agent2-session-id",
+        "x-session-affinity",
+        "x-affinity",
+        "thread-id",
+        "session-id",
+        "x-parent-session-id",
+    ];
+    for value in ["alpha", "bravo", "charlie", "delta"] {
+        // The body's own session beats every header.
+        let all: Vec<(&str, &str)> = sources.iter().map(|h| (*h, "lower")).chain([window]).collect();
+        let alone = placed_with(&three, &gw, &[], Some(value)).await;
+        assert_eq!(placed_with(&three, &gw, &all, Some(value)).await, alone, "service.sessionId={value}");
+        for (i, h) in sources.iter().enumerate() {
+            // Source i with `value`, every source below it with other values: i decides.
+            let mut hs: Vec<(&str, &str)> = vec![(h, value), window];
+            hs.extend(sources[i + 1..].iter().map(|l| (*l, "lower")));
+            let alone = placed_with(&three, &gw, &[(h, value), window], None).await;
+            assert_eq!(placed_with(&three, &gw, &hs, None).await, alone, "{h}={value}");
+            // An invalid candidate above it (blank, or a bad service shape) does not mask it.
+            let mut masked = hs.clone();
+            masked.push(("x-service-session", "bad shape!"));
+            if *h != "x-service-session" {
+                assert_eq!(placed_with(&three, &gw, &masked, None).await, alone, "{h} under an invalid candidate");
+            }
+        }
+    }
+}

@@ -218,10 +218,10 @@ async fn funding_order_and_blockers_on_postgres() {
     funding_order(true).await
 }
 
-#[tokio::test]
-async fn a_window_held_by_running_requests_waits_then_answers_plan_window_busy() {
+async fn window_wait(postgres: bool) {
+    let url = if postgres { Some(pg::fresh_database().await) } else { None };
     let mock = Mock::start();
-    let gw = Gateway::start_with(&mock, opts(false, None, plans_yaml(0.5, 4, 1)));
+    let gw = Gateway::start_with(&mock, opts(postgres, url, plans_yaml(0.5, 4, 1)));
     let ws = gw.workspace.clone();
     set_plan(
         &gw,
@@ -250,10 +250,10 @@ async fn a_window_held_by_running_requests_waits_then_answers_plan_window_busy()
     assert_eq!(funding(&r).as_deref(), Some("plan"), "{}", r.text);
 }
 
-#[tokio::test]
-async fn funding_headers_and_plan_paid_usage_on_messages_and_responses() {
+async fn dialect_headers(postgres: bool) {
+    let url = if postgres { Some(pg::fresh_database().await) } else { None };
     let mock = Mock::start();
-    let gw = Gateway::start_with(&mock, opts(false, None, plans_yaml(0.2, 4, 1)));
+    let gw = Gateway::start_with(&mock, opts(postgres, url, plans_yaml(0.2, 4, 1)));
     set_plan(&gw, &gw.workspace, json!({"tier": "starter", "status": "active"}));
     let msg = json!({"model": "chat-model", "max_tokens": 50, "messages": [{"role": "user", "content": "hi"}]});
     let r = gw.post("/v1/messages", &msg, &[("anthropic-version", "2023-06-01")]).await;
@@ -323,10 +323,10 @@ async fn messages_routes_answer_a_plan_limit_as_billing_error() {
     assert_eq!(funding(&r).as_deref(), Some("refused"));
 }
 
-#[tokio::test]
-async fn usage_snapshot_field_by_field() {
+async fn usage_snapshot(postgres: bool) {
+    let url = if postgres { Some(pg::fresh_database().await) } else { None };
     let mock = Mock::start();
-    let gw = Gateway::start_with(&mock, opts(false, None, plans_yaml(0.2, 4, 1)));
+    let gw = Gateway::start_with(&mock, opts(postgres, url, plans_yaml(0.2, 4, 1)));
     // No plan yet: current is null.
     let r = gw.get("/v1/usage").await;
     assert_eq!(r.status, 200, "{}", r.text);
@@ -394,10 +394,10 @@ async fn usage_snapshot_field_by_field() {
     r.assert_error(403, "usage_scope_violation");
 }
 
-#[tokio::test]
-async fn a_plan_that_is_not_paying_falls_back_to_credits_and_says_so() {
+async fn not_paying(postgres: bool) {
+    let url = if postgres { Some(pg::fresh_database().await) } else { None };
     let mock = Mock::start();
-    let gw = Gateway::start_with(&mock, opts(false, None, plans_yaml(0.2, 4, 1)));
+    let gw = Gateway::start_with(&mock, opts(postgres, url, plans_yaml(0.2, 4, 1)));
     set_plan(&gw, &gw.workspace, json!({"tier": "pro", "status": "unpaid"}));
     let r = twenty_cents(&gw, &gw.key).await;
     assert_eq!(r.status, 200, "{}", r.text);
@@ -542,4 +542,44 @@ async fn standby_across_workspaces_stops_at_the_models_standby_capacity() {
     plan_state(&gw, &gw.workspace);
     let r = twenty_cents(&gw, &other_key).await;
     assert_eq!(funding(&r).as_deref(), Some("standby"), "the slot is free again: {}", r.text);
+}
+
+#[tokio::test]
+async fn a_window_held_by_running_requests_waits_then_answers_plan_window_busy_on_sqlite() {
+    window_wait(false).await
+}
+
+#[tokio::test]
+async fn a_window_held_by_running_requests_waits_then_answers_plan_window_busy_on_postgres() {
+    window_wait(true).await
+}
+
+#[tokio::test]
+async fn funding_headers_and_plan_paid_usage_on_messages_and_responses_on_sqlite() {
+    dialect_headers(false).await
+}
+
+#[tokio::test]
+async fn funding_headers_and_plan_paid_usage_on_messages_and_responses_on_postgres() {
+    dialect_headers(true).await
+}
+
+#[tokio::test]
+async fn usage_snapshot_field_by_field_on_sqlite() {
+    usage_snapshot(false).await
+}
+
+#[tokio::test]
+async fn usage_snapshot_field_by_field_on_postgres() {
+    usage_snapshot(true).await
+}
+
+#[tokio::test]
+async fn a_plan_that_is_not_paying_falls_back_to_credits_and_says_so_on_sqlite() {
+    not_paying(false).await
+}
+
+#[tokio::test]
+async fn a_plan_that_is_not_paying_falls_back_to_credits_and_says_so_on_postgres() {
+    not_paying(true).await
 }
