@@ -28,6 +28,7 @@ pub mod placements;
 pub mod plans;
 pub mod plugin;
 pub mod proxy;
+pub mod redis_conn;
 pub mod request;
 pub mod responder;
 pub mod routes;

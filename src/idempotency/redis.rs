@@ -8,10 +8,10 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use tokio::sync::OnceCell;
+use redis::aio::ConnectionManager;
 
 use super::{Begin, IdempotencyStore, RecordsError, is_lock, lock_value};
+use crate::redis_conn::LazyRedis;
 
 const BEGIN_LUA: &str = "local v = redis.call('GET', KEYS[1]) if v then return v end \
     redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return false";
@@ -23,8 +23,7 @@ const RELEASE_LUA: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then \
     return redis.call('DEL', KEYS[1]) end return 0";
 
 pub struct RedisRecords {
-    client: redis::Client,
-    conn: OnceCell<ConnectionManager>,
+    redis: LazyRedis,
     tag: String,
     timeout: Duration,
     scripts: [redis::Script; 4],
@@ -37,10 +36,8 @@ fn unavailable(e: impl std::fmt::Display) -> RecordsError {
 impl RedisRecords {
     /// Parses the URL; does not connect (the first call does). `prefix` is the limiter's.
     pub fn new(url: &str, prefix: &str, timeout: Duration) -> Result<Self, RecordsError> {
-        let client = redis::Client::open(url).map_err(|e| unavailable(format!("redis url: {e}")))?;
         Ok(Self {
-            client,
-            conn: OnceCell::new(),
+            redis: LazyRedis::open(url, timeout).map_err(unavailable)?,
             tag: format!("{{{prefix}}}"),
             timeout,
             scripts: [BEGIN_LUA, RENEW_LUA, SETTLE_LUA, RELEASE_LUA].map(redis::Script::new),
@@ -48,18 +45,7 @@ impl RedisRecords {
     }
 
     async fn conn(&self) -> Result<ConnectionManager, RecordsError> {
-        let conn = self
-            .conn
-            .get_or_try_init(|| async {
-                let cfg = ConnectionManagerConfig::new()
-                    .set_connection_timeout(self.timeout)
-                    .set_response_timeout(self.timeout)
-                    .set_number_of_retries(0);
-                ConnectionManager::new_with_config(self.client.clone(), cfg).await
-            })
-            .await
-            .map_err(unavailable)?;
-        Ok(conn.clone())
+        self.redis.get().await.map_err(unavailable)
     }
 
     /// Run script `which` on the record `key` with `args`, within the timeout.

@@ -22,8 +22,9 @@ use std::future::Future;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use tokio::sync::OnceCell;
+use redis::aio::ConnectionManager;
+
+use crate::redis_conn::LazyRedis;
 
 use super::buckets::leaves_at_ms;
 use super::{Check, Lease, LimiterError, LimiterStore, Renewal, Verdict, WindowState, redact};
@@ -53,8 +54,7 @@ impl Default for RedisOptions {
 }
 
 pub struct RedisLimiter {
-    client: redis::Client,
-    conn: OnceCell<ConnectionManager>,
+    redis: LazyRedis,
     opts: RedisOptions,
     tag: String,
     check_script: redis::Script,
@@ -87,11 +87,10 @@ impl RedisLimiter {
         if opts.timeout.is_zero() {
             return Err(LimiterError::Invalid("redis timeout must be above zero".into()));
         }
-        let client =
-            redis::Client::open(url).map_err(|e| LimiterError::Invalid(format!("redis url {}: {e}", redact(url))))?;
+        let redis =
+            LazyRedis::open(url, opts.timeout).map_err(|e| LimiterError::Invalid(format!("{} ({e})", redact(url))))?;
         Ok(Self {
-            client,
-            conn: OnceCell::new(),
+            redis,
             tag: format!("{{{}}}", opts.prefix),
             opts,
             check_script: redis::Script::new(CHECK_LUA),
@@ -119,20 +118,7 @@ impl RedisLimiter {
     }
 
     async fn conn(&self) -> Result<ConnectionManager, LimiterError> {
-        let conn = self
-            .conn
-            .get_or_try_init(|| async {
-                // No retries inside the manager: a failed attempt surfaces at once and the next
-                // call tries again (the fallback paces those calls).
-                let cfg = ConnectionManagerConfig::new()
-                    .set_connection_timeout(self.opts.timeout)
-                    .set_response_timeout(self.opts.timeout)
-                    .set_number_of_retries(0);
-                ConnectionManager::new_with_config(self.client.clone(), cfg).await
-            })
-            .await
-            .map_err(unavailable)?;
-        Ok(conn.clone())
+        self.redis.get().await.map_err(LimiterError::Unavailable)
     }
 
     async fn bounded<T>(
@@ -178,7 +164,7 @@ impl RedisLimiter {
 
     /// After a failed check with gates: release its lease behind it, in the background.
     fn compensate(&self, c: &Check) {
-        let (Some(lease), Some(conn)) = (c.lease(), self.conn.get().cloned()) else { return };
+        let (Some(lease), Some(conn)) = (c.lease(), self.redis.connected()) else { return };
         let keys: Vec<String> = lease.keys.iter().map(|k| self.gate_key(k)).collect();
         tokio::spawn(async move {
             let mut conn = conn;

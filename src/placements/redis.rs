@@ -5,14 +5,12 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use tokio::sync::OnceCell;
 
 use super::{Placed, PlacementStore, StoreDown};
+use crate::redis_conn::LazyRedis;
 
 pub struct RedisPlacements {
-    client: redis::Client,
-    conn: OnceCell<ConnectionManager>,
+    redis: LazyRedis,
     tag: String,
     timeout: Duration,
 }
@@ -24,23 +22,7 @@ fn down(e: impl std::fmt::Display) -> StoreDown {
 impl RedisPlacements {
     /// Parses the URL; does not connect (the first call does). `prefix` is the limiter's.
     pub fn new(url: &str, prefix: &str, timeout: Duration) -> Result<Self, StoreDown> {
-        let client = redis::Client::open(url).map_err(|e| down(format!("redis url: {e}")))?;
-        Ok(Self { client, conn: OnceCell::new(), tag: format!("{{{prefix}}}"), timeout })
-    }
-
-    async fn conn(&self) -> Result<ConnectionManager, StoreDown> {
-        let conn = self
-            .conn
-            .get_or_try_init(|| async {
-                let cfg = ConnectionManagerConfig::new()
-                    .set_connection_timeout(self.timeout)
-                    .set_response_timeout(self.timeout)
-                    .set_number_of_retries(0);
-                ConnectionManager::new_with_config(self.client.clone(), cfg).await
-            })
-            .await
-            .map_err(down)?;
-        Ok(conn.clone())
+        Ok(Self { redis: LazyRedis::open(url, timeout).map_err(down)?, tag: format!("{{{prefix}}}"), timeout })
     }
 
     fn key(&self, key: u64) -> String {
@@ -51,7 +33,7 @@ impl RedisPlacements {
 #[async_trait]
 impl PlacementStore for RedisPlacements {
     async fn get(&self, key: u64, ttl_ms: u64) -> Result<Option<Placed>, StoreDown> {
-        let mut c = self.conn().await?;
+        let mut c = self.redis.get().await.map_err(down)?;
         let v: Option<String> = tokio::time::timeout(
             self.timeout,
             redis::cmd("GETEX").arg(self.key(key)).arg("PX").arg(ttl_ms.max(1)).query_async(&mut c),
@@ -63,7 +45,7 @@ impl PlacementStore for RedisPlacements {
     }
 
     async fn set(&self, key: u64, placed: &Placed, ttl_ms: u64) -> Result<(), StoreDown> {
-        let mut c = self.conn().await?;
+        let mut c = self.redis.get().await.map_err(down)?;
         let _: () = tokio::time::timeout(
             self.timeout,
             redis::cmd("SET").arg(self.key(key)).arg(placed.encode()).arg("PX").arg(ttl_ms.max(1)).query_async(&mut c),

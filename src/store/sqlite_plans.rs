@@ -73,51 +73,33 @@ impl SqliteStore {
             }
             let t = term_values(&terms);
             let fresh = counter_values(&Counters::starting(now));
-            let inserted = tx
-                .prepare_cached(&format!(
-                    "INSERT INTO plans (workspace_id, {}, updated_at, {}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, \
-                     ?10, ?11, NULL, 0, ?12, 0, ?13, 0, ?14, 0, ?15, 0, 0, 0, 0, 0, 0) \
-                     ON CONFLICT (workspace_id) DO NOTHING",
-                    super::plan_rows::TERMS_COLUMNS,
-                    COUNTER_COLUMNS.join(", ")
-                ))?
-                .execute(params![
-                    ws,
-                    t.tier,
-                    t.status,
-                    t.started_at,
-                    t.cancel_at,
-                    t.grace_until,
-                    t.credits_enabled,
-                    t.cap_cents,
-                    t.pending_tier,
-                    t.pending_effective_at,
-                    now,
-                    fresh[2],
-                    fresh[4],
-                    fresh[6],
-                    fresh[8]
-                ])?;
-            if inserted == 0 {
-                tx.prepare_cached(
-                    "UPDATE plans SET tier = ?2, status = ?3, started_at = ?4, cancel_at = ?5, grace_until = ?6, \
-                     credits_enabled = ?7, cap_cents = ?8, pending_tier = ?9, pending_effective_at = ?10, \
-                     updated_at = ?11 WHERE workspace_id = ?1",
-                )?
-                .execute(params![
-                    ws,
-                    t.tier,
-                    t.status,
-                    t.started_at,
-                    t.cancel_at,
-                    t.grace_until,
-                    t.credits_enabled,
-                    t.cap_cents,
-                    t.pending_tier,
-                    t.pending_effective_at,
-                    now
-                ])?;
-            }
+            // Terms are replaced; an existing plan keeps its counters.
+            tx.prepare_cached(&format!(
+                "INSERT INTO plans (workspace_id, {}, updated_at, {}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, \
+                 ?10, ?11, NULL, 0, ?12, 0, ?13, 0, ?14, 0, ?15, 0, 0, 0, 0, 0, 0) \
+                 ON CONFLICT (workspace_id) DO UPDATE SET tier = ?2, status = ?3, started_at = ?4, cancel_at = ?5, \
+                 grace_until = ?6, credits_enabled = ?7, cap_cents = ?8, pending_tier = ?9, \
+                 pending_effective_at = ?10, updated_at = ?11",
+                super::plan_rows::TERMS_COLUMNS,
+                COUNTER_COLUMNS.join(", ")
+            ))?
+            .execute(params![
+                ws,
+                t.tier,
+                t.status,
+                t.started_at,
+                t.cancel_at,
+                t.grace_until,
+                t.credits_enabled,
+                t.cap_cents,
+                t.pending_tier,
+                t.pending_effective_at,
+                now,
+                fresh[2],
+                fresh[4],
+                fresh[6],
+                fresh[8]
+            ])?;
             let plan = plan_of(&tx, &ws)?;
             tx.commit()?;
             Ok(plan)

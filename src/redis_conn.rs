@@ -1,0 +1,45 @@
+//! The Redis connection every shared store uses (limiter, idempotency records, session
+//! placements): parsed at start, connected on first use, one multiplexed connection per
+//! store. No retries inside the manager: a failed attempt surfaces at once (each store bounds
+//! its calls by its own timeout and says what a failure means for a request), and the next
+//! call tries again.
+
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use tokio::sync::OnceCell;
+
+pub struct LazyRedis {
+    client: redis::Client,
+    conn: OnceCell<ConnectionManager>,
+    timeout: Duration,
+}
+
+impl LazyRedis {
+    /// Parses the URL; does not connect.
+    pub fn open(url: &str, timeout: Duration) -> Result<Self, String> {
+        let client = redis::Client::open(url).map_err(|e| format!("redis url: {e}"))?;
+        Ok(LazyRedis { client, conn: OnceCell::new(), timeout })
+    }
+
+    /// The connection if one was made already (never connects).
+    pub fn connected(&self) -> Option<ConnectionManager> {
+        self.conn.get().cloned()
+    }
+
+    /// The connection, connecting the first time (within the timeout).
+    pub async fn get(&self) -> Result<ConnectionManager, String> {
+        let conn = self
+            .conn
+            .get_or_try_init(|| async {
+                let cfg = ConnectionManagerConfig::new()
+                    .set_connection_timeout(self.timeout)
+                    .set_response_timeout(self.timeout)
+                    .set_number_of_retries(0);
+                ConnectionManager::new_with_config(self.client.clone(), cfg).await
+            })
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(conn.clone())
+    }
+}
