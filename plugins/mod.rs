@@ -47,6 +47,17 @@ pub const CHAIN_ORDER: [(&str, i16); 7] = [
 
 const KNOWN: &str = "auth, billing, chat_completions, connection_gate, dialects, idempotency, limits";
 
+/// The chain `serve` runs for this configuration, in request order (what `check-config`
+/// prints: it builds the chain without opening the stores, so `auth` and `billing` are not
+/// instantiated there, but they are served).
+pub fn served_order(config: &Config) -> Vec<&'static str> {
+    CHAIN_ORDER
+        .iter()
+        .filter(|(name, _)| config.gateway.plugins.iter().any(|p| p.name == *name))
+        .map(|(n, _)| *n)
+        .collect()
+}
+
 /// Build the chain named in `tollgate.yaml`.
 pub fn build(config: &Config, services: &Services) -> Result<Chain, ConfigErrors> {
     let mut plugins: Vec<Arc<dyn Plugin>> = Vec::new();

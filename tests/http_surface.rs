@@ -353,3 +353,36 @@ async fn a_dialect_without_its_plugin_is_a_clear_503_in_its_envelope() {
     r.assert_error(503, "hosted_inference_unavailable");
     assert_eq!(mock.stats().await["requests"], 0, "nothing reached a replica");
 }
+
+#[test]
+fn check_config_lists_the_chain_as_served() {
+    let dir = std::env::temp_dir().join(format!("tollgate-okconf-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("pepper"), "p".repeat(48)).unwrap();
+    std::fs::write(dir.join("enc"), "ab".repeat(32)).unwrap();
+    std::fs::write(
+        dir.join("tollgate.yaml"),
+        "listen: 127.0.0.1:1\nidentity:\n  store: { backend: sqlite, path: id.db }\n  key_pepper: { file: pepper }\n  key_encryption_key: { file: enc }\nplugins:\n  - name: billing\n  - name: chat_completions\n  - name: auth\n",
+    )
+    .unwrap();
+    std::fs::write(dir.join("models.yaml"), "models:\n  - id: a\n    supported_endpoints: [chat_completions]\n")
+        .unwrap();
+    std::fs::write(
+        dir.join("upstreams.yaml"),
+        "pools:\n  a:\n    replicas:\n      - { address: \"127.0.0.1:2\", max_concurrency: 1 }\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(["check-config", "--config"])
+        .arg(dir.join("tollgate.yaml"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text} {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        text.contains(r#"plugins ["auth", "chat_completions", "billing"]"#),
+        "in request order, stores or not: {text}"
+    );
+    assert!(!dir.join("id.db").exists(), "check-config opens no store");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -123,8 +123,8 @@ pub fn main(args: Vec<String>) -> ExitCode {
                 no_more(&rest)?;
                 let config = load(&path)?;
                 // Plugins are checked without opening stores.
-                let chain = tollgate_plugins::build(&config, &Services::default()).map_err(|e| e.to_string())?;
-                let names: Vec<&str> = chain.names().into_iter().map(|(n, _)| n).collect();
+                tollgate_plugins::build(&config, &Services::default()).map_err(|e| e.to_string())?;
+                let names = tollgate_plugins::served_order(&config);
                 println!("ok: {} models, plugins {names:?}", config.catalog.models.len());
                 Ok(ExitCode::SUCCESS)
             }
