@@ -40,6 +40,8 @@ pub struct ResponseState {
     pub saw_done: bool,
     /// Answer or reasoning text delivered to the client (bytes; fallback estimate).
     pub delivered_text_bytes: u64,
+    /// Streams: when the first output token arrived, after the request's start.
+    pub first_token_after: Option<std::time::Duration>,
 }
 
 /// What placement resolved for one request, in one value: the catalog entry and its pool,

@@ -21,6 +21,7 @@ pub mod identity;
 pub mod identity_service;
 pub mod json_raw;
 pub mod limits;
+pub mod metrics;
 pub mod money;
 pub mod placement;
 pub mod placement_sim;

@@ -101,6 +101,7 @@ pub fn account<'t>(view: &AnswerView<'t>, form: Form, cx: &mut RequestCtx, edits
                     cx.response.delivered_tokens += 1;
                     cx.response.delivered_text_bytes += out.text_bytes as u64;
                     cx.first_token_seen.store(true, Ordering::Release);
+                    cx.response.first_token_after.get_or_insert_with(|| cx.started.elapsed());
                 }
                 Form::Chunk => {}
             }

@@ -91,7 +91,10 @@ pub async fn route(app: &AdminApp, method: &str, path: &str, body: &Value) -> An
     let parts: Vec<&str> = path.trim_end_matches('/').split('/').skip(1).collect();
     match (method, parts.as_slice()) {
         ("GET", ["admin", "v1", "health"]) => health(app).await,
-        ("GET", ["metrics"]) => Ok(metrics()),
+        ("GET", ["metrics"]) => {
+            crate::metrics::refresh(&app.config);
+            Ok(metrics())
+        }
         ("POST", ["admin", "v1", "workspaces"]) => create_workspace(app, body).await,
         ("GET", ["admin", "v1", "workspaces", ws]) => get_workspace(app, ws).await,
         ("POST", ["admin", "v1", "workspaces", ws, "keys"]) => create_key(app, ws, body).await,

@@ -98,6 +98,11 @@ impl Pools {
     pub fn get(&self, model_id: &str) -> Option<&Arc<Pool>> {
         self.by_model.get(model_id)
     }
+
+    /// Every pool with its model id.
+    pub fn iter(&self) -> impl Iterator<Item = (&String, &Arc<Pool>)> {
+        self.by_model.iter()
+    }
 }
 
 pub(super) fn load(file: &Path, catalog: &Catalog, out: &mut Vec<ConfigProblem>) -> Option<Pools> {

@@ -391,6 +391,7 @@ impl ProxyHttp for Gateway {
             panicked("log", &*p, &cx.request_id);
         }
         cx.logged = true;
+        crate::metrics::record(cx, status, cx.started.elapsed());
         log::info!("{}", failure::access_line(s, cx, status));
     }
 }

@@ -1,0 +1,144 @@
+//! Prometheus metrics of the request path, served by the admin listener's `GET /metrics`
+//! (with the admin token). Names follow the OpenTelemetry GenAI server conventions where one
+//! exists. Labels are bounded: route, model (catalog ids, `-` for none), status, error code
+//! (the catalogue), funding, token kind, replica (configured addresses). Never a key,
+//! workspace or session.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use prometheus::{
+    HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, register_histogram_vec, register_int_counter_vec,
+    register_int_gauge_vec,
+};
+
+use crate::config::Config;
+use crate::ctx::RequestCtx;
+use crate::routes::Route;
+
+struct Metrics {
+    requests: IntCounterVec,
+    duration: HistogramVec,
+    ttft: HistogramVec,
+    tpot: HistogramVec,
+    tokens: IntCounterVec,
+    cost: IntCounterVec,
+    replica_in_flight: IntGaugeVec,
+}
+
+const DURATION_BUCKETS: &[f64] =
+    &[0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 740.0];
+const TTFT_BUCKETS: &[f64] = &[0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 180.0];
+const TPOT_BUCKETS: &[f64] = &[0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0];
+
+fn register() -> prometheus::Result<Metrics> {
+    let hist = |name: &str, help: &str, labels: &[&str], buckets: &[f64]| {
+        register_histogram_vec!(HistogramOpts::new(name, help).buckets(buckets.to_vec()), labels)
+    };
+    Ok(Metrics {
+        requests: register_int_counter_vec!(
+            Opts::new("tollgate_requests_total", "Requests answered, by route, model, status and error code"),
+            &["route", "model", "status", "code"]
+        )?,
+        duration: hist(
+            "gen_ai_server_request_duration_seconds",
+            "Time from the request's arrival to the end of its answer",
+            &["route", "model"],
+            DURATION_BUCKETS,
+        )?,
+        ttft: hist(
+            "gen_ai_server_time_to_first_token_seconds",
+            "Streamed answers: time to the first output token",
+            &["model"],
+            TTFT_BUCKETS,
+        )?,
+        tpot: hist(
+            "gen_ai_server_time_per_output_token_seconds",
+            "Streamed answers: time per output token after the first",
+            &["model"],
+            TPOT_BUCKETS,
+        )?,
+        tokens: register_int_counter_vec!(
+            Opts::new("tollgate_tokens_total", "Tokens of answered requests (prompt, cached, completion), by funding"),
+            &["model", "kind", "funding"]
+        )?,
+        cost: register_int_counter_vec!(
+            Opts::new("tollgate_cost_microcents_total", "Charged cost (microcents), by model and funding"),
+            &["model", "funding"]
+        )?,
+        replica_in_flight: register_int_gauge_vec!(
+            Opts::new("tollgate_replica_in_flight", "Requests this instance has on each replica now"),
+            &["model", "replica"]
+        )?,
+    })
+}
+
+static METRICS: LazyLock<Option<Metrics>> =
+    LazyLock::new(|| register().map_err(|e| log::error!("metrics not registered: {e}")).ok());
+
+fn route_name(route: Option<Route>) -> &'static str {
+    match route {
+        Some(Route::ListModels | Route::GetModel) => "models",
+        Some(Route::Credits) => "credits",
+        Some(Route::Usage) => "usage",
+        Some(Route::CountTokens) => "count_tokens",
+        Some(r) => r.endpoint_name(),
+        None => "unknown",
+    }
+}
+
+/// Who paid, as a label.
+pub fn funding_of(cx: &RequestCtx) -> &'static str {
+    match (cx.paid_from, cx.usage) {
+        (Some(p), _) => p.as_str(),
+        (None, Some(u)) if u.cost.0 > 0 => "credits",
+        _ => "none",
+    }
+}
+
+/// Record a finished request (the logging phase).
+pub fn record(cx: &RequestCtx, status: u16, elapsed: Duration) {
+    let Some(m) = METRICS.as_ref() else { return };
+    let route = route_name(cx.route);
+    let model = cx.model().map_or("-", |m| m.id.as_str());
+    let code = cx.failure.as_ref().map_or("-", |f| f.kind.code());
+    let mut status_buf = itoa_buf(status);
+    m.requests.with_label_values(&[route, model, status_str(&mut status_buf), code]).inc();
+    m.duration.with_label_values(&[route, model]).observe(elapsed.as_secs_f64());
+    if let Some(first) = cx.response.first_token_after {
+        m.ttft.with_label_values(&[model]).observe(first.as_secs_f64());
+        let completion = cx.usage.map_or(0, |u| u.completion_tokens);
+        if completion > 1 {
+            let per = elapsed.saturating_sub(first).as_secs_f64() / (completion - 1) as f64;
+            m.tpot.with_label_values(&[model]).observe(per);
+        }
+    }
+    if let Some(u) = cx.usage {
+        let funding = funding_of(cx);
+        for (kind, n) in [("prompt", u.prompt_tokens), ("cached", u.cached_tokens), ("completion", u.completion_tokens)]
+        {
+            m.tokens.with_label_values(&[model, kind, funding]).inc_by(n);
+        }
+        m.cost.with_label_values(&[model, funding]).inc_by(u.cost.0);
+    }
+}
+
+fn itoa_buf(status: u16) -> [u8; 3] {
+    let s = status.min(999);
+    [b'0' + (s / 100) as u8, b'0' + (s / 10 % 10) as u8, b'0' + (s % 10) as u8]
+}
+
+fn status_str(buf: &mut [u8; 3]) -> &str {
+    std::str::from_utf8(buf).unwrap_or("000")
+}
+
+/// Bring the gauges read at scrape time up to date (the admin listener, before gathering).
+pub fn refresh(config: &Config) {
+    let Some(m) = METRICS.as_ref() else { return };
+    for (model, pool) in config.pools.iter() {
+        for r in &pool.replicas {
+            let n = r.in_flight.load(std::sync::atomic::Ordering::Relaxed);
+            m.replica_in_flight.with_label_values(&[model.as_str(), r.authority.as_str()]).set(i64::from(n));
+        }
+    }
+}
