@@ -62,6 +62,8 @@ pub struct Placement {
     pub placed: bool,
     /// The replica the request prefers (its session's), if it has one.
     pub home: Option<usize>,
+    /// The replica it last ran on (kept after the slot is freed, for the access log).
+    pub ran_on: Option<usize>,
 }
 
 impl Placement {
@@ -76,6 +78,7 @@ impl Placement {
             spilled: false,
             placed: false,
             home: None,
+            ran_on: None,
         }
     }
 }

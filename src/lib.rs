@@ -6,6 +6,7 @@
 //! (`tollgate-plugins`, `plugins/`) that depends on this one, so the core cannot name a plugin;
 //! the binary (`app/`) assembles the chain from config.
 
+pub mod access_log;
 pub mod admin;
 pub mod body_replay;
 pub mod clock;

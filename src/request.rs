@@ -186,6 +186,7 @@ pub fn place(cx: &mut RequestCtx) -> Result<(), GatewayError> {
     let p = cx.placement.as_mut().ok_or_else(|| GatewayError::internal("no pool resolved"))?;
     match placement::place_home(&p.pool, &p.tried, p.home) {
         Ok((slot, spilled)) => {
+            p.ran_on = Some(slot.index);
             p.slot = Some(slot);
             p.spilled |= spilled;
             p.placed = true;

@@ -64,3 +64,49 @@ async fn metrics_move_with_requests_and_carry_no_identity() {
     assert!(sample(&text, "tollgate_replica_in_flight", &["model=\"chat-model\""]).is_some());
     assert!(!text.contains(&gw.key) && !text.contains(&gw.workspace), "no key or workspace in the metrics");
 }
+
+#[tokio::test]
+async fn json_access_lines_parse_and_carry_no_key_material() {
+    let mock = Mock::start();
+    let gw = Gateway::start_with(&mock, Opts { extra_yaml: "access_log:\n  format: json\n".into(), ..Opts::default() });
+    let mut body = chat_body("chat-model", true);
+    body["stream_options"] = json!({"include_usage": true});
+    let r = gw.post("/v1/chat/completions", &body, &[("x-mock-tokens", "4"), ("x-client-request-id", "trace-7")]).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let rid = r.header("x-request-id").unwrap();
+    let refused = gw.post("/v1/chat/completions", &chat_body("no-such-model", false), &[]).await;
+    let refused_id = refused.header("x-request-id").unwrap();
+    let find = |log: &str, id: &str| -> Option<serde_json::Value> {
+        log.lines()
+            .filter(|l| l.starts_with('{'))
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .find(|v| v["request_id"] == id)
+    };
+    let mut log = String::new();
+    for _ in 0..40 {
+        log = gw.log();
+        if find(&log, &rid).is_some() && find(&log, &refused_id).is_some() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let line = find(&log, &rid).unwrap_or_else(|| panic!("no JSON line for {rid}: {log}"));
+    assert_eq!(line["client_request_id"], "trace-7");
+    assert_eq!(line["route"], "/v1/chat/completions");
+    assert_eq!(line["model"], "chat-model");
+    assert_eq!(line["replica"], mock.addr().as_str());
+    assert_eq!(line["status"], 200);
+    assert_eq!(line["error_code"], serde_json::Value::Null);
+    assert_eq!(line["workspace_id"], gw.workspace.as_str());
+    assert!(line["key_id"].is_string());
+    assert_eq!(line["placement"], "opening");
+    assert_eq!(line["funding"], "credits");
+    assert_eq!(line["completion_tokens"], 4);
+    assert!(line["cost_microcents"].as_u64().unwrap() > 0);
+    assert!(line["ttft_ms"].is_u64() && line["duration_ms"].is_u64());
+    assert!(line["bytes_in"].as_u64().unwrap() > 0 && line["bytes_out"].as_u64().unwrap() > 0);
+    assert!(line["time"].as_str().unwrap().ends_with('Z'));
+    let refused = find(&log, &refused_id).unwrap();
+    assert_eq!((refused["status"].as_u64(), refused["error_code"].as_str()), (Some(404), Some("model_not_found")));
+    assert!(!log.contains(&gw.key), "the key never reaches the log");
+}

@@ -45,6 +45,16 @@ struct RawGateway {
     billing: RawBilling,
     #[serde(default)]
     plans: super::plans::RawPlans,
+    #[serde(default)]
+    access_log: RawAccessLog,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawAccessLog {
+    /// `text` (default, through the log) or `json` (one object per line on stderr).
+    #[serde(default)]
+    format: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -228,6 +238,8 @@ pub struct GatewaySettings {
     pub sweep_interval: Duration,
     /// Coding plan tiers and the window wait.
     pub plans: std::sync::Arc<crate::plans::PlanSettings>,
+    /// `access_log.format: json`.
+    pub access_log_json: bool,
 }
 
 fn budget(p: &mut Problems, path: &str, secs: f64) -> Duration {
@@ -264,6 +276,14 @@ pub(super) fn load(file: &Path, out: &mut Vec<ConfigProblem>) -> Option<GatewayS
     }
     let limits = super::limits::check(&mut p, &raw.limits);
     let plans = std::sync::Arc::new(super::plans::check(&mut p, &raw.plans));
+    let access_log_json = match raw.access_log.format.as_deref() {
+        None | Some("text") => false,
+        Some("json") => true,
+        Some(other) => {
+            p.add("access_log.format", format!("`{other}` is not a format (text or json)"));
+            false
+        }
+    };
     let first_token = budget(&mut p, "budgets.first_token_seconds", raw.budgets.first_token_seconds);
     let response = budget(&mut p, "budgets.response_seconds", raw.budgets.response_seconds);
     let heartbeat = budget(&mut p, "budgets.heartbeat_seconds", raw.budgets.heartbeat_seconds);
@@ -318,6 +338,7 @@ pub(super) fn load(file: &Path, out: &mut Vec<ConfigProblem>) -> Option<GatewayS
         hold_margin: Duration::from_secs(raw.billing.hold_margin_seconds),
         sweep_interval: Duration::from_secs(raw.billing.sweep_interval_seconds.clamp(1, 3600)),
         plans,
+        access_log_json,
     };
     (out.len() == before).then_some(settings)
 }

@@ -156,10 +156,22 @@ fn header_sent(s: &Session) -> bool {
     s.response_written().is_some_and(|r| !r.status.is_informational())
 }
 
+/// Write the access line of a finished request: JSON through the writer thread, or text.
+pub(super) fn access_log(s: &Session, cx: &RequestCtx, status: u16, json: bool) {
+    if json {
+        let h = s.req_header();
+        let bytes_in = h.headers.get("content-length").and_then(|v| v.to_str().ok()?.parse().ok());
+        let line = crate::access_log::json_line(cx, status, h.uri.path(), bytes_in, s.body_bytes_sent());
+        crate::access_log::write_json(line.to_string());
+    } else {
+        log::info!("{}", access_line(s, cx, status));
+    }
+}
+
 /// The access log line of a finished request: id, method, path, status, error code, model,
 /// time, usage, how it was placed (`session`, `opening` or `load`, `+spill` when it went to
 /// another replica than its preferred one) and whether the client left. Never an identity.
-pub(super) fn access_line(s: &Session, cx: &RequestCtx, status: u16) -> String {
+fn access_line(s: &Session, cx: &RequestCtx, status: u16) -> String {
     let placed = cx.placement.as_ref().filter(|p| p.placed).map(|p| {
         let by = p.affinity.map_or(crate::session::PlacedBy::Load, |a| a.by).as_str();
         format!(" placed={by}{}", if p.spilled { "+spill" } else { "" })

@@ -171,6 +171,7 @@ impl ProxyHttp for Gateway {
             }
             if let Ok((next, spilled)) = crate::placement::place_home(&p.pool, &p.tried, p.home) {
                 log::info!("{}: replica connect failed, trying another", cx.request_id);
+                p.ran_on = Some(next.index);
                 p.slot = Some(next);
                 p.spilled |= spilled;
                 e.set_retry(true);
@@ -392,6 +393,6 @@ impl ProxyHttp for Gateway {
         }
         cx.logged = true;
         crate::metrics::record(cx, status, cx.started.elapsed());
-        log::info!("{}", failure::access_line(s, cx, status));
+        failure::access_log(s, cx, status, self.config.gateway.access_log_json);
     }
 }

@@ -1,0 +1,43 @@
+//! What recording one request's metrics costs (`tollgate::metrics::record`, called once per
+//! request in the logging phase): a streamed chat answer with usage, so every series is
+//! touched (requests, duration, first token, per token, tokens, cost).
+//! `cargo bench -p tollgate-app --bench metrics`.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use tollgate::ctx::RequestCtx;
+use tollgate::routes::Route;
+use tollgate::usage::{UsageBasis, UsageFigures};
+
+fn bench(c: &mut Criterion) {
+    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("../conf/tollgate.yaml");
+    let config = tollgate::config::load(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+    let config = Arc::new(config);
+    let id = "llama-3.1-8b-instruct";
+    let mut cx = RequestCtx::new(config.clone());
+    cx.route = Some(Route::ChatCompletions);
+    if let (Some(model), Some(pool)) = (config.catalog.get(id).cloned(), config.pools.get(id).cloned()) {
+        cx.placement = Some(tollgate::ctx::Placement::new(model, pool));
+    }
+    cx.response.first_token_after = Some(Duration::from_millis(40));
+    cx.usage = Some(UsageFigures {
+        prompt_tokens: 120,
+        completion_tokens: 64,
+        total_tokens: 184,
+        cached_tokens: 0,
+        cost: tollgate::money::Microcents(2_000),
+        basis: UsageBasis::ProviderReported,
+        paid: None,
+    });
+    cx.logged = true;
+    tollgate::metrics::record(&cx, 200, Duration::from_millis(900)); // registers the series
+    c.bench_function("metrics::record (streamed answer with usage)", |b| {
+        b.iter(|| tollgate::metrics::record(&cx, 200, Duration::from_millis(900)))
+    });
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
