@@ -3,6 +3,8 @@
 //! touched (requests, duration, first token, per token, tokens, cost).
 //! `cargo bench -p tollgate-app --bench metrics`.
 
+#![allow(clippy::panic)]
+
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
