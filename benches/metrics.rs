@@ -1,6 +1,7 @@
 //! What recording one request's metrics costs (`tollgate::metrics::record`, called once per
 //! request in the logging phase): a streamed chat answer with usage, so every series is
-//! touched (requests, duration, first token, per token, tokens, cost).
+//! touched (requests, duration, first token, per token, tokens, cost); and building the JSON
+//! access line.
 //! `cargo bench -p tollgate-app --bench metrics`.
 
 #![allow(clippy::panic)]
@@ -38,6 +39,11 @@ fn bench(c: &mut Criterion) {
     tollgate::metrics::record(&cx, 200, Duration::from_millis(900)); // registers the series
     c.bench_function("metrics::record (streamed answer with usage)", |b| {
         b.iter(|| tollgate::metrics::record(&cx, 200, Duration::from_millis(900)))
+    });
+    // The JSON access line as the logging phase builds it (the write happens on its own
+    // thread).
+    c.bench_function("access_log::json_line", |b| {
+        b.iter(|| tollgate::access_log::json_line(&cx, 200, "/v1/chat/completions", Some(412), 2_048))
     });
 }
 

@@ -9,7 +9,7 @@ use std::io::Write;
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
 use std::sync::{LazyLock, OnceLock};
 
-use serde_json::{Value, json};
+use serde::Serialize;
 
 use crate::ctx::RequestCtx;
 
@@ -60,33 +60,61 @@ pub fn write_json(line: String) {
     }
 }
 
+/// One access line's fields, borrowed from the request (serialized straight to text).
+#[derive(Serialize)]
+pub struct Line<'a> {
+    time: String,
+    request_id: &'a str,
+    client_request_id: Option<&'a str>,
+    route: &'a str,
+    model: Option<&'a str>,
+    replica: Option<&'a str>,
+    status: u16,
+    error_code: Option<&'static str>,
+    key_id: Option<&'a str>,
+    workspace_id: Option<&'a str>,
+    placement: Option<&'static str>,
+    spilled: bool,
+    funding: &'static str,
+    prompt_tokens: Option<u64>,
+    cached_tokens: Option<u64>,
+    completion_tokens: Option<u64>,
+    cost_microcents: Option<u64>,
+    ttft_ms: Option<u64>,
+    duration_ms: u64,
+    bytes_in: Option<u64>,
+    bytes_out: usize,
+    client_gone: bool,
+}
+
 /// The JSON access line of a finished request.
-pub fn json_line(cx: &RequestCtx, status: u16, path: &str, bytes_in: Option<u64>, bytes_out: usize) -> Value {
+pub fn json_line(cx: &RequestCtx, status: u16, path: &str, bytes_in: Option<u64>, bytes_out: usize) -> String {
     let p = cx.placement.as_ref();
-    let replica = p.and_then(|p| p.ran_on.map(|i| p.pool.replicas[i].authority.as_str()));
     let usage = cx.usage;
-    json!({
-        "time": jiff::Timestamp::now().to_string(),
-        "request_id": cx.request_id,
-        "client_request_id": cx.client_request_id,
-        "route": path,
-        "model": cx.model().map(|m| m.id.as_str()),
-        "replica": replica,
-        "status": status,
-        "error_code": cx.failure.as_ref().map(|f| f.kind.code()),
-        "key_id": cx.principal.as_ref().map(|p| p.key_id.as_str()),
-        "workspace_id": cx.principal.as_ref().map(|p| p.workspace_id.as_str()),
-        "placement": p.filter(|p| p.placed).map(|p| p.affinity.map_or("load", |a| a.by.as_str())),
-        "spilled": p.is_some_and(|p| p.spilled),
-        "funding": crate::metrics::funding_of(cx),
-        "prompt_tokens": usage.map(|u| u.prompt_tokens),
-        "cached_tokens": usage.map(|u| u.cached_tokens),
-        "completion_tokens": usage.map(|u| u.completion_tokens),
-        "cost_microcents": usage.map(|u| u.cost.0),
-        "ttft_ms": cx.response.first_token_after.map(|d| d.as_millis() as u64),
-        "duration_ms": cx.started.elapsed().as_millis() as u64,
-        "bytes_in": bytes_in,
-        "bytes_out": bytes_out,
-        "client_gone": cx.client_gone,
-    })
+    let millis = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    let line = Line {
+        time: jiff::Timestamp::now().to_string(),
+        request_id: &cx.request_id,
+        client_request_id: cx.client_request_id.as_deref(),
+        route: path,
+        model: cx.model().map(|m| m.id.as_str()),
+        replica: p.and_then(|p| p.ran_on.map(|i| p.pool.replicas[i].authority.as_str())),
+        status,
+        error_code: cx.failure.as_ref().map(|f| f.kind.code()),
+        key_id: cx.principal.as_ref().map(|p| p.key_id.as_str()),
+        workspace_id: cx.principal.as_ref().map(|p| p.workspace_id.as_str()),
+        placement: p.filter(|p| p.placed).map(|p| p.affinity.map_or("load", |a| a.by.as_str())),
+        spilled: p.is_some_and(|p| p.spilled),
+        funding: crate::metrics::funding_of(cx),
+        prompt_tokens: usage.map(|u| u.prompt_tokens),
+        cached_tokens: usage.map(|u| u.cached_tokens),
+        completion_tokens: usage.map(|u| u.completion_tokens),
+        cost_microcents: usage.map(|u| u.cost.0),
+        ttft_ms: cx.response.first_token_after.map(millis),
+        duration_ms: millis(cx.started.elapsed()),
+        bytes_in,
+        bytes_out,
+        client_gone: cx.client_gone,
+    };
+    serde_json::to_string(&line).unwrap_or_default()
 }

@@ -162,7 +162,7 @@ pub(super) fn access_log(s: &Session, cx: &RequestCtx, status: u16, json: bool) 
         let h = s.req_header();
         let bytes_in = h.headers.get("content-length").and_then(|v| v.to_str().ok()?.parse().ok());
         let line = crate::access_log::json_line(cx, status, h.uri.path(), bytes_in, s.body_bytes_sent());
-        crate::access_log::write_json(line.to_string());
+        crate::access_log::write_json(line);
     } else {
         log::info!("{}", access_line(s, cx, status));
     }
