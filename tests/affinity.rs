@@ -388,3 +388,19 @@ async fn every_identity_source_wins_over_the_ones_below_it_and_invalid_ones_are_
         }
     }
 }
+
+#[tokio::test]
+async fn the_same_value_in_two_namespaces_names_two_sessions() {
+    let three = Three::start();
+    let gw = Gateway::start_with(&three.mocks[0], opts(three.addrs(), 64));
+    // Clarification 14: the generic headers share one namespace, each agent family has its own.
+    let mut differ = 0;
+    // Twelve values: all twelve agreeing by chance has a probability of (1/3)^12.
+    for value in ["n1", "n2", "n3", "n4", "n5", "n6", "n7", "n8", "n9", "n10", "n11", "n12"] {
+        let generic = placed_with(&three, &gw, &[("x-session-id", value)], None).await;
+        assert_eq!(placed_with(&three, &gw, &[("x-affinity", value)], None).await, generic, "one generic namespace");
+        let agent = placed_with(&three, &gw, &[("x-agent2-session-id", value)], None).await;
+        differ += usize::from(agent != generic);
+    }
+    assert!(differ > 0, "an agent namespace is apart from the generic one");
+}
