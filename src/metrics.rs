@@ -24,6 +24,7 @@ struct Metrics {
     tokens: IntCounterVec,
     cost: IntCounterVec,
     replica_in_flight: IntGaugeVec,
+    replica_up: IntGaugeVec,
 }
 
 const DURATION_BUCKETS: &[f64] =
@@ -68,6 +69,10 @@ fn register() -> prometheus::Result<Metrics> {
         )?,
         replica_in_flight: register_int_gauge_vec!(
             Opts::new("tollgate_replica_in_flight", "Requests this instance has on each replica now"),
+            &["model", "replica"]
+        )?,
+        replica_up: register_int_gauge_vec!(
+            Opts::new("tollgate_replica_up", "1 while the replica takes new requests, 0 while ejected"),
             &["model", "replica"]
         )?,
     })
@@ -135,10 +140,13 @@ fn status_str(buf: &mut [u8; 3]) -> &str {
 /// Bring the gauges read at scrape time up to date (the admin listener, before gathering).
 pub fn refresh(config: &Config) {
     let Some(m) = METRICS.as_ref() else { return };
+    let now = crate::clock::now_ms();
     for (model, pool) in config.pools.iter() {
         for r in &pool.replicas {
+            let labels = [model.as_str(), r.authority.as_str()];
             let n = r.in_flight.load(std::sync::atomic::Ordering::Relaxed);
-            m.replica_in_flight.with_label_values(&[model.as_str(), r.authority.as_str()]).set(i64::from(n));
+            m.replica_in_flight.with_label_values(&labels).set(i64::from(n));
+            m.replica_up.with_label_values(&labels).set(i64::from(r.up(now)));
         }
     }
 }

@@ -35,7 +35,12 @@ pub enum NoSlot {
     AtCapacity,
     /// Every replica was already tried (connect failures).
     Exhausted,
+    /// Every replica not yet tried is ejected after connect failures (passive health).
+    Unhealthy,
 }
+
+/// How long a replica that refused a connection gets no new request (decision 121).
+pub const EJECT_MS: i64 = 10_000;
 
 fn try_reserve(index: usize, replica: &Arc<Replica>) -> Option<Slot> {
     replica
@@ -81,29 +86,32 @@ pub fn place_home(pool: &Pool, tried: &[usize], home: Option<usize>) -> Result<(
     if budget == 0 {
         return Err(NoSlot::Exhausted);
     }
+    let now = crate::clock::now_ms();
     let home = home.filter(|&h| h < pool.replicas.len());
-    if let Some(h) = home.filter(|h| !tried.contains(h)) {
+    if let Some(h) = home.filter(|&h| !tried.contains(&h) && pool.replicas[h].up(now)) {
         if let Some(slot) = try_reserve(h, &pool.replicas[h]) {
             return Ok((slot, false));
         }
         // Full: the one other replica this request may still be offered to.
         let mut others = tried.to_vec();
         others.push(h);
-        return least_loaded(pool, &others, budget - 1).map(|slot| (slot, true));
+        let other = least_loaded(pool, &others, budget - 1, now);
+        return other.map(|slot| (slot, true)).map_err(|e| if e == NoSlot::Unhealthy { NoSlot::AtCapacity } else { e });
     }
-    least_loaded(pool, tried, budget).map(|slot| (slot, home.is_some()))
+    least_loaded(pool, tried, budget, now).map(|slot| (slot, home.is_some()))
 }
 
-fn least_loaded(pool: &Pool, skip: &[usize], budget: usize) -> Result<Slot, NoSlot> {
+fn least_loaded(pool: &Pool, skip: &[usize], budget: usize, now: i64) -> Result<Slot, NoSlot> {
     if budget == 0 {
         return Err(NoSlot::AtCapacity);
     }
     let tried = skip;
-    let mut candidates: Vec<(u64, usize)> = pool
-        .replicas
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| !tried.contains(i))
+    let untried = pool.replicas.iter().enumerate().filter(|(i, _)| !tried.contains(i));
+    if untried.clone().next().is_some() && untried.clone().all(|(_, r)| !r.up(now)) {
+        return Err(NoSlot::Unhealthy);
+    }
+    let mut candidates: Vec<(u64, usize)> = untried
+        .filter(|(_, r)| r.up(now))
         .map(|(i, r)| {
             // Load as a fraction of the replica's own concurrency, scaled to integers.
             let load = u64::from(r.in_flight.load(Ordering::Acquire)) * 1_000_000 / u64::from(r.max_concurrency.max(1));
@@ -115,6 +123,17 @@ fn least_loaded(pool: &Pool, skip: &[usize], budget: usize) -> Result<Slot, NoSl
     }
     candidates.sort_unstable();
     candidates.iter().take(budget).find_map(|&(_, i)| try_reserve(i, &pool.replicas[i])).ok_or(NoSlot::AtCapacity)
+}
+
+/// Passive health: a replica that refused a connection gets no new request for `EJECT_MS`.
+pub fn eject(slot: &Slot, request_id: &str) {
+    let until = crate::clock::now_ms() + EJECT_MS;
+    slot.replica.ejected_until_ms.store(until, Ordering::Relaxed);
+    log::warn!(
+        "{request_id}: replica {} refused a connection; ejected for {} s",
+        slot.replica.authority,
+        EJECT_MS / 1000
+    );
 }
 
 /// Requests in flight across the pool (this instance's view).
@@ -141,6 +160,7 @@ mod tests {
                         authority: format!("127.0.0.1:{}", 9000 + i),
                         max_concurrency: c,
                         in_flight: AtomicU32::new(0),
+                        ejected_until_ms: std::sync::atomic::AtomicI64::new(0),
                     })
                 })
                 .collect(),
@@ -205,6 +225,25 @@ mod tests {
             }
         }
         assert!((800..1_200).contains(&moved), "about a third of the keys were on the removed replica: {moved}");
+    }
+
+    #[test]
+    fn ejected_replicas_get_no_new_requests_and_come_back() {
+        let p = pool(&[4, 4]);
+        let now = crate::clock::now_ms();
+        p.replicas[0].ejected_until_ms.store(now + 60_000, Ordering::Relaxed);
+        for _ in 0..3 {
+            assert_eq!(place(&p, &[]).ok().map(|s| s.index), Some(1), "only the healthy replica");
+        }
+        let home = preferred(&p, 5).unwrap_or(0);
+        p.replicas[home].ejected_until_ms.store(now + 60_000, Ordering::Relaxed);
+        p.replicas[1 - home].ejected_until_ms.store(0, Ordering::Relaxed);
+        let (slot, spilled) = place_for(&p, &[], Some(5)).ok().unwrap();
+        assert!(spilled && slot.index != home, "an ejected home is skipped");
+        p.replicas[1 - home].ejected_until_ms.store(now + 60_000, Ordering::Relaxed);
+        assert_eq!(place(&p, &[]).err(), Some(NoSlot::Unhealthy), "no healthy replica: answered at once");
+        p.replicas[0].ejected_until_ms.store(now - 1, Ordering::Relaxed);
+        assert_eq!(place(&p, &[]).ok().map(|s| s.index), Some(0), "back once its ejection ends");
     }
 
     #[test]

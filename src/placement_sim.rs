@@ -62,6 +62,7 @@ fn pool(n: usize, capacity: u32) -> Pool {
                     authority: format!("10.0.0.1:{}", 8000 + i),
                     max_concurrency: capacity,
                     in_flight: AtomicU32::new(0),
+                    ejected_until_ms: std::sync::atomic::AtomicI64::new(0),
                 })
             })
             .collect(),

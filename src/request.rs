@@ -192,6 +192,10 @@ pub fn place(cx: &mut RequestCtx) -> Result<(), GatewayError> {
             p.placed = true;
             Ok(())
         }
+        Err(NoSlot::Unhealthy) => Err(GatewayError::new(
+            ErrorKind::UpstreamUnreachable,
+            "No replica of the model is reachable right now (each refused a connection moments ago).",
+        )),
         Err(NoSlot::AtCapacity | NoSlot::Exhausted) => Err(GatewayError::new(
             ErrorKind::HostedModelAtCapacity,
             "Every replica reached is at its concurrency; retry shortly.",

@@ -366,3 +366,41 @@ async fn a_malformed_non_streamed_body_is_a_clean_502() {
     let ok = gw.post("/v1/chat/completions", &chat_body("chat-model", false), &[]).await;
     assert_eq!(ok.status, 200);
 }
+
+#[tokio::test]
+async fn a_replica_that_refuses_a_connection_is_ejected_and_a_pool_without_one_answers_at_once() {
+    let mock = Mock::start();
+    let dead = format!("127.0.0.1:{}", closed_port());
+    let gw = Gateway::start_with(&mock, Opts { chat_replicas: vec![dead.clone(), mock.addr()], ..Opts::default() });
+    // Sixteen conversations: some prefer the dead replica; only the first of those finds out.
+    for i in 0..16 {
+        let mut b = chat_body("chat-model", false);
+        b["messages"][0]["content"] = serde_json::json!(format!("conversation {i}"));
+        let r = gw.post("/v1/chat/completions", &b, &[]).await;
+        assert_eq!(r.status, 200, "{}", r.text);
+    }
+    let ejections = gw.log().matches(&format!("replica {dead} refused a connection; ejected")).count();
+    assert_eq!(ejections, 1, "ejected once, then skipped: {}", gw.log());
+    let url = format!("http://127.0.0.1:{}/metrics", gw.admin_port);
+    let text = reqwest::Client::new()
+        .get(url)
+        .header("authorization", format!("Bearer {}", gw.admin_token))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(text.contains(&format!("tollgate_replica_up{{model=\"chat-model\",replica=\"{dead}\"}} 0")), "{text}");
+
+    // Both replicas of dead-model refuse: the first request finds out, the next is answered
+    // at once without a connection attempt.
+    gw.post("/v1/chat/completions", &chat_body("dead-model", false), &[]).await.assert_error(503, "upstream_error");
+    let before = gw.log().matches("refused a connection").count();
+    let started = std::time::Instant::now();
+    let r = gw.post("/v1/chat/completions", &chat_body("dead-model", false), &[]).await;
+    r.assert_error(503, "upstream_error");
+    assert!(r.header("retry-after").is_some());
+    assert!(started.elapsed() < std::time::Duration::from_millis(250), "answered at once");
+    assert_eq!(gw.log().matches("refused a connection").count(), before, "no replica was tried");
+}

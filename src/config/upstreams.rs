@@ -56,6 +56,16 @@ pub struct Replica {
     pub max_concurrency: u32,
     /// Requests this gateway instance has on the replica now.
     pub in_flight: AtomicU32,
+    /// Passive health: no new request is placed on it before this instant (Unix ms) after a
+    /// connect failure (decision 121); 0 while healthy.
+    pub ejected_until_ms: std::sync::atomic::AtomicI64,
+}
+
+impl Replica {
+    /// Takes new requests at `now` (not ejected).
+    pub fn up(&self, now: i64) -> bool {
+        self.ejected_until_ms.load(std::sync::atomic::Ordering::Relaxed) <= now
+    }
 }
 
 /// The replicas serving one model.
@@ -150,6 +160,7 @@ pub(super) fn load(file: &Path, catalog: &Catalog, out: &mut Vec<ConfigProblem>)
                     authority: r.address.clone(),
                     max_concurrency: r.max_concurrency.max(1),
                     in_flight: AtomicU32::new(0),
+                    ejected_until_ms: std::sync::atomic::AtomicI64::new(0),
                 })),
                 _ => p.add(rat("address"), format!("`{}` is not a reachable host:port", r.address)),
             }

@@ -167,6 +167,7 @@ impl ProxyHttp for Gateway {
     ) -> Box<Error> {
         if let Some(p) = cx.placement.as_mut() {
             if let Some(slot) = p.slot.take() {
+                crate::placement::eject(&slot, &cx.request_id);
                 p.tried.push(slot.index);
             }
             if let Ok((next, spilled)) = crate::placement::place_home(&p.pool, &p.tried, p.home) {
