@@ -144,35 +144,11 @@ pub fn pool_in_flight(pool: &Pool) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::AtomicU32;
-    use std::time::Duration;
-
-    fn pool(caps: &[u32]) -> Pool {
-        Pool {
-            model_id: "m".into(),
-            upstream_model: "m".into(),
-            replicas: caps
-                .iter()
-                .enumerate()
-                .map(|(i, &c)| {
-                    Arc::new(Replica {
-                        addr: ([127, 0, 0, 1], 9000 + i as u16).into(),
-                        authority: format!("127.0.0.1:{}", 9000 + i),
-                        max_concurrency: c,
-                        in_flight: AtomicU32::new(0),
-                        ejected_until_ms: std::sync::atomic::AtomicI64::new(0),
-                    })
-                })
-                .collect(),
-            connect_timeout: Duration::from_secs(1),
-            busy_threshold_percent: 75,
-            authorization: None,
-        }
-    }
+    use crate::placement_sim::uniform_pool;
 
     #[test]
     fn least_loaded_replica_wins_and_slots_release_on_drop() {
-        let p = pool(&[2, 2]);
+        let p = uniform_pool(2, 2);
         let a = place(&p, &[]).ok();
         let b = place(&p, &[]).ok();
         let (Some(a), Some(b)) = (a, b) else { panic!("two slots expected") };
@@ -185,7 +161,7 @@ mod tests {
 
     #[test]
     fn full_replicas_mean_at_capacity() {
-        let p = pool(&[1, 1, 1]);
+        let p = uniform_pool(3, 1);
         let held: Vec<_> = (0..3).filter_map(|_| place(&p, &[]).ok()).collect();
         assert_eq!(held.len(), 3);
         assert_eq!(place(&p, &[]).err(), Some(NoSlot::AtCapacity));
@@ -193,7 +169,7 @@ mod tests {
 
     #[test]
     fn a_key_prefers_its_replica_and_spills_to_the_least_loaded_other() {
-        let p = pool(&[1, 1, 1]);
+        let p = uniform_pool(3, 1);
         let key = 42;
         let home = preferred(&p, key).unwrap_or(0);
         let (first, spilled) = place_for(&p, &[], Some(key)).ok().unwrap();
@@ -211,8 +187,8 @@ mod tests {
 
     #[test]
     fn rendezvous_moves_only_the_keys_of_a_removed_replica() {
-        let three = pool(&[8, 8, 8]);
-        let mut two = pool(&[8, 8, 8]);
+        let three = uniform_pool(3, 8);
+        let mut two = uniform_pool(3, 8);
         two.replicas.remove(2);
         let mut moved = 0;
         for key in 0..3_000u64 {
@@ -229,7 +205,7 @@ mod tests {
 
     #[test]
     fn ejected_replicas_get_no_new_requests_and_come_back() {
-        let p = pool(&[4, 4]);
+        let p = uniform_pool(2, 4);
         let now = crate::clock::now_ms();
         p.replicas[0].ejected_until_ms.store(now + 60_000, Ordering::Relaxed);
         for _ in 0..3 {
@@ -248,7 +224,7 @@ mod tests {
 
     #[test]
     fn at_most_two_replicas_are_tried() {
-        let p = pool(&[1, 1, 1]);
+        let p = uniform_pool(3, 1);
         assert!(place(&p, &[0]).is_ok());
         assert_eq!(place(&p, &[0, 1]).err(), Some(NoSlot::Exhausted));
     }

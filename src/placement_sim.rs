@@ -51,7 +51,8 @@ impl Default for SimParams {
     }
 }
 
-fn pool(n: usize, capacity: u32) -> Pool {
+/// A pool of `n` replicas (`10.0.0.1:8000`, `:8001`, ...) of `capacity` slots each.
+pub fn uniform_pool(n: usize, capacity: u32) -> Pool {
     Pool {
         model_id: "sim".into(),
         upstream_model: "sim".into(),
@@ -74,7 +75,7 @@ fn pool(n: usize, capacity: u32) -> Pool {
 
 /// Run the simulation; `affinity` places by each session's key, else by load alone.
 pub fn simulate(p: SimParams, affinity: bool) -> SimReport {
-    let pool = pool(p.replicas, p.capacity);
+    let pool = uniform_pool(p.replicas, p.capacity);
     let mut rng = p.seed.max(1);
     let mut next = move || {
         rng ^= rng << 13;

@@ -305,7 +305,6 @@ async fn metrics_count_placements_by_kind() {
     served_by(&three, &gw, 2, "metered").await;
     let r = gw.post("/v1/chat/completions", &turn(1), &[]).await;
     assert_eq!(r.status, 200);
-    let url = format!("http://127.0.0.1:{}/metrics", gw.admin_port);
     let line = |text: &str, by: &str| {
         text.lines()
             .find(|l| {
@@ -318,15 +317,7 @@ async fn metrics_count_placements_by_kind() {
     };
     let mut text = String::new();
     for _ in 0..20 {
-        text = reqwest::Client::new()
-            .get(&url)
-            .header("authorization", format!("Bearer {}", gw.admin_token))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        text = gw.metrics().await;
         if line(&text, "opening").is_some() {
             break;
         }

@@ -381,16 +381,7 @@ async fn a_replica_that_refuses_a_connection_is_ejected_and_a_pool_without_one_a
     }
     let ejections = gw.log().matches(&format!("replica {dead} refused a connection; ejected")).count();
     assert_eq!(ejections, 1, "ejected once, then skipped: {}", gw.log());
-    let url = format!("http://127.0.0.1:{}/metrics", gw.admin_port);
-    let text = reqwest::Client::new()
-        .get(url)
-        .header("authorization", format!("Bearer {}", gw.admin_token))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = gw.metrics().await;
     assert!(text.contains(&format!("tollgate_replica_up{{model=\"chat-model\",replica=\"{dead}\"}} 0")), "{text}");
 
     // Both replicas of dead-model refuse: the first request finds out, the next is answered

@@ -8,13 +8,10 @@ mod common;
 use common::*;
 use serde_json::json;
 
-async fn scrape(gw: &Gateway, token: Option<&str>) -> (u16, String) {
-    let mut req = reqwest::Client::new().get(format!("http://127.0.0.1:{}/metrics", gw.admin_port));
-    if let Some(t) = token {
-        req = req.header("authorization", format!("Bearer {t}"));
-    }
-    let r = req.send().await.unwrap();
-    (r.status().as_u16(), r.text().await.unwrap())
+/// `GET /metrics` without the admin token.
+async fn scrape_without_token(gw: &Gateway) -> u16 {
+    let url = format!("http://127.0.0.1:{}/metrics", gw.admin_port);
+    reqwest::Client::new().get(url).send().await.unwrap().status().as_u16()
 }
 
 /// The value of the first sample whose line starts with `name{` and contains every label.
@@ -28,8 +25,7 @@ fn sample(text: &str, name: &str, labels: &[&str]) -> Option<f64> {
 async fn metrics_move_with_requests_and_carry_no_identity() {
     let mock = Mock::start();
     let gw = Gateway::start(&mock);
-    let (status, _) = scrape(&gw, None).await;
-    assert_eq!(status, 401, "the admin token is required");
+    assert_eq!(scrape_without_token(&gw).await, 401, "the admin token is required");
 
     let mut stream = chat_body("chat-model", true);
     stream["stream_options"] = json!({"include_usage": true});
@@ -39,11 +35,10 @@ async fn metrics_move_with_requests_and_carry_no_identity() {
     }
     let r = gw.post("/v1/chat/completions", &chat_body("no-such-model", false), &[]).await;
     assert_eq!(r.status, 404);
-    let token = gw.admin_token.clone();
     // The log phase (where a request is counted) may end just after the client's answer.
     let mut text = String::new();
     for _ in 0..40 {
-        text = scrape(&gw, Some(&token)).await.1;
+        text = gw.metrics().await;
         let done = sample(&text, "tollgate_requests_total", &["model=\"chat-model\"", "status=\"200\""]) == Some(3.0)
             && sample(&text, "tollgate_requests_total", &["status=\"404\""]).is_some();
         if done {

@@ -35,7 +35,8 @@ pub fn apply(cx: &mut RequestCtx, funding: Funding, plan: Option<&PlanSeen>) {
 pub fn refusal(r: FundRefusal, plan: Option<&PlanSeen>, topup_url: &str, hold: i64, now: Millis) -> GatewayError {
     match r {
         FundRefusal::Insufficient { balance_cents } => insufficient(balance_cents, hold, topup_url, plan, now),
-        FundRefusal::KeyLimit => GatewayError::new(ErrorKind::SpendLimitReached, "unreachable: checked before"),
+        // Billing answers this one with the key's own reading (limit, spend, reset).
+        FundRefusal::KeyLimit => GatewayError::internal("a key-limit refusal without the key's reading"),
         FundRefusal::Plan(r) => {
             let err = match r {
                 Refusal::LimitReached { .. } => return limit_reached(r, plan, now),

@@ -68,15 +68,14 @@ pub fn credits_json(seen: &PlanSeen, blocker: Option<CreditsBlocker>) -> Value {
 /// The Standby day's counters; `resets_at` is the refill time.
 pub fn standby_day_json(seen: &PlanSeen) -> Value {
     let c = &seen.record.counters;
-    let limit = seen.limits.standby_day_microcents;
-    let pct = if limit <= 0 { 100 } else { (i128::from(c.standby_used) * 100 / i128::from(limit)).clamp(0, 100) };
-    json!({
-        "starts_at": iso(c.day_start),
-        "resets_at": iso(c.day_start + DAY_MS),
-        "used_microcents": c.standby_used,
-        "limit_microcents": limit,
-        "used_percent": pct,
-    })
+    let day = WindowFacts {
+        name: "standby_day",
+        used: c.standby_used,
+        limit: seen.limits.standby_day_microcents,
+        pending: c.standby_pending,
+        resets_at: Some(c.day_start + DAY_MS),
+    };
+    window_json(&day, c.day_start)
 }
 
 /// `included_month`: the plan's billing month and the plan value used in it.

@@ -293,7 +293,10 @@ impl Planner {
             }
         }
         self.snap.settled.insert(s.request_id.clone());
-        touch(&mut self.changed_ws, &s.workspace_id);
+        if !plan_paid {
+            // A plan- or Standby-paid settlement leaves the money as it was: no row to rewrite.
+            touch(&mut self.changed_ws, &s.workspace_id);
+        }
         Ok(OpOutcome::Settle(SettleOutcome::Settled { debit_cents: debit.0, balance_cents }))
     }
 
@@ -305,7 +308,8 @@ impl Planner {
         m.balance_cents += hold.amount_cents;
         m.held_cents -= hold.amount_cents;
         hold.state = state.into();
-        if hold.amount_cents != 0 {
+        let hold_cents = hold.amount_cents;
+        if hold_cents != 0 {
             self.plan.entries.push(NewEntry {
                 workspace_id: hold.workspace_id.clone(),
                 kind: "hold_release",
@@ -324,7 +328,9 @@ impl Planner {
                 touch(&mut self.changed_plans, &ws);
             }
         }
-        touch(&mut self.changed_ws, &ws);
+        if hold_cents != 0 {
+            touch(&mut self.changed_ws, &ws);
+        }
         self.changed_holds.push(rid.into());
         true
     }

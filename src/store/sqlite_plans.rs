@@ -1,6 +1,8 @@
 //! Plans on SQLite: read, set and clear a workspace's plan (each in one `BEGIN IMMEDIATE`
 //! transaction), and the batch's plan reads and counter writes.
 
+use std::sync::LazyLock;
+
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 use super::StoreError;
@@ -29,8 +31,9 @@ fn conversion(msg: String) -> rusqlite::Error {
 
 /// The workspace's plan, in the current transaction or connection.
 pub(super) fn plan_of(c: &Connection, ws: &str) -> rusqlite::Result<Option<PlanRecord>> {
-    let sql = format!("SELECT {} FROM plans WHERE workspace_id = ?1", all_columns());
-    let mut st = c.prepare_cached(&sql)?;
+    static SQL: LazyLock<String> =
+        LazyLock::new(|| format!("SELECT {} FROM plans WHERE workspace_id = ?1", all_columns()));
+    let mut st = c.prepare_cached(&SQL)?;
     let row = st.query_row([ws], |r| Ok(read_plan(r, 0))).optional()?;
     row.transpose().map_err(conversion)
 }
@@ -40,9 +43,12 @@ pub(super) fn write_counters(c: &Connection, plans: &[(String, Counters)]) -> ru
     if plans.is_empty() {
         return Ok(());
     }
-    let sets: Vec<String> = COUNTER_COLUMNS.iter().enumerate().map(|(i, col)| format!("{col} = ?{}", i + 2)).collect();
-    let sql = format!("UPDATE plans SET {} WHERE workspace_id = ?1", sets.join(", "));
-    let mut st = c.prepare_cached(&sql)?;
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        let sets: Vec<String> =
+            COUNTER_COLUMNS.iter().enumerate().map(|(i, col)| format!("{col} = ?{}", i + 2)).collect();
+        format!("UPDATE plans SET {} WHERE workspace_id = ?1", sets.join(", "))
+    });
+    let mut st = c.prepare_cached(&SQL)?;
     for (ws, counters) in plans {
         let v = counter_values(counters);
         st.execute(params![

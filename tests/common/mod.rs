@@ -457,6 +457,14 @@ impl Gateway {
         }
     }
 
+    /// The admin listener's Prometheus text (`GET /metrics`, with the admin token).
+    pub async fn metrics(&self) -> String {
+        let url = format!("http://127.0.0.1:{}/metrics", self.admin_port);
+        let r = reqwest::Client::new().get(url).bearer_auth(&self.admin_token).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+        r.text().await.unwrap()
+    }
+
     /// Authorization header with the test key.
     pub fn bearer(&self) -> String {
         format!("Bearer {}", self.key)
