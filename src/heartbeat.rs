@@ -163,3 +163,24 @@ mod tests {
         assert_eq!(&frame(b"hello", false)[..], b"hello");
     }
 }
+
+/// Arm the dialect's heartbeat (if it asked for one) on a plain HTTP/1 client connection:
+/// chunked when the client speaks HTTP/1.1, since the rewritten body has no length.
+pub fn arm_for(
+    s: &pingora::proxy::Session,
+    resp: &pingora::http::ResponseHeader,
+    cx: &mut crate::ctx::RequestCtx,
+    every: Duration,
+) {
+    let Some(payload) = cx.heartbeat_payload.as_ref() else { return };
+    let Some(h1) = s.as_downstream().as_http1() else { return };
+    if s.digest().is_some_and(|d| d.ssl_digest.is_some()) {
+        return; // the ping is written on the raw socket: not under TLS (decision 124)
+    }
+    if resp.headers.contains_key("content-length") {
+        return; // a sized body cannot take extra bytes
+    }
+    let chunked = s.req_header().version == http::Version::HTTP_11;
+    let framed = frame(payload, chunked);
+    cx.heartbeat = Heartbeat::arm(h1.stream().id(), framed, every);
+}

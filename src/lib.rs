@@ -15,6 +15,7 @@ pub mod ctx;
 pub mod envelope;
 pub mod error;
 pub mod faults;
+pub mod health;
 pub mod heartbeat;
 pub mod held_output;
 pub mod idempotency;

@@ -25,7 +25,15 @@ struct Metrics {
     cost: IntCounterVec,
     replica_in_flight: IntGaugeVec,
     replica_up: IntGaugeVec,
+    reloads: IntCounterVec,
+    store_ops: IntCounterVec,
+    store_seconds: HistogramVec,
+    refusals: IntCounterVec,
+    settlement_retries: IntCounterVec,
+    holds_outstanding: IntGaugeVec,
 }
+
+const STORE_BUCKETS: &[f64] = &[0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0];
 
 const DURATION_BUCKETS: &[f64] =
     &[0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 740.0];
@@ -72,8 +80,40 @@ fn register() -> prometheus::Result<Metrics> {
             &["model", "replica"]
         )?,
         replica_up: register_int_gauge_vec!(
-            Opts::new("tollgate_replica_up", "1 while the replica takes new requests, 0 while ejected"),
+            Opts::new(
+                "tollgate_replica_up",
+                "1 while the replica takes new requests, 0 while ejected or failing checks"
+            ),
             &["model", "replica"]
+        )?,
+        reloads: register_int_counter_vec!(
+            Opts::new("tollgate_config_reloads_total", "Reloads of models.yaml and upstreams.yaml, by outcome"),
+            &["outcome"]
+        )?,
+        store_ops: register_int_counter_vec!(
+            Opts::new("tollgate_store_operations_total", "Round trips to the identity, ledger and limiter stores"),
+            &["store", "op", "outcome"]
+        )?,
+        store_seconds: hist(
+            "tollgate_store_operation_seconds",
+            "Latency of store round trips (a ledger batch counts once)",
+            &["store", "op"],
+            STORE_BUCKETS,
+        )?,
+        refusals: register_int_counter_vec!(
+            Opts::new("tollgate_admission_refusals_total", "Requests refused by a rate limit or admission gate"),
+            &["gate"]
+        )?,
+        settlement_retries: register_int_counter_vec!(
+            Opts::new("tollgate_settlement_retries_total", "Ledger settlements retried after a store failure"),
+            &["store"]
+        )?,
+        holds_outstanding: register_int_gauge_vec!(
+            Opts::new(
+                "tollgate_holds_outstanding",
+                "Credit holds this instance has placed and not yet settled or released"
+            ),
+            &["store"]
         )?,
     })
 }
@@ -141,12 +181,51 @@ fn status_str(buf: &mut [u8; 3]) -> &str {
 pub fn refresh(config: &Config) {
     let Some(m) = METRICS.as_ref() else { return };
     let now = crate::clock::now_ms();
+    // Replicas a reload removed leave the gauges.
+    m.replica_in_flight.reset();
+    m.replica_up.reset();
     for (model, pool) in config.pools.iter() {
         for r in &pool.replicas {
             let labels = [model.as_str(), r.authority.as_str()];
-            let n = r.in_flight.load(std::sync::atomic::Ordering::Relaxed);
+            let n = r.in_flight();
             m.replica_in_flight.with_label_values(&labels).set(i64::from(n));
             m.replica_up.with_label_values(&labels).set(i64::from(r.up(now)));
         }
+    }
+}
+
+/// A reload of the operator files ended (`ok`: put in force).
+pub fn config_reloaded(ok: bool) {
+    if let Some(m) = METRICS.as_ref() {
+        m.reloads.with_label_values(&[if ok { "ok" } else { "invalid" }]).inc();
+    }
+}
+
+/// One store round trip: `store` is identity, ledger or limiter; `op` a fixed name.
+pub fn store_op(store: &str, op: &str, ok: bool, elapsed: Duration) {
+    if let Some(m) = METRICS.as_ref() {
+        m.store_ops.with_label_values(&[store, op, if ok { "ok" } else { "error" }]).inc();
+        m.store_seconds.with_label_values(&[store, op]).observe(elapsed.as_secs_f64());
+    }
+}
+
+/// A request refused by `gate` (a fixed name per limit layer).
+pub fn admission_refused(gate: &str) {
+    if let Some(m) = METRICS.as_ref() {
+        m.refusals.with_label_values(&[gate]).inc();
+    }
+}
+
+/// A settlement that failed and is tried again.
+pub fn settlement_retried(store: &str) {
+    if let Some(m) = METRICS.as_ref() {
+        m.settlement_retries.with_label_values(&[store]).inc();
+    }
+}
+
+/// Holds placed (+1) and settled or released (-1).
+pub fn holds_moved(store: &str, delta: i64) {
+    if let Some(m) = METRICS.as_ref() {
+        m.holds_outstanding.with_label_values(&[store]).add(delta);
     }
 }

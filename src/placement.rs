@@ -24,7 +24,7 @@ pub struct Slot {
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        self.replica.in_flight.fetch_sub(1, Ordering::AcqRel);
+        self.replica.state.in_flight.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -44,6 +44,7 @@ pub const EJECT_MS: i64 = 10_000;
 
 fn try_reserve(index: usize, replica: &Arc<Replica>) -> Option<Slot> {
     replica
+        .state
         .in_flight
         .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < replica.max_concurrency).then_some(n + 1))
         .ok()
@@ -114,7 +115,7 @@ fn least_loaded(pool: &Pool, skip: &[usize], budget: usize, now: i64) -> Result<
         .filter(|(_, r)| r.up(now))
         .map(|(i, r)| {
             // Load as a fraction of the replica's own concurrency, scaled to integers.
-            let load = u64::from(r.in_flight.load(Ordering::Acquire)) * 1_000_000 / u64::from(r.max_concurrency.max(1));
+            let load = u64::from(r.in_flight()) * 1_000_000 / u64::from(r.max_concurrency.max(1));
             (load, i)
         })
         .collect();
@@ -128,7 +129,7 @@ fn least_loaded(pool: &Pool, skip: &[usize], budget: usize, now: i64) -> Result<
 /// Passive health: a replica that refused a connection gets no new request for `EJECT_MS`.
 pub fn eject(slot: &Slot, request_id: &str) {
     let until = crate::clock::now_ms() + EJECT_MS;
-    slot.replica.ejected_until_ms.store(until, Ordering::Relaxed);
+    slot.replica.state.ejected_until_ms.store(until, Ordering::Relaxed);
     log::warn!(
         "{request_id}: replica {} refused a connection; ejected for {} s",
         slot.replica.authority,
@@ -138,7 +139,7 @@ pub fn eject(slot: &Slot, request_id: &str) {
 
 /// Requests in flight across the pool (this instance's view).
 pub fn pool_in_flight(pool: &Pool) -> u32 {
-    pool.replicas.iter().map(|r| r.in_flight.load(Ordering::Acquire)).sum()
+    pool.replicas.iter().map(|r| r.in_flight()).sum()
 }
 
 #[cfg(test)]
@@ -207,18 +208,18 @@ mod tests {
     fn ejected_replicas_get_no_new_requests_and_come_back() {
         let p = uniform_pool(2, 4);
         let now = crate::clock::now_ms();
-        p.replicas[0].ejected_until_ms.store(now + 60_000, Ordering::Relaxed);
+        p.replicas[0].state.ejected_until_ms.store(now + 60_000, Ordering::Relaxed);
         for _ in 0..3 {
             assert_eq!(place(&p, &[]).ok().map(|s| s.index), Some(1), "only the healthy replica");
         }
         let home = preferred(&p, 5).unwrap_or(0);
-        p.replicas[home].ejected_until_ms.store(now + 60_000, Ordering::Relaxed);
-        p.replicas[1 - home].ejected_until_ms.store(0, Ordering::Relaxed);
+        p.replicas[home].state.ejected_until_ms.store(now + 60_000, Ordering::Relaxed);
+        p.replicas[1 - home].state.ejected_until_ms.store(0, Ordering::Relaxed);
         let (slot, spilled) = place_for(&p, &[], Some(5)).ok().unwrap();
         assert!(spilled && slot.index != home, "an ejected home is skipped");
-        p.replicas[1 - home].ejected_until_ms.store(now + 60_000, Ordering::Relaxed);
+        p.replicas[1 - home].state.ejected_until_ms.store(now + 60_000, Ordering::Relaxed);
         assert_eq!(place(&p, &[]).err(), Some(NoSlot::Unhealthy), "no healthy replica: answered at once");
-        p.replicas[0].ejected_until_ms.store(now - 1, Ordering::Relaxed);
+        p.replicas[0].state.ejected_until_ms.store(now - 1, Ordering::Relaxed);
         assert_eq!(place(&p, &[]).ok().map(|s| s.index), Some(0), "back once its ejection ends");
     }
 

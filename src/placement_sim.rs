@@ -6,7 +6,6 @@
 //! Deterministic: a seeded generator, no clock. `benches/placement_sim.rs` prints it.
 
 use std::sync::Arc;
-use std::sync::atomic::AtomicU32;
 use std::time::Duration;
 
 use crate::config::{Pool, Replica};
@@ -62,14 +61,15 @@ pub fn uniform_pool(n: usize, capacity: u32) -> Pool {
                     addr: ([10, 0, 0, 1], 8000 + i as u16).into(),
                     authority: format!("10.0.0.1:{}", 8000 + i),
                     max_concurrency: capacity,
-                    in_flight: AtomicU32::new(0),
-                    ejected_until_ms: std::sync::atomic::AtomicI64::new(0),
+                    state: Default::default(),
                 })
             })
             .collect(),
         connect_timeout: Duration::from_secs(1),
         busy_threshold_percent: 75,
         authorization: None,
+        health_check: None,
+        tls: None,
     }
 }
 
@@ -127,8 +127,7 @@ pub fn simulate(p: SimParams, affinity: bool) -> SimReport {
                 }
             }
         }
-        let loads: Vec<f64> =
-            pool.replicas.iter().map(|r| f64::from(r.in_flight.load(std::sync::atomic::Ordering::Relaxed))).collect();
+        let loads: Vec<f64> = pool.replicas.iter().map(|r| f64::from(r.in_flight())).collect();
         let mean = loads.iter().sum::<f64>() / loads.len() as f64;
         if mean >= 1.0 {
             spread_sum += loads.iter().copied().fold(0.0, f64::max) / mean;

@@ -9,14 +9,25 @@ use pingora::server::configuration::{Opt, ServerConf};
 use pingora::services::listening::Service;
 
 use tollgate::admin::AdminApp;
-use tollgate::config::Config;
+use tollgate::config::{Config, LiveConfig};
 use tollgate::plugin::Chain;
 use tollgate::proxy::Gateway;
 use tollgate_plugins::Services;
 
+/// How the process starts.
+pub struct Start<'a> {
+    /// Where the pid file and the upgrade socket live (the temp dir).
+    pub pid_dir: &'a std::path::Path,
+    /// `--upgrade`: take the listening sockets from the running process instead of binding
+    /// (it hands them over on SIGQUIT, then finishes its requests and exits).
+    pub upgrade: bool,
+}
+
 /// Build and run the server; never returns.
-pub fn run(config: Config, chain: Chain, services: Services, pid_dir: &std::path::Path) -> ! {
-    let config = Arc::new(config);
+pub fn run(config: Config, chain: Chain, services: Services, start: Start<'_>) -> ! {
+    let live = Arc::new(LiveConfig::new(config));
+    let config = live.current();
+    let pid_dir = start.pid_dir;
     // Per-instance files, so several gateways (and tests) run side by side.
     let port = config.gateway.listen.port();
     let conf = ServerConf {
@@ -29,7 +40,8 @@ pub fn run(config: Config, chain: Chain, services: Services, pid_dir: &std::path
         max_retries: 2,
         ..ServerConf::default()
     };
-    let mut server = Server::new_with_opt_and_conf(Opt::default(), conf);
+    let opt = Opt { upgrade: start.upgrade, ..Opt::default() };
+    let mut server = Server::new_with_opt_and_conf(opt, conf);
     server.bootstrap();
     let listen = config.gateway.listen.to_string();
     let config_sweep = config.gateway.sweep_interval;
@@ -40,13 +52,30 @@ pub fn run(config: Config, chain: Chain, services: Services, pid_dir: &std::path
     }
     let admin = AdminApp {
         token: config.gateway.admin_token.as_ref().map(|t| t.expose().to_string()),
-        config: config.clone(),
+        live: live.clone(),
         identity: services.identity.clone(),
         ledger: services.ledger.clone(),
     };
-    let gateway = Gateway::new(config.clone(), chain, placement_store(&config.gateway.limits.store));
+    let gateway = Gateway::new(live.clone(), chain, placement_store(&config.gateway.limits.store));
     let mut proxy = pingora::proxy::http_proxy_service(&server.configuration, gateway);
-    proxy.add_tcp(&listen);
+    match &config.gateway.tls {
+        Some(tls) => {
+            // The files were read and checked with the config; ALPN offers HTTP/1.1 only
+            // (the request body replay needs HTTP/1, decision 124).
+            let (cert, key) = (tls.cert_file.to_string_lossy(), tls.key_file.to_string_lossy());
+            match pingora::listeners::tls::TlsSettings::intermediate(&cert, &key) {
+                Ok(mut settings) => {
+                    settings.set_alpn(pingora::protocols::ALPN::H1);
+                    proxy.add_tls_with_settings(&listen, None, settings);
+                }
+                Err(e) => {
+                    log::error!("TLS listener {listen}: {e}");
+                    std::process::exit(1);
+                }
+            }
+        }
+        None => proxy.add_tcp(&listen),
+    }
     let mut admin_service = Service::new("admin".to_string(), admin);
     admin_service.add_tcp(&admin_listen);
     admin_service.threads = Some(1);
@@ -55,6 +84,8 @@ pub fn run(config: Config, chain: Chain, services: Services, pid_dir: &std::path
     if let Some(ledger) = services.ledger.clone() {
         spawn_hold_sweeper(ledger, config_sweep);
     }
+    tollgate::health::spawn(live.clone());
+    spawn_reload_on_hangup(live);
     server.run_forever()
 }
 
@@ -88,6 +119,31 @@ fn spawn_hold_sweeper(ledger: Arc<dyn tollgate::store::ledger::LedgerStore>, eve
     };
     if let Err(e) = std::thread::Builder::new().name("hold-sweeper".into()).spawn(run) {
         log::error!("hold sweeper thread: {e}");
+    }
+}
+
+/// SIGHUP reloads `models.yaml` and `upstreams.yaml` like `POST /admin/v1/reload` (the
+/// outcome is logged). Registering the handler also keeps SIGHUP from ending the process.
+fn spawn_reload_on_hangup(live: Arc<LiveConfig>) {
+    let run = move || {
+        let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
+            log::error!("SIGHUP handler could not start");
+            return;
+        };
+        rt.block_on(async move {
+            use tokio::signal::unix::{SignalKind, signal};
+            let Ok(mut hangups) = signal(SignalKind::hangup()) else {
+                log::error!("SIGHUP handler could not be installed");
+                return;
+            };
+            while hangups.recv().await.is_some() {
+                log::info!("SIGHUP: reloading models.yaml and upstreams.yaml");
+                let _ = tollgate::admin::reload_answer(&live);
+            }
+        });
+    };
+    if let Err(e) = std::thread::Builder::new().name("reload-signal".into()).spawn(run) {
+        log::error!("SIGHUP handler thread: {e}");
     }
 }
 

@@ -34,7 +34,22 @@ pub async fn handle(state: Arc<State>, req: Request<Incoming>) -> Result<Respons
         return handle_v1(state, req).await;
     }
     Ok(match (req.method(), path) {
-        (&Method::GET, "/health") => plain(StatusCode::OK, "ok"),
+        (&Method::GET, "/health") => {
+            state.health_checks.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let status = state.health_status.load(std::sync::atomic::Ordering::Relaxed);
+            plain(StatusCode::from_u16(status).unwrap_or(StatusCode::OK), "health")
+        }
+        (&Method::POST, "/mock/health") => {
+            // `?status=N`: what `/health` answers from now on (the tests' way to fail a replica).
+            let status = req.uri().query().and_then(|q| q.strip_prefix("status=")).and_then(|s| s.parse::<u16>().ok());
+            match status.filter(|s| (100..600).contains(s)) {
+                Some(s) => {
+                    state.health_status.store(s, std::sync::atomic::Ordering::Relaxed);
+                    plain(StatusCode::OK, "set")
+                }
+                None => plain(StatusCode::BAD_REQUEST, "use ?status=N"),
+            }
+        }
         (&Method::GET, "/mock/last-request") => json(StatusCode::OK, state.last_request_json()),
         (&Method::GET, "/mock/stats") => json(StatusCode::OK, state.stats_json()),
         _ => not_found(path),

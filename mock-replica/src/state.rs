@@ -19,6 +19,10 @@ pub struct State {
     in_flight: AtomicU64,
     max_in_flight: AtomicU64,
     last: Mutex<Option<Recorded>>,
+    /// Status `GET /health` answers (set by `POST /mock/health?status=N`).
+    pub health_status: std::sync::atomic::AtomicU16,
+    /// `GET /health` calls so far.
+    pub health_checks: AtomicU64,
 }
 
 /// One `/v1` request as received.
@@ -47,6 +51,8 @@ impl State {
             in_flight: AtomicU64::new(0),
             max_in_flight: AtomicU64::new(0),
             last: Mutex::new(None),
+            health_status: std::sync::atomic::AtomicU16::new(200),
+            health_checks: AtomicU64::new(0),
         }
     }
 
@@ -105,6 +111,8 @@ impl State {
         crate::json::push_u64(&mut out, self.in_flight.load(Ordering::Relaxed));
         out.put_slice(b",\"max_in_flight\":");
         crate::json::push_u64(&mut out, self.max_in_flight.load(Ordering::Relaxed));
+        out.put_slice(b",\"health_checks\":");
+        crate::json::push_u64(&mut out, self.health_checks.load(Ordering::Relaxed));
         out.put_u8(b'}');
         out.freeze()
     }

@@ -2,6 +2,7 @@
 //! by the model object of `GET /v1/models`, so what is published is what is enforced.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
 use tollgate::config::{LimitSettings, ModelEntry, Pool};
@@ -84,23 +85,45 @@ pub fn in_force(settings: &LimitSettings, model: &ModelEntry, pool: &Pool, p: &P
 }
 
 /// The shared in-flight count of each model as the last admission on this instance saw it.
+/// Models added by a reload get their reading at their first admission.
 #[derive(Default)]
 pub struct BusyReadings {
-    by_model: HashMap<String, (AtomicU64, AtomicI64)>,
+    by_model: std::sync::RwLock<HashMap<String, Arc<Reading>>>,
+}
+
+#[derive(Default)]
+struct Reading {
+    count: AtomicU64,
+    at: AtomicI64,
 }
 
 impl BusyReadings {
     pub fn new<'a>(models: impl Iterator<Item = &'a str>) -> Self {
-        BusyReadings {
-            by_model: models.map(|m| (m.to_string(), (AtomicU64::new(0), AtomicI64::new(i64::MIN)))).collect(),
+        let readings = BusyReadings::default();
+        for m in models {
+            readings.reading(m);
         }
+        readings
+    }
+
+    fn get(&self, model: &str) -> Option<Arc<Reading>> {
+        self.by_model.read().unwrap_or_else(|e| e.into_inner()).get(model).cloned()
+    }
+
+    fn reading(&self, model: &str) -> Arc<Reading> {
+        if let Some(r) = self.get(model) {
+            return r;
+        }
+        let mut map = self.by_model.write().unwrap_or_else(|e| e.into_inner());
+        map.entry(model.to_string())
+            .or_insert_with(|| Arc::new(Reading { count: AtomicU64::new(0), at: AtomicI64::new(i64::MIN) }))
+            .clone()
     }
 
     pub fn record(&self, model: &str, in_flight: u64, now_ms: i64) {
-        if let Some((count, at)) = self.by_model.get(model) {
-            count.store(in_flight, Ordering::Relaxed);
-            at.store(now_ms, Ordering::Relaxed);
-        }
+        let r = self.reading(model);
+        r.count.store(in_flight, Ordering::Relaxed);
+        r.at.store(now_ms, Ordering::Relaxed);
     }
 
     /// Busy when the requests in flight as the request arrives (the last reading, not older
@@ -109,16 +132,16 @@ impl BusyReadings {
     /// reading the model counts as not busy: spare capacity admits more, and the admission's
     /// reply brings a fresh reading.
     pub fn is_busy(&self, model: &str, busy_at: u64, now_ms: i64) -> bool {
-        self.by_model.get(model).is_some_and(|(count, at)| {
-            now_ms.saturating_sub(at.load(Ordering::Relaxed)) <= BUSY_READING_TTL_MS
-                && count.load(Ordering::Relaxed) >= busy_at
+        self.get(model).is_some_and(|r| {
+            now_ms.saturating_sub(r.at.load(Ordering::Relaxed)) <= BUSY_READING_TTL_MS
+                && r.count.load(Ordering::Relaxed) >= busy_at
         })
     }
 
     /// A request admitted on this instance ended: it no longer counts in the reading.
     pub fn ended(&self, model: &str) {
-        if let Some((count, _)) = self.by_model.get(model) {
-            let _ = count.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| Some(c.saturating_sub(1)));
+        if let Some(r) = self.get(model) {
+            let _ = r.count.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| Some(c.saturating_sub(1)));
         }
     }
 }

@@ -92,9 +92,10 @@ pub async fn route(app: &AdminApp, method: &str, path: &str, body: &Value) -> An
     match (method, parts.as_slice()) {
         ("GET", ["admin", "v1", "health"]) => health(app).await,
         ("GET", ["metrics"]) => {
-            crate::metrics::refresh(&app.config);
+            crate::metrics::refresh(&app.live.current());
             Ok(metrics())
         }
+        ("POST", ["admin", "v1", "reload"]) => Ok(super::pools::reload(app)),
         ("POST", ["admin", "v1", "workspaces"]) => create_workspace(app, body).await,
         ("GET", ["admin", "v1", "workspaces", ws]) => get_workspace(app, ws).await,
         ("POST", ["admin", "v1", "workspaces", ws, "keys"]) => create_key(app, ws, body).await,
@@ -136,7 +137,10 @@ async fn health(app: &AdminApp) -> Answer {
             }
         }
     }
-    let body = json!({ "status": if ok { "ok" } else { "degraded" }, "stores": stores });
+    // Replica health is reported, not folded into the status: a node whose one pool is down
+    // still serves the others (decision 125).
+    let pools = super::pools::pools_health(&app.live.current());
+    let body = json!({ "status": if ok { "ok" } else { "degraded" }, "stores": stores, "pools": pools });
     Ok(json_response(if ok { 200 } else { 503 }, &body))
 }
 
@@ -294,7 +298,8 @@ async fn revoke_key(app: &AdminApp, id: &str) -> Answer {
 }
 
 fn model_pause(app: &AdminApp, model: &str, action: &str, body: &Value) -> Answer {
-    let entry = app.config.catalog.get(model).ok_or_else(|| AdminError::not_found("model"))?;
+    let config = app.live.current();
+    let entry = config.catalog.get(model).ok_or_else(|| AdminError::not_found("model"))?;
     match action {
         "pause" => {
             let f = Fields::new(body, &["until"])?;
@@ -304,6 +309,13 @@ fn model_pause(app: &AdminApp, model: &str, action: &str, body: &Value) -> Answe
         }
         "resume" => entry.set_paused_until(None),
         _ => return Err(AdminError::new(404, "unknown_route", "use pause or resume")),
+    }
+    // A reload that swapped the catalog meanwhile copied the state before this change.
+    let now = app.live.current();
+    if !Arc::ptr_eq(&now, &config) {
+        if let Some(fresh) = now.catalog.get(model) {
+            fresh.set_paused_until(entry.paused_until());
+        }
     }
     Ok(json_response(200, &entry.to_json()))
 }

@@ -1,5 +1,5 @@
 //! The admin API (`../shared/spec/admin-api.md`) on its own listener: workspaces, keys,
-//! model pause/resume, health and metrics. Every call needs `Authorization: Bearer <admin
+//! model pause/resume, config reload, health and metrics. Every call needs `Authorization: Bearer <admin
 //! token>`; with no token configured every call is refused with 401, so the listener never
 //! runs open. JSON in and out; errors are `{"error": {"code", "message"}}`, and key
 //! operation errors also carry a top-level `code`.
@@ -8,6 +8,9 @@ mod credits;
 mod fields;
 mod handlers;
 mod plans;
+mod pools;
+
+pub use pools::reload_answer;
 
 use std::sync::Arc;
 
@@ -18,7 +21,7 @@ use pingora::protocols::http::ServerSession;
 use serde_json::{Value, json};
 use subtle::ConstantTimeEq;
 
-use crate::config::Config;
+use crate::config::LiveConfig;
 use crate::identity_service::Identity;
 
 /// Largest admin request body.
@@ -56,7 +59,8 @@ impl AdminError {
 
 /// What the admin app serves from.
 pub struct AdminApp {
-    pub config: Arc<Config>,
+    /// The catalog and pools in force (pause, reload, health).
+    pub live: Arc<LiveConfig>,
     pub identity: Option<Arc<Identity>>,
     pub ledger: Option<Arc<dyn crate::store::ledger::LedgerStore>>,
     /// `None`: no token configured, every call is refused.

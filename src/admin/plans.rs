@@ -22,7 +22,7 @@ fn plan_json(app: &AdminApp, ws: &str, mut rec: PlanRecord, now: Millis) -> Valu
     rec.counters.roll(rec.terms.started_at, now);
     let t = &rec.terms;
     let c = &rec.counters;
-    let limits = app.config.gateway.plans.limits(t.tier);
+    let limits = app.live.current().gateway.plans.limits(t.tier);
     let [five, week] = windows(c, &limits);
     json!({
         "workspace_id": ws,

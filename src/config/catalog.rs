@@ -56,6 +56,9 @@ pub struct ModelEntry {
     pub(super) object: Map<String, Value>,
     /// `Some(t)`: paused, next availability check at `t`. Changed by operators at run time.
     pub(super) paused_until: RwLock<Option<Timestamp>>,
+    /// Paused or resumed through the admin API: the operator's word outlives a reload of
+    /// `models.yaml` (decision 122).
+    pub(super) set_by_operator: std::sync::atomic::AtomicBool,
 }
 
 impl ModelEntry {
@@ -68,8 +71,17 @@ impl ModelEntry {
         *self.paused_until.read().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// An operator's pause (`Some`) or resume (`None`) through the admin API.
     pub fn set_paused_until(&self, until: Option<Timestamp>) {
         *self.paused_until.write().unwrap_or_else(|e| e.into_inner()) = until;
+        self.set_by_operator.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Keep the operator's pause or resume of `old` (the same model before a reload).
+    pub(super) fn keep_operator_state(&self, old: &ModelEntry) {
+        if old.set_by_operator.load(std::sync::atomic::Ordering::Relaxed) {
+            self.set_paused_until(old.paused_until());
+        }
     }
 
     /// The pricing in force at `now_ms`: none inside the free window (priced at zero).

@@ -302,5 +302,6 @@ pub(super) fn check_model(
         reasoning_efforts: m.reasoning_efforts,
         object: o,
         paused_until: RwLock::new(paused_until),
+        set_by_operator: Default::default(),
     }
 }

@@ -47,6 +47,15 @@ struct RawGateway {
     plans: super::plans::RawPlans,
     #[serde(default)]
     access_log: RawAccessLog,
+    /// TLS on the public listener.
+    tls: Option<RawTls>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTls {
+    cert_file: String,
+    key_file: String,
 }
 
 #[derive(Deserialize, Default)]
@@ -240,6 +249,8 @@ pub struct GatewaySettings {
     pub plans: std::sync::Arc<crate::plans::PlanSettings>,
     /// `access_log.format: json`.
     pub access_log_json: bool,
+    /// `Some`: the public listener speaks HTTPS (HTTP/1.1 by ALPN).
+    pub tls: Option<super::ListenerTls>,
 }
 
 fn budget(p: &mut Problems, path: &str, secs: f64) -> Duration {
@@ -339,6 +350,7 @@ pub(super) fn load(file: &Path, out: &mut Vec<ConfigProblem>) -> Option<GatewayS
         sweep_interval: Duration::from_secs(raw.billing.sweep_interval_seconds.clamp(1, 3600)),
         plans,
         access_log_json,
+        tls: raw.tls.as_ref().and_then(|t| super::tls::listener(&mut p, file, &t.cert_file, &t.key_file)),
     };
     (out.len() == before).then_some(settings)
 }

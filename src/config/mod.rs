@@ -12,7 +12,9 @@ mod chat_rules;
 mod gateway;
 mod identity;
 mod limits;
+mod live;
 mod plans;
+mod tls;
 mod tokenizer;
 mod upstreams;
 
@@ -21,8 +23,10 @@ pub use chat_rules::{ChatRules, SystemMessages};
 pub use gateway::{Budgets, GatewaySettings, PluginSpec};
 pub use identity::{IdentitySettings, Secret};
 pub use limits::{GateSettings, LimitSettings, Tiers};
+pub use live::{LiveConfig, ReloadReport};
+pub use tls::{ListenerTls, pem_certificates};
 pub use tokenizer::PromptTokenizer;
-pub use upstreams::{Pool, Pools, Replica};
+pub use upstreams::{HealthCheck, HealthState, Pool, Pools, Replica, ReplicaState, UpstreamTls};
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -75,10 +79,11 @@ impl<'a> Problems<'a> {
     }
 }
 
-/// The checked configuration a server runs with.
+/// The checked configuration a server runs with. `gateway` (`tollgate.yaml`) is fixed for
+/// the life of the process; `catalog` and `pools` are replaced whole by a reload.
 #[derive(Debug)]
 pub struct Config {
-    pub gateway: GatewaySettings,
+    pub gateway: std::sync::Arc<GatewaySettings>,
     pub catalog: Catalog,
     pub pools: Pools,
     /// Where `tollgate.yaml` was read from (relative paths in it resolve against its folder).
@@ -92,14 +97,36 @@ pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
     let Some(gateway) = gateway else {
         return Err(ConfigErrors(out));
     };
+    load_operator_files(std::sync::Arc::new(gateway), path, None, out)
+}
+
+/// Read `models.yaml` and `upstreams.yaml` again for a running server: its `tollgate.yaml`
+/// settings stay; replicas kept keep their counters and health, and a model the operator
+/// paused or resumed keeps that state (decision 122).
+pub fn reload(running: &Config) -> Result<Config, ConfigErrors> {
+    let config = load_operator_files(running.gateway.clone(), &running.source, Some(running), Vec::new())?;
+    for entry in &config.catalog.models {
+        if let Some(old) = running.catalog.get(&entry.id).filter(|old| old.id == entry.id) {
+            entry.keep_operator_state(old);
+        }
+    }
+    Ok(config)
+}
+
+fn load_operator_files(
+    gateway: std::sync::Arc<GatewaySettings>,
+    source: &Path,
+    running: Option<&Config>,
+    mut out: Vec<ConfigProblem>,
+) -> Result<Config, ConfigErrors> {
     let catalog = catalog::load(&gateway.models_file, &gateway, &mut out);
     let pools = match &catalog {
-        Some(c) => upstreams::load(&gateway.upstreams_file, c, &mut out),
+        Some(c) => upstreams::load(&gateway.upstreams_file, c, running.map(|r| &r.pools), &mut out),
         None => None,
     };
     match (catalog, pools) {
         (Some(catalog), Some(pools)) if out.is_empty() => {
-            Ok(Config { gateway, catalog, pools, source: path.to_path_buf() })
+            Ok(Config { gateway, catalog, pools, source: source.to_path_buf() })
         }
         _ => Err(ConfigErrors(out)),
     }

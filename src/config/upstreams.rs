@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::AtomicU32;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, Ordering};
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -31,6 +31,14 @@ struct RawPool {
     busy_threshold_percent: u8,
     /// Environment variable holding a bearer token the replicas expect (never the client's).
     api_key_env: Option<String>,
+    /// Active health checks; off unless given (decision 123).
+    health_check: Option<RawHealthCheck>,
+    /// `https://` replicas: certificates verified against `ca_file` (else the system roots).
+    #[serde(default)]
+    tls: bool,
+    ca_file: Option<String>,
+    /// Name the certificates must carry; default: the host of each replica's address.
+    sni: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -40,11 +48,41 @@ struct RawReplica {
     max_concurrency: u32,
 }
 
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawHealthCheck {
+    #[serde(default = "default_health_path")]
+    path: String,
+    #[serde(default = "default_health_interval")]
+    interval_ms: u64,
+    #[serde(default = "default_health_timeout")]
+    timeout_ms: u64,
+    #[serde(default = "default_unhealthy_after")]
+    unhealthy_after: u32,
+    #[serde(default = "default_healthy_after")]
+    healthy_after: u32,
+}
+
 fn default_connect_timeout_ms() -> u64 {
     2_000
 }
 fn default_busy_percent() -> u8 {
     75
+}
+fn default_health_path() -> String {
+    "/health".into()
+}
+fn default_health_interval() -> u64 {
+    5_000
+}
+fn default_health_timeout() -> u64 {
+    1_000
+}
+fn default_unhealthy_after() -> u32 {
+    3
+}
+fn default_healthy_after() -> u32 {
+    2
 }
 
 /// One model server.
@@ -54,18 +92,82 @@ pub struct Replica {
     /// `host:port` as configured, sent as `Host`.
     pub authority: String,
     pub max_concurrency: u32,
+    /// What changes at run time; the same value survives a reload that keeps the replica, so
+    /// requests started before it count against the same capacity (decision 122).
+    pub state: Arc<ReplicaState>,
+}
+
+/// A replica's counters and health, shared across reloads.
+#[derive(Debug, Default)]
+pub struct ReplicaState {
     /// Requests this gateway instance has on the replica now.
     pub in_flight: AtomicU32,
     /// Passive health: no new request is placed on it before this instant (Unix ms) after a
     /// connect failure (decision 121); 0 while healthy.
-    pub ejected_until_ms: std::sync::atomic::AtomicI64,
+    pub ejected_until_ms: AtomicI64,
+    /// Active health (decision 123).
+    pub checks: HealthState,
+}
+
+/// The outcome of the active checks so far.
+#[derive(Debug, Default)]
+pub struct HealthState {
+    /// Failed the last `unhealthy_after` checks and has not passed `healthy_after` since.
+    pub down: AtomicBool,
+    /// Consecutive checks with the same outcome.
+    pub streak: AtomicU32,
+    /// When the last check ended (Unix ms), 0 before the first.
+    pub last_check_ms: AtomicI64,
+    /// Why the last failed check failed.
+    pub last_error: std::sync::Mutex<Option<String>>,
 }
 
 impl Replica {
-    /// Takes new requests at `now` (not ejected).
+    /// Takes new requests at `now`: not ejected after a refused connection and not failing
+    /// its active checks.
     pub fn up(&self, now: i64) -> bool {
-        self.ejected_until_ms.load(std::sync::atomic::Ordering::Relaxed) <= now
+        self.state.ejected_until_ms.load(Ordering::Relaxed) <= now && !self.state.checks.down.load(Ordering::Relaxed)
     }
+
+    /// Requests this instance has on it now.
+    pub fn in_flight(&self) -> u32 {
+        self.state.in_flight.load(Ordering::Acquire)
+    }
+}
+
+/// Active health checks of one pool (`GET path` on each replica every `interval`).
+#[derive(Debug, Clone)]
+pub struct HealthCheck {
+    pub path: String,
+    pub interval: Duration,
+    pub timeout: Duration,
+    pub unhealthy_after: u32,
+    pub healthy_after: u32,
+}
+
+/// TLS to a pool's replicas.
+#[derive(Debug, Clone)]
+pub struct UpstreamTls {
+    /// Overrides the name checked in the certificates (else each replica's host).
+    pub sni: Option<String>,
+    /// The certificates of `ca_file`; `None`: the system's roots.
+    pub ca: Option<Arc<pingora::protocols::tls::CaType>>,
+}
+
+impl UpstreamTls {
+    /// The name a replica's certificate must carry.
+    pub fn server_name(&self, replica: &Replica) -> String {
+        match &self.sni {
+            Some(s) => s.clone(),
+            None => host_of(&replica.authority).to_string(),
+        }
+    }
+}
+
+/// `host` of `host:port` (brackets of an IPv6 literal removed).
+fn host_of(authority: &str) -> &str {
+    let host = authority.rsplit_once(':').map_or(authority, |(h, _)| h);
+    host.trim_start_matches('[').trim_end_matches(']')
 }
 
 /// The replicas serving one model.
@@ -78,6 +180,8 @@ pub struct Pool {
     pub busy_threshold_percent: u8,
     /// `Authorization` value for the replicas, if they need one.
     pub authorization: Option<String>,
+    pub health_check: Option<HealthCheck>,
+    pub tls: Option<UpstreamTls>,
 }
 
 impl Pool {
@@ -95,6 +199,11 @@ impl Pool {
     /// Sum of replica concurrency.
     pub fn capacity(&self) -> u32 {
         self.replicas.iter().map(|r| r.max_concurrency).sum()
+    }
+
+    /// The replica of this pool at `authority`, if any.
+    pub fn replica(&self, authority: &str) -> Option<&Arc<Replica>> {
+        self.replicas.iter().find(|r| r.authority == authority)
     }
 }
 
@@ -115,7 +224,14 @@ impl Pools {
     }
 }
 
-pub(super) fn load(file: &Path, catalog: &Catalog, out: &mut Vec<ConfigProblem>) -> Option<Pools> {
+/// Load and check `upstreams.yaml`. On a reload, `previous` is the running pools: a replica
+/// kept (same model, same address) keeps its counters and health.
+pub(super) fn load(
+    file: &Path,
+    catalog: &Catalog,
+    previous: Option<&Pools>,
+    out: &mut Vec<ConfigProblem>,
+) -> Option<Pools> {
     let raw: RawUpstreams = parse_yaml(file, out)?;
     let before = out.len();
     let mut p = Problems::new(file, out);
@@ -148,6 +264,9 @@ pub(super) fn load(file: &Path, catalog: &Catalog, out: &mut Vec<ConfigProblem>)
             },
             None => None,
         };
+        let health_check = pool.health_check.as_ref().map(|h| health_check(&mut p, &model, h));
+        let tls = upstream_tls(&mut p, file, &model, &pool);
+        let kept = previous.and_then(|old| old.get(&model));
         let mut replicas = Vec::new();
         for (i, r) in pool.replicas.iter().enumerate() {
             let rat = |f: &str| format!("pools.{model}.replicas[{i}].{f}");
@@ -159,8 +278,9 @@ pub(super) fn load(file: &Path, catalog: &Catalog, out: &mut Vec<ConfigProblem>)
                     addr,
                     authority: r.address.clone(),
                     max_concurrency: r.max_concurrency.max(1),
-                    in_flight: AtomicU32::new(0),
-                    ejected_until_ms: std::sync::atomic::AtomicI64::new(0),
+                    state: kept
+                        .and_then(|old| old.replica(&r.address))
+                        .map_or_else(Default::default, |old| old.state.clone()),
                 })),
                 _ => p.add(rat("address"), format!("`{}` is not a reachable host:port", r.address)),
             }
@@ -172,10 +292,63 @@ pub(super) fn load(file: &Path, catalog: &Catalog, out: &mut Vec<ConfigProblem>)
             connect_timeout: Duration::from_millis(pool.connect_timeout_ms.max(1)),
             busy_threshold_percent: pool.busy_threshold_percent,
             authorization,
+            health_check,
+            tls,
         };
         pools.by_model.insert(entry.id.clone(), Arc::new(pool));
     }
     (out.len() == before).then_some(pools)
+}
+
+fn health_check(p: &mut Problems, model: &str, h: &RawHealthCheck) -> HealthCheck {
+    let at = |f: &str| format!("pools.{model}.health_check.{f}");
+    if !h.path.starts_with('/') || h.path.len() > 256 || h.path.bytes().any(|b| b <= b' ' || b == 0x7f) {
+        p.add(at("path"), format!("`{}` must be a path starting with `/`, without spaces, at most 256 bytes", h.path));
+    }
+    if !(100..=3_600_000).contains(&h.interval_ms) {
+        p.add(at("interval_ms"), "must be 100..=3600000");
+    }
+    if h.timeout_ms == 0 || h.timeout_ms > h.interval_ms {
+        p.add(at("timeout_ms"), "must be at least 1 and at most interval_ms");
+    }
+    for (name, v) in [("unhealthy_after", h.unhealthy_after), ("healthy_after", h.healthy_after)] {
+        if !(1..=100).contains(&v) {
+            p.add(at(name), format!("must be 1..=100, got {v}"));
+        }
+    }
+    HealthCheck {
+        path: h.path.clone(),
+        interval: Duration::from_millis(h.interval_ms.max(100)),
+        timeout: Duration::from_millis(h.timeout_ms.max(1)),
+        unhealthy_after: h.unhealthy_after.max(1),
+        healthy_after: h.healthy_after.max(1),
+    }
+}
+
+fn upstream_tls(p: &mut Problems, file: &Path, model: &str, pool: &RawPool) -> Option<UpstreamTls> {
+    let at = |f: &str| format!("pools.{model}.{f}");
+    if !pool.tls {
+        if pool.ca_file.is_some() || pool.sni.is_some() {
+            p.add(at("tls"), "`ca_file` and `sni` need `tls: true`");
+        }
+        return None;
+    }
+    if let Some(sni) = &pool.sni {
+        if sni.is_empty() || sni.len() > 253 || !sni.bytes().all(|b| b.is_ascii_alphanumeric() || b"-._".contains(&b)) {
+            p.add(at("sni"), format!("`{sni}` is not a host name"));
+        }
+    }
+    let ca = pool.ca_file.as_ref().and_then(|name| {
+        let path = super::sibling(file, name);
+        match super::tls::pem_certificates(&path).and_then(super::tls::ca_list) {
+            Ok(ca) => Some(ca),
+            Err(e) => {
+                p.add(at("ca_file"), format!("{}: {e}", path.display()));
+                None
+            }
+        }
+    });
+    Some(UpstreamTls { sni: pool.sni.clone(), ca })
 }
 
 #[cfg(test)]
@@ -190,6 +363,8 @@ mod tests {
             connect_timeout: Duration::from_millis(1),
             busy_threshold_percent: 75,
             authorization: None,
+            health_check: None,
+            tls: None,
         }
     }
 

@@ -15,7 +15,7 @@ use pingora::protocols::Digest;
 use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 use pingora::{Error, ErrorSource, ErrorType, Result};
 
-use crate::config::Config;
+use crate::config::{GatewaySettings, LiveConfig};
 use crate::ctx::RequestCtx;
 use crate::envelope;
 use crate::error::{ErrorKind, GatewayError};
@@ -32,15 +32,19 @@ mod failure;
 use failure::{guarded, has_no_body, panicked};
 
 pub struct Gateway {
-    pub config: Arc<Config>,
+    /// The catalog and pools in force; each request takes the current one when it starts.
+    pub live: Arc<LiveConfig>,
+    /// `tollgate.yaml`, fixed for the process.
+    pub settings: Arc<GatewaySettings>,
     pub chain: Chain,
     /// Established sessions' replicas (in process, or shared on Redis by every instance).
     placements: Arc<dyn crate::placements::PlacementStore>,
 }
 
 impl Gateway {
-    pub fn new(config: Arc<Config>, chain: Chain, placements: Arc<dyn crate::placements::PlacementStore>) -> Self {
-        Gateway { config, chain, placements }
+    pub fn new(live: Arc<LiveConfig>, chain: Chain, placements: Arc<dyn crate::placements::PlacementStore>) -> Self {
+        let settings = live.current().gateway.clone();
+        Gateway { live, settings, chain, placements }
     }
 
     async fn handle(&self, s: &mut Session, cx: &mut RequestCtx) -> Result<Flow, GatewayError> {
@@ -98,21 +102,6 @@ impl Gateway {
         cx.output = Some(hold);
         Ok(Flow::Continue)
     }
-
-    /// Arm the dialect's heartbeat on a plain HTTP/1 client connection (the only kind the
-    /// public listener serves): chunked when the client speaks HTTP/1.1, since the rewritten
-    /// body has no length.
-    fn arm_heartbeat(&self, s: &Session, resp: &ResponseHeader, cx: &mut RequestCtx) {
-        let Some(payload) = cx.heartbeat_payload.as_ref() else { return };
-        let Some(h1) = s.as_downstream().as_http1() else { return };
-        if resp.headers.contains_key("content-length") {
-            return; // a sized body cannot take extra bytes
-        }
-        let chunked = s.req_header().version == http::Version::HTTP_11;
-        let framed = crate::heartbeat::frame(payload, chunked);
-        cx.heartbeat =
-            crate::heartbeat::Heartbeat::arm(h1.stream().id(), framed, self.config.gateway.budgets.heartbeat);
-    }
 }
 
 #[async_trait]
@@ -120,7 +109,7 @@ impl ProxyHttp for Gateway {
     type CTX = RequestCtx;
 
     fn new_ctx(&self) -> RequestCtx {
-        RequestCtx::new(self.config.clone())
+        RequestCtx::new(self.live.current())
     }
 
     async fn request_filter(&self, s: &mut Session, cx: &mut RequestCtx) -> Result<bool> {
@@ -142,8 +131,15 @@ impl ProxyHttp for Gateway {
         let Some((slot, pool)) = cx.placement.as_ref().and_then(|p| Some((p.slot.as_ref()?, &p.pool))) else {
             return Error::e_explain(ErrorType::InternalError, "no replica placed");
         };
-        let mut peer = HttpPeer::new(slot.replica.addr, false, String::new());
-        let budgets = &self.config.gateway.budgets;
+        let mut peer = match &pool.tls {
+            Some(tls) => {
+                let mut peer = HttpPeer::new(slot.replica.addr, true, tls.server_name(&slot.replica));
+                peer.options.ca = tls.ca.clone();
+                peer
+            }
+            None => HttpPeer::new(slot.replica.addr, false, String::new()),
+        };
+        let budgets = &self.settings.budgets;
         peer.options.connection_timeout = Some(pool.connect_timeout);
         peer.options.read_timeout = Some(if cx.stream {
             // Backstop only: the watchdog enforces both stream budgets exactly.
@@ -199,7 +195,7 @@ impl ProxyHttp for Gateway {
         if !cx.stream {
             return Ok(()); // the read timeout carries the budget (see `upstream_peer`)
         }
-        let budgets = &self.config.gateway.budgets;
+        let budgets = &self.settings.budgets;
         let start = tokio::time::Instant::from_std(cx.started);
         let first = Some((start + budgets.first_token, cx.first_token_seen.clone()));
         cx.watchdog = Watchdog::arm(fd, start + budgets.response, first);
@@ -293,7 +289,7 @@ impl ProxyHttp for Gateway {
             s.set_keepalive(None);
         }
         if cx.response.streaming && resp.status.is_success() {
-            self.arm_heartbeat(s, resp, cx);
+            crate::heartbeat::arm_for(s, resp, cx, self.settings.budgets.heartbeat);
         } else if cx.route.is_some_and(Route::is_generation) {
             // A non-streamed answer is judged when its body is complete: until then nothing
             // reaches the client, so a bad body can still become a clean 502.
@@ -394,6 +390,6 @@ impl ProxyHttp for Gateway {
         }
         cx.logged = true;
         crate::metrics::record(cx, status, cx.started.elapsed());
-        failure::access_log(s, cx, status, self.config.gateway.access_log_json);
+        failure::access_log(s, cx, status, self.settings.access_log_json);
     }
 }

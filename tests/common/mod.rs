@@ -199,6 +199,10 @@ pub struct Opts {
     pub env: Vec<(&'static str, String)>,
     /// Top-level sections appended to `tollgate.yaml` (e.g. `plans:`).
     pub extra_yaml: String,
+    /// Lines added to the `chat-model` pool (indented four spaces), e.g. `health_check:`.
+    pub chat_pool_extra: String,
+    /// `shutdown.grace_period_seconds`.
+    pub grace_seconds: u64,
 }
 
 impl Default for Opts {
@@ -219,6 +223,8 @@ impl Default for Opts {
             heartbeat_seconds: 15.0,
             env: Vec::new(),
             extra_yaml: String::new(),
+            chat_pool_extra: String::new(),
+            grace_seconds: 1,
         }
     }
 }
@@ -279,8 +285,8 @@ impl Gateway {
         std::fs::write(
             dir.join("tollgate.yaml"),
             format!(
-                "listen: 127.0.0.1:{port}\nadmin_listen: 127.0.0.1:{admin_port}\nthreads: 1\nlimits:\n  max_request_bytes: {}\n{}budgets:\n  first_token_seconds: {}\n  response_seconds: {}\n  heartbeat_seconds: {}\n  session_affinity_idle_ttl_seconds: {}\nshutdown:\n  grace_period_seconds: 1\n  graceful_shutdown_timeout_seconds: 1\nidentity:\n  store: {store}\n  key_pepper: {{ file: pepper }}\n  key_encryption_key: {{ file: enc }}\n{admin}billing:\n  topup_url: https://pay.example.com/top-up\n  hold_margin_seconds: {}\n  sweep_interval_seconds: 1\nplugins:\n{}  - name: auth\n{}  - name: chat_completions\n  - name: billing\n{}",
-                opts.max_request_bytes, opts.limits.clone().unwrap_or_default(), opts.first_token_seconds, opts.response_seconds, opts.heartbeat_seconds, opts.affinity_ttl_seconds, opts.hold_margin_seconds,
+                "listen: 127.0.0.1:{port}\nadmin_listen: 127.0.0.1:{admin_port}\nthreads: 1\nlimits:\n  max_request_bytes: {}\n{}budgets:\n  first_token_seconds: {}\n  response_seconds: {}\n  heartbeat_seconds: {}\n  session_affinity_idle_ttl_seconds: {}\nshutdown:\n  grace_period_seconds: {}\n  graceful_shutdown_timeout_seconds: 1\nidentity:\n  store: {store}\n  key_pepper: {{ file: pepper }}\n  key_encryption_key: {{ file: enc }}\n{admin}billing:\n  topup_url: https://pay.example.com/top-up\n  hold_margin_seconds: {}\n  sweep_interval_seconds: 1\nplugins:\n{}  - name: auth\n{}  - name: chat_completions\n  - name: billing\n{}",
+                opts.max_request_bytes, opts.limits.clone().unwrap_or_default(), opts.first_token_seconds, opts.response_seconds, opts.heartbeat_seconds, opts.affinity_ttl_seconds, opts.grace_seconds, opts.hold_margin_seconds,
                 if opts.limits.is_some() { "  - name: connection_gate\n" } else { "" },
                 if opts.without_dialects { "" } else { "  - name: dialects\n  - name: idempotency\n" },
                 if opts.limits.is_some() { "  - name: limits\n" } else { "" }
@@ -290,13 +296,10 @@ impl Gateway {
         std::fs::write(dir.join("models.yaml"), models_yaml()).unwrap();
         let m = vec![mock.addr()];
         let dead = vec![format!("127.0.0.1:{}", closed_port()), format!("127.0.0.1:{}", closed_port())];
+        let chat_extra =
+            format!("    upstream_model: org/Chat-Model-7B\n    connect_timeout_ms: 500\n{}", opts.chat_pool_extra);
         let pools: Vec<(&str, &str, &[String], u32)> = vec![
-            (
-                "chat-model",
-                "    upstream_model: org/Chat-Model-7B\n    connect_timeout_ms: 500\n",
-                &chat,
-                opts.chat_concurrency,
-            ),
+            ("chat-model", &chat_extra, &chat, opts.chat_concurrency),
             ("shared-cache-model", "", &m, 64),
             ("embed-model", "    upstream_model: org/embed\n", &m, 64),
             ("paused-model", "", &m, 64),
@@ -349,6 +352,23 @@ impl Gateway {
             gw.key = key;
         }
         gw
+    }
+
+    /// The gateway's process id (for signals).
+    pub fn pid(&self) -> u32 {
+        self.proc.child.id()
+    }
+
+    /// Wait for the process to exit (after a signal that ends it); its exit status.
+    pub fn wait_exit(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if let Some(status) = self.proc.child.try_wait().unwrap() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        None
     }
 
     /// Call the admin API (blocking; usable from sync and async tests alike).

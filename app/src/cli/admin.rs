@@ -24,7 +24,8 @@ const HELP: &str = "tollgate admin [--config F] [--url http://127.0.0.1:8081] [-
            [--credits-after-limits] [--cap-cents N] [--grace-until ISO8601] [--cancel-at ISO8601]
   plan show WORKSPACE_ID
   plan clear WORKSPACE_ID
-  health";
+  health
+  reload                 (re-read models.yaml and upstreams.yaml; a bad file changes nothing)";
 
 struct Client {
     url: String,
@@ -198,6 +199,7 @@ pub fn main(args: &[String]) -> Result<ExitCode, String> {
             ("DELETE", format!("/admin/v1/workspaces/{}/plan", word(2).ok_or("WORKSPACE_ID?")?), None)
         }
         (Some("health"), _) => ("GET", "/admin/v1/health".into(), None),
+        (Some("reload"), _) => ("POST", "/admin/v1/reload".into(), None),
         _ => {
             println!("{HELP}");
             return Ok(ExitCode::from(2));

@@ -14,7 +14,7 @@ use tollgate::identity_service::cache::KeyCache;
 use tollgate_plugins::Services;
 
 pub const USAGE: &str = "usage:
-  tollgate serve        [--config conf/tollgate.yaml]
+  tollgate serve        [--config conf/tollgate.yaml] [--upgrade]
   tollgate check-config [--config conf/tollgate.yaml]
   tollgate migrate      [--config conf/tollgate.yaml]
   tollgate init-secrets [--dir data/secrets]
@@ -129,13 +129,17 @@ pub fn main(args: Vec<String>) -> ExitCode {
                 Ok(ExitCode::SUCCESS)
             }
             "serve" => {
-                let (path, rest) = config_path(rest)?;
+                let (path, mut rest) = config_path(rest)?;
+                // `--upgrade`: take the listeners of the running process (zero-downtime upgrade).
+                let upgrade = rest.iter().any(|a| a == "--upgrade" || a == "-u");
+                rest.retain(|a| a != "--upgrade" && a != "-u");
                 no_more(&rest)?;
                 let config =
                     load(&path).map_err(|e| format!("refusing to start, the configuration has problems:\n{e}"))?;
                 let services = open_services(&config, false)?;
                 let chain = tollgate_plugins::build(&config, &services).map_err(|e| e.to_string())?;
-                crate::server::run(config, chain, services, &std::env::temp_dir())
+                let pid_dir = std::env::temp_dir();
+                crate::server::run(config, chain, services, crate::server::Start { pid_dir: &pid_dir, upgrade })
             }
             "migrate" => {
                 let (path, rest) = config_path(rest)?;

@@ -1,0 +1,55 @@
+//! TLS files named in the config, read and checked when the config loads: a missing or bad
+//! file is a config problem naming the field, not a panic at start (Pingora's listener
+//! panics on a file it cannot read).
+
+use std::path::{Path, PathBuf};
+
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+
+use super::Problems;
+
+/// The public listener's certificate chain and key (`tls:` in `tollgate.yaml`).
+#[derive(Debug, Clone)]
+pub struct ListenerTls {
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
+}
+
+/// The DER certificates of a PEM file (at least one).
+pub fn pem_certificates(path: &Path) -> Result<Vec<Vec<u8>>, String> {
+    let certs: Vec<Vec<u8>> = CertificateDer::pem_file_iter(path)
+        .map_err(|e| format!("cannot read certificates: {e}"))?
+        .map(|c| c.map(|c| c.as_ref().to_vec()))
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("not a PEM certificate file: {e}"))?;
+    if certs.is_empty() {
+        return Err("holds no PEM certificate".into());
+    }
+    Ok(certs)
+}
+
+/// The per-peer CA list Pingora's connector verifies a replica against.
+pub(super) fn ca_list(der: Vec<Vec<u8>>) -> Result<std::sync::Arc<pingora::protocols::tls::CaType>, String> {
+    use pingora::utils::tls::{WrappedX509, parse_x509};
+    // `parse_x509` panics on a certificate it cannot parse: a config problem, not a crash.
+    std::panic::catch_unwind(|| der.into_iter().map(|c| WrappedX509::new(c, parse_x509)).collect::<Vec<_>>())
+        .map(std::sync::Arc::from)
+        .map_err(|_| "holds a certificate that does not parse".to_string())
+}
+
+/// Check `tls.cert_file` and `tls.key_file` (relative to `tollgate.yaml`'s folder).
+pub(super) fn listener(p: &mut Problems, settings_file: &Path, cert: &str, key: &str) -> Option<ListenerTls> {
+    let cert_file = super::sibling(settings_file, cert);
+    let key_file = super::sibling(settings_file, key);
+    let mut ok = true;
+    if let Err(e) = pem_certificates(&cert_file) {
+        p.add("tls.cert_file", format!("{}: {e}", cert_file.display()));
+        ok = false;
+    }
+    if let Err(e) = PrivateKeyDer::from_pem_file(&key_file) {
+        p.add("tls.key_file", format!("{}: not a readable PEM private key: {e}", key_file.display()));
+        ok = false;
+    }
+    ok.then_some(ListenerTls { cert_file, key_file })
+}

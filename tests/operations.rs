@@ -1,0 +1,234 @@
+//! Operations through the real binary (issue 16): active replica health checks, hot reload of
+//! `models.yaml` and `upstreams.yaml` (admin route and SIGHUP) under load.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use common::{Gateway, Mock, Opts, chat_body};
+use serde_json::{Value, json};
+
+const HEALTH: &str =
+    "    health_check: { path: /health, interval_ms: 100, timeout_ms: 100, unhealthy_after: 2, healthy_after: 2 }\n";
+
+async fn set_health(mock: &Mock, status: u16) {
+    let r = reqwest::Client::new()
+        .post(format!("http://{}/mock/health?status={status}", mock.addr()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+}
+
+/// The chat pool's replica at `addr` in `GET /admin/v1/health`.
+fn replica_health(gw: &Gateway, addr: &str) -> Value {
+    let (s, v) = gw.admin("GET", "/admin/v1/health", None);
+    assert_eq!(s, 200, "{v}");
+    v["pools"]["chat-model"]["replicas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["address"] == addr)
+        .cloned()
+        .unwrap_or_else(|| panic!("{addr} not in {v}"))
+}
+
+fn wait_for(what: &str, within: Duration, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+async fn requests_of(mock: &Mock) -> u64 {
+    mock.stats().await["requests"].as_u64().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn health_checks_take_a_failing_replica_out_and_bring_it_back() {
+    let (a, b) = (Mock::start(), Mock::start());
+    let opts = Opts { chat_replicas: vec![a.addr(), b.addr()], chat_pool_extra: HEALTH.into(), ..Opts::default() };
+    let gw = Gateway::start_with(&a, opts);
+    wait_for("the first checks", Duration::from_secs(5), || replica_health(&gw, &b.addr())["checks"] == "passing");
+    assert!(b.stats().await["health_checks"].as_u64().unwrap() >= 1, "the replica was asked GET /health");
+
+    set_health(&b, 503).await;
+    wait_for("b out of service", Duration::from_secs(5), || replica_health(&gw, &b.addr())["up"] == false);
+    let seen = replica_health(&gw, &b.addr());
+    assert_eq!(seen["checks"], "failing", "{seen}");
+    assert_eq!(seen["last_error"], "status 503", "{seen}");
+    assert!(
+        gw.metrics().await.contains(&format!("tollgate_replica_up{{model=\"chat-model\",replica=\"{}\"}} 0", b.addr()))
+    );
+    let before = requests_of(&b).await;
+    for i in 0..24 {
+        let body =
+            json!({"model": "chat-model", "messages": [{"role": "user", "content": format!("conversation {i}")}]});
+        let r = gw.post("/v1/chat/completions", &body, &[]).await;
+        assert_eq!(r.status, 200, "{}", r.text);
+    }
+    assert_eq!(requests_of(&b).await, before, "a replica failing its checks gets no new request");
+
+    // Both down: the pool answers the spec's 503 at once, without trying a replica.
+    set_health(&a, 500).await;
+    wait_for("a out of service", Duration::from_secs(5), || replica_health(&gw, &a.addr())["up"] == false);
+    let (ra, rb) = (requests_of(&a).await, requests_of(&b).await);
+    let started = Instant::now();
+    let r = gw.post("/v1/chat/completions", &chat_body("chat-model", false), &[]).await;
+    r.assert_error(503, "upstream_error");
+    assert!(started.elapsed() < Duration::from_millis(500), "answered fast: {:?}", started.elapsed());
+    assert_eq!((requests_of(&a).await, requests_of(&b).await), (ra, rb), "no replica was tried");
+    let (_, v) = gw.admin("GET", "/admin/v1/health", None);
+    assert_eq!(v["pools"]["chat-model"]["status"], "down", "{v}");
+    assert_eq!(v["status"], "ok", "replica health does not fail the node's health: {v}");
+
+    set_health(&a, 200).await;
+    set_health(&b, 200).await;
+    wait_for("b back", Duration::from_secs(5), || replica_health(&gw, &b.addr())["up"] == true);
+    wait_for("a back", Duration::from_secs(5), || replica_health(&gw, &a.addr())["up"] == true);
+    let before = requests_of(&b).await;
+    for i in 0..24 {
+        // New conversations (the earlier ones stay where they were placed), spread by
+        // their opening messages.
+        let body =
+            json!({"model": "chat-model", "messages": [{"role": "user", "content": format!("after the return {i}")}]});
+        let r = gw.post("/v1/chat/completions", &body, &[]).await;
+        assert_eq!(r.status, 200, "{}", r.text);
+    }
+    assert!(requests_of(&b).await > before, "a replica passing its checks again takes requests");
+    assert!(gw.log().contains("back in service"), "the return is logged");
+}
+
+/// `upstreams.yaml` with `chat-model` on `replicas` (the rest of the file as the harness wrote it).
+fn with_chat_replicas(original: &str, replicas: &[String]) -> String {
+    let mut out = String::new();
+    let mut skipping = false;
+    for line in original.lines() {
+        if line == "  chat-model:" {
+            out.push_str(line);
+            out.push_str("\n    upstream_model: org/Chat-Model-7B\n    replicas:\n");
+            for r in replicas {
+                out.push_str(&format!("      - {{ address: \"{r}\", max_concurrency: 64 }}\n"));
+            }
+            skipping = true;
+            continue;
+        }
+        if skipping && line.starts_with("    ") {
+            continue;
+        }
+        skipping = false;
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
+}
+
+/// One client of the steady load: alternately a non-streamed and a streamed chat request,
+/// counting answers that are not a complete 200.
+async fn steady_client(gw: Arc<Gateway>, stop: Arc<AtomicBool>, ok: Arc<AtomicU64>, failed: Arc<AtomicU64>) {
+    let mut n = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        n += 1;
+        let stream = n % 2 == 0;
+        // Distinct conversations, so both replicas serve while both are in the pool.
+        let body = json!({"model": "chat-model", "stream": stream, "messages": [{"role": "user", "content": format!("turn {n} {:p}", &n)}]});
+        let r = gw.post("/v1/chat/completions", &body, &[("x-mock-tokens", "8"), ("x-mock-token-delay-ms", "5")]).await;
+        let complete = r.status == 200 && (!stream || r.text.contains("data: [DONE]"));
+        if complete {
+            ok.fetch_add(1, Ordering::Relaxed);
+        } else {
+            failed.fetch_add(1, Ordering::Relaxed);
+            eprintln!("failed under reload: {} {}", r.status, r.text);
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn twenty_reloads_under_load_fail_no_request() {
+    let (a, b) = (Mock::start(), Mock::start());
+    let gw = Arc::new(Gateway::start_with(&a, Opts::default()));
+    let upstreams = gw.dir.join("upstreams.yaml");
+    let original = std::fs::read_to_string(&upstreams).unwrap();
+    let (stop, ok, failed) =
+        (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let clients: Vec<_> =
+        (0..6).map(|_| tokio::spawn(steady_client(gw.clone(), stop.clone(), ok.clone(), failed.clone()))).collect();
+    for i in 0..20 {
+        // Alternate: the pool on both replicas, then on `b` alone (`a` removed: it drains).
+        let replicas = if i % 2 == 0 { vec![a.addr(), b.addr()] } else { vec![b.addr()] };
+        std::fs::write(&upstreams, with_chat_replicas(&original, &replicas)).unwrap();
+        let gw2 = gw.clone();
+        let (s, v) = tokio::task::spawn_blocking(move || gw2.admin("POST", "/admin/v1/reload", None)).await.unwrap();
+        assert_eq!(s, 200, "{v}");
+        assert_eq!(v["status"], "reloaded");
+        if i % 2 == 1 {
+            assert_eq!(v["replicas_draining"], json!([format!("chat-model {}", a.addr())]), "{v}");
+        }
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    for c in clients {
+        c.await.unwrap();
+    }
+    assert_eq!(failed.load(Ordering::Relaxed), 0, "no request failed across 20 reloads");
+    assert!(ok.load(Ordering::Relaxed) >= 40, "the load ran: {} answers", ok.load(Ordering::Relaxed));
+    // The last reload left `b` alone: new requests go there only.
+    let before = requests_of(&a).await;
+    for _ in 0..5 {
+        assert_eq!(gw.post("/v1/chat/completions", &chat_body("chat-model", false), &[]).await.status, 200);
+    }
+    assert_eq!(requests_of(&a).await, before, "a removed replica gets no new request");
+    let ledger = gw.settled_ledger();
+    assert_eq!(ledger["check"]["consistent"], true);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_bad_file_keeps_the_running_config_and_sighup_reloads_a_good_one() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&mock);
+    // An operator pause survives reloads.
+    let (s, v) =
+        gw.admin("POST", "/admin/v1/models/stream-model/pause", Some(json!({"until": "2099-01-01T00:00:00Z"})));
+    assert_eq!(s, 200, "{v}");
+    let models = gw.dir.join("models.yaml");
+    let upstreams = gw.dir.join("upstreams.yaml");
+    let good_models = std::fs::read_to_string(&models).unwrap();
+    let good_upstreams = std::fs::read_to_string(&upstreams).unwrap();
+
+    // A typo in upstreams.yaml: 422 naming file and field; nothing changes.
+    std::fs::write(&upstreams, good_upstreams.replacen("max_concurrency: 64", "max_concurrency: 0", 1)).unwrap();
+    let (s, v) = gw.admin("POST", "/admin/v1/reload", None);
+    assert_eq!(s, 422, "{v}");
+    assert_eq!(v["error"]["code"], "invalid_config");
+    let problem = &v["error"]["problems"][0];
+    assert!(problem["file"].as_str().unwrap().ends_with("upstreams.yaml"), "{v}");
+    assert!(problem["field"].as_str().unwrap().ends_with(".max_concurrency"), "{v}");
+    assert_eq!(gw.post("/v1/chat/completions", &chat_body("chat-model", false), &[]).await.status, 200);
+    assert!(gw.metrics().await.contains("tollgate_config_reloads_total{outcome=\"invalid\"} 1"));
+
+    // A new model and its pool, put in force by SIGHUP.
+    std::fs::write(
+        &upstreams,
+        format!(
+            "{good_upstreams}  added-model:\n    replicas:\n      - {{ address: \"{}\", max_concurrency: 8 }}\n",
+            mock.addr()
+        ),
+    )
+    .unwrap();
+    std::fs::write(&models, format!("{good_models}  - id: added-model\n    supported_endpoints: [chat_completions]\n    max_output_tokens: 1024\n    pricing: {{ input: 100, output: 200 }}\n")).unwrap();
+    let r = gw.post("/v1/chat/completions", &chat_body("added-model", false), &[]).await;
+    assert_eq!(r.status, 404, "not served before the reload: {}", r.text);
+    assert_eq!(unsafe { libc::kill(gw.pid() as i32, libc::SIGHUP) }, 0);
+    wait_for("the SIGHUP reload", Duration::from_secs(5), || gw.log().contains("config reloaded"));
+    let r = gw.post("/v1/chat/completions", &chat_body("added-model", false), &[]).await;
+    assert_eq!(r.status, 200, "served after SIGHUP: {}", r.text);
+    assert_eq!(r.json()["model"], "added-model");
+    assert!(gw.get("/v1/models").await.text.contains("\"added-model\""));
+    let r = gw.post("/v1/chat/completions", &chat_body("stream-model", false), &[]).await;
+    r.assert_error(503, "hosted_model_paused");
+    assert!(gw.metrics().await.contains("tollgate_config_reloads_total{outcome=\"ok\"} 1"));
+}
