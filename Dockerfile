@@ -54,9 +54,9 @@ RUN sed -i \
  && ! grep -n '\.\./data' /etc/tollgate/tollgate.yaml \
  && install -d -o tollgate -g tollgate -m 0750 /var/lib/tollgate /run/tollgate
 
-# `serve` puts its pid file and its upgrade socket in the temp dir, named after the public
-# port (tollgate-8080.pid, tollgate-8080.sock). With a read-only root file system, mount a
-# tmpfs here: --tmpfs /run/tollgate:uid=10001,gid=10001,mode=0750
+# `serve --upgrade` and SIGQUIT meet on an upgrade socket in the temp dir, named after the
+# public port (tollgate-8080.sock). With a read-only root file system, mount a tmpfs here:
+# --tmpfs /run/tollgate:uid=10001,gid=10001,mode=0750
 ENV TMPDIR=/run/tollgate
 
 # The SQLite file (tollgate.db and its -wal/-shm files) and secrets/ from `init-secrets`.

@@ -150,7 +150,7 @@ PROPS=(
   -p NoNewPrivileges=yes -p ProtectSystem=strict -p ProtectHome=yes -p PrivateTmp=yes
   -p PrivateDevices=yes -p ProtectKernelTunables=yes -p ProtectKernelModules=yes
   -p ProtectControlGroups=yes -p RestrictSUIDSGID=yes -p LockPersonality=yes
-  -p "ReadWritePaths=$RUN_DIR $STATE_DIR"
+  -p "ReadWritePaths=-$RUN_DIR -$STATE_DIR"
 )
 
 # ---- 1. check the configuration with the new binary ------------------------------------

@@ -94,11 +94,7 @@ pub fn record(model: &str, replica: &Replica, check: &HealthCheck, outcome: Resu
 
 async fn probe(connector: &Connector, pool: &Pool, replica: &Replica, path: &str) -> Result<(), String> {
     let mut peer = match &pool.tls {
-        Some(tls) => {
-            let mut peer = HttpPeer::new(replica.addr, true, tls.server_name(replica));
-            peer.options.ca = tls.ca.clone();
-            peer
-        }
+        Some(tls) => tls.peer(replica),
         None => HttpPeer::new(replica.addr, false, String::new()),
     };
     peer.options.connection_timeout = Some(pool.connect_timeout);

@@ -152,9 +152,20 @@ pub struct UpstreamTls {
     pub sni: Option<String>,
     /// The certificates of `ca_file`; `None`: the system's roots.
     pub ca: Option<Arc<pingora::protocols::tls::CaType>>,
+    /// Fingerprint of the CA certificates, part of the upstream connections' reuse key: after a
+    /// reload with another CA, no connection verified against the old one is reused.
+    pub ca_fingerprint: u64,
 }
 
 impl UpstreamTls {
+    /// The peer for `replica`, verified against this pool's CA and name.
+    pub fn peer(&self, replica: &Replica) -> pingora::prelude::HttpPeer {
+        let mut peer = pingora::prelude::HttpPeer::new(replica.addr, true, self.server_name(replica));
+        peer.options.ca = self.ca.clone();
+        peer.group_key = self.ca_fingerprint;
+        peer
+    }
+
     /// The name a replica's certificate must carry.
     pub fn server_name(&self, replica: &Replica) -> String {
         match &self.sni {
@@ -338,9 +349,16 @@ fn upstream_tls(p: &mut Problems, file: &Path, model: &str, pool: &RawPool) -> O
             p.add(at("sni"), format!("`{sni}` is not a host name"));
         }
     }
+    let mut ca_fingerprint = 0;
     let ca = pool.ca_file.as_ref().and_then(|name| {
         let path = super::sibling(file, name);
-        match super::tls::pem_certificates(&path).and_then(super::tls::ca_list) {
+        let der = super::tls::pem_certificates(&path).inspect(|der| {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            der.hash(&mut h);
+            ca_fingerprint = h.finish();
+        });
+        match der.and_then(super::tls::ca_list) {
             Ok(ca) => Some(ca),
             Err(e) => {
                 p.add(at("ca_file"), format!("{}: {e}", path.display()));
@@ -348,7 +366,7 @@ fn upstream_tls(p: &mut Problems, file: &Path, model: &str, pool: &RawPool) -> O
             }
         }
     });
-    Some(UpstreamTls { sni: pool.sni.clone(), ca })
+    Some(UpstreamTls { sni: pool.sni.clone(), ca, ca_fingerprint })
 }
 
 #[cfg(test)]

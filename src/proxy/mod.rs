@@ -132,11 +132,7 @@ impl ProxyHttp for Gateway {
             return Error::e_explain(ErrorType::InternalError, "no replica placed");
         };
         let mut peer = match &pool.tls {
-            Some(tls) => {
-                let mut peer = HttpPeer::new(slot.replica.addr, true, tls.server_name(&slot.replica));
-                peer.options.ca = tls.ca.clone();
-                peer
-            }
+            Some(tls) => tls.peer(&slot.replica),
             None => HttpPeer::new(slot.replica.addr, false, String::new()),
         };
         let budgets = &self.settings.budgets;
