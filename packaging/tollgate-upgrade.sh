@@ -170,7 +170,7 @@ NEW_UNIT=""
 if [ "$SYSTEMD" = 1 ]; then
   NEW_UNIT="tollgate-$(date -u +%Y%m%d%H%M%S).service"
   # Restart=no: started again, `--upgrade` would wait for sockets nobody sends.
-  systemd-run --quiet --unit="$NEW_UNIT" --description="tollgate LLM inference gateway (upgraded)" \
+  systemd-run --quiet --collect --unit="$NEW_UNIT" --description="tollgate LLM inference gateway (upgraded)" \
     -p Restart=no -p KillSignal=SIGTERM -p "TimeoutStopSec=$((GRACE + FINAL + 95))" "${PROPS[@]}" \
     "$BINARY" serve --config "$CONFIG" --upgrade
   NEW_PID=$(systemctl show -p MainPID --value "$NEW_UNIT")
@@ -218,7 +218,7 @@ if [ "$served" != 1 ]; then
   say "the new process did not take the listening sockets (see $where)."
   say "The old process $OLD_PID stops accepting about 5 s after SIGQUIT, then finishes its requests."
   if [ "$SYSTEMD" = 1 ]; then
-    say "Start the service again once it has exited: systemctl start ${OLD_UNIT:-tollgate.service}"
+    say "Start the service again once it has exited: systemctl start tollgate.service"
   fi
   exit 1
 fi

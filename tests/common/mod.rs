@@ -16,6 +16,17 @@ pub struct Proc {
     child: Child,
 }
 
+impl Proc {
+    pub fn new(child: Child) -> Proc {
+        Proc { child }
+    }
+
+    /// Still running (not exited).
+    pub fn running(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+}
+
 impl Drop for Proc {
     fn drop(&mut self) {
         let _ = self.child.kill();
