@@ -201,11 +201,31 @@ pub fn config_reloaded(ok: bool) {
     }
 }
 
-/// One store round trip: `store` is identity, ledger or limiter; `op` a fixed name.
-pub fn store_op(store: &str, op: &str, ok: bool, elapsed: Duration) {
-    if let Some(m) = METRICS.as_ref() {
-        m.store_ops.with_label_values(&[store, op, if ok { "ok" } else { "error" }]).inc();
-        m.store_seconds.with_label_values(&[store, op]).observe(elapsed.as_secs_f64());
+/// The series of one store operation, resolved once (a call site keeps it in a static, so
+/// recording is two atomic adds and a histogram observation, no label lookup).
+pub struct StoreOp {
+    ok: prometheus::IntCounter,
+    error: prometheus::IntCounter,
+    seconds: prometheus::Histogram,
+}
+
+impl StoreOp {
+    /// `store` is identity, ledger or limiter; `op` a fixed name.
+    pub fn new(store: &str, op: &str) -> Option<StoreOp> {
+        let m = METRICS.as_ref()?;
+        Some(StoreOp {
+            ok: m.store_ops.with_label_values(&[store, op, "ok"]),
+            error: m.store_ops.with_label_values(&[store, op, "error"]),
+            seconds: m.store_seconds.with_label_values(&[store, op]),
+        })
+    }
+
+    /// One round trip that took `elapsed`.
+    pub fn record(this: &Option<StoreOp>, ok: bool, elapsed: Duration) {
+        if let Some(s) = this {
+            if ok { &s.ok } else { &s.error }.inc();
+            s.seconds.observe(elapsed.as_secs_f64());
+        }
     }
 }
 

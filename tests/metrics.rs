@@ -105,3 +105,56 @@ async fn json_access_lines_parse_and_carry_no_key_material() {
     assert_eq!((refused["status"].as_u64(), refused["error_code"].as_str()), (Some(404), Some("model_not_found")));
     assert!(!log.contains(&gw.key), "the key never reaches the log");
 }
+
+/// Wait until the scrape satisfies `done` (the log phase may end just after the answer).
+async fn scrape_until(gw: &Gateway, done: impl Fn(&str) -> bool) -> String {
+    let mut text = String::new();
+    for _ in 0..60 {
+        text = gw.metrics().await;
+        if done(&text) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    text
+}
+
+#[tokio::test]
+async fn store_round_trips_refusals_and_holds_are_counted() {
+    let mock = Mock::start();
+    let opts =
+        Opts { limits: Some("  requests_per_minute: { free: 3, core: 5, enterprise: 9 }\n".into()), ..Opts::default() };
+    let gw = Gateway::start_with(&mock, opts);
+    for _ in 0..3 {
+        let r = gw.post("/v1/chat/completions", &chat_body("chat-model", false), &[("x-mock-tokens", "3")]).await;
+        assert_eq!(r.status, 200, "{}", r.text);
+    }
+    // The fourth in the minute is over the free tier's window.
+    gw.post("/v1/chat/completions", &chat_body("chat-model", false), &[])
+        .await
+        .assert_error(429, "rate_limit_exceeded");
+    let text = scrape_until(&gw, |t| {
+        sample(t, "tollgate_holds_outstanding", &["store=\"ledger\""]) == Some(0.0)
+            && sample(t, "tollgate_requests_total", &["status=\"429\""]).is_some()
+    })
+    .await;
+    let ops = |store: &str, op: &str, outcome: &str| {
+        sample(
+            &text,
+            "tollgate_store_operations_total",
+            &[&format!("store=\"{store}\""), &format!("op=\"{op}\""), &format!("outcome=\"{outcome}\"")],
+        )
+    };
+    // One key, looked up once (then cached); a window check per request; holds and
+    // settlements in ledger batches.
+    assert_eq!(ops("identity", "key_lookup", "ok"), Some(1.0), "{text}");
+    let checks = ops("limiter", "check", "ok").unwrap();
+    assert!(checks >= 4.0, "at least a window check per request: {text}");
+    assert!(ops("ledger", "batch", "ok").unwrap() >= 2.0, "holds and settlements of 3 requests: {text}");
+    assert_eq!(ops("ledger", "batch", "error"), Some(0.0));
+    let latency = sample(&text, "tollgate_store_operation_seconds_count", &["store=\"limiter\"", "op=\"check\""]);
+    assert_eq!(latency, Some(checks), "every round trip timed");
+    assert_eq!(sample(&text, "tollgate_admission_refusals_total", &["gate=\"key_window\""]), Some(1.0), "{text}");
+    assert_eq!(sample(&text, "tollgate_holds_outstanding", &["store=\"ledger\""]), Some(0.0), "every hold settled");
+    assert_eq!(sample(&text, "tollgate_settlement_retries_total", &[]), None, "no retry without a store failure");
+}

@@ -42,7 +42,13 @@ pub fn run(config: Config, chain: Chain, services: Services, start: Start<'_>) -
     };
     let opt = Opt { upgrade: start.upgrade, ..Opt::default() };
     let mut server = Server::new_with_opt_and_conf(opt, conf);
+    // In an upgrade this returns once the running process handed the listeners over.
     server.bootstrap();
+    // Pingora writes its pid file only as a daemon; operators and the upgrade script read it.
+    let pid_file = &server.configuration.pid_file;
+    if let Err(e) = std::fs::write(pid_file, format!("{}\n", std::process::id())) {
+        log::warn!("pid file {pid_file}: {e}");
+    }
     let listen = config.gateway.listen.to_string();
     let config_sweep = config.gateway.sweep_interval;
     let admin_listen = config.gateway.admin_listen.to_string();

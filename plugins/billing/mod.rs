@@ -229,6 +229,7 @@ impl Plugin for Billing {
                     funding::apply(cx, f, out.plan.as_ref());
                     let cents = if matches!(f, Funding::Plan | Funding::Standby) { 0 } else { hold };
                     cx.ext.insert(Hold { cents, funding: f });
+                    tollgate::metrics::holds_moved("ledger", 1);
                     return Ok(Flow::Continue);
                 }
                 // Running requests hold the rest of a window: wait for room, up to the limit.
@@ -301,13 +302,22 @@ impl Plugin for Billing {
             }
             (false, None) => return,
         };
-        if let Err(e) = action.run(&*self.ledger).await {
-            // Retried in the background while the store is down: both steps are idempotent
-            // per request id, so a retry never charges twice. If the process ends first, the
-            // sweeper releases the hold after its expiry.
-            log::warn!("{}: settlement not recorded yet ({e}); retrying in the background", cx.request_id);
-            let ledger = self.ledger.clone();
-            tokio::spawn(async move { action.retry(&*ledger).await });
+        let had_hold = held.is_some();
+        match action.run(&*self.ledger).await {
+            Ok(()) if had_hold => tollgate::metrics::holds_moved("ledger", -1),
+            Ok(()) => {}
+            Err(e) => {
+                // Retried in the background while the store is down: both steps are idempotent
+                // per request id, so a retry never charges twice. If the process ends first, the
+                // sweeper releases the hold after its expiry.
+                log::warn!("{}: settlement not recorded yet ({e}); retrying in the background", cx.request_id);
+                let ledger = self.ledger.clone();
+                tokio::spawn(async move {
+                    if action.retry(&*ledger).await && had_hold {
+                        tollgate::metrics::holds_moved("ledger", -1);
+                    }
+                });
+            }
         }
     }
 }
@@ -326,20 +336,22 @@ impl Finish {
         }
     }
 
-    /// Retry with backoff (1 s doubling to 60 s) for about an hour.
-    async fn retry(self, ledger: &dyn LedgerStore) {
+    /// Retry with backoff (1 s doubling to 60 s) for about an hour; whether it was recorded.
+    async fn retry(self, ledger: &dyn LedgerStore) -> bool {
         let mut wait = std::time::Duration::from_secs(1);
         for _ in 0..70 {
             tokio::time::sleep(wait).await;
+            tollgate::metrics::settlement_retried("ledger");
             match self.run(ledger).await {
                 Ok(()) => {
                     log::info!("settlement recorded after a retry");
-                    return;
+                    return true;
                 }
                 Err(e) => log::warn!("settlement retry failed: {e}"),
             }
             wait = (wait * 2).min(std::time::Duration::from_secs(60));
         }
         log::error!("settlement abandoned after an hour of retries; the hold expires and is released");
+        false
     }
 }

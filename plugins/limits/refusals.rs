@@ -79,6 +79,7 @@ fn with_retry(err: GatewayError, ms: u64) -> GatewayError {
 /// The per-key window (or the credits/usage read bucket) is full.
 pub fn window_refused(state: &WindowState, tier: RateTier, retry_after_ms: u64, reads: bool) -> GatewayError {
     let what = if reads { "credits and usage reads" } else { "requests" };
+    tollgate::metrics::admission_refused(if reads { "read_window" } else { "key_window" });
     let mut err = GatewayError::new(
         ErrorKind::RateLimitExceeded,
         format!("Rate limit of {} {what} per minute reached for this API key.", state.limit),
@@ -91,6 +92,7 @@ pub fn window_refused(state: &WindowState, tier: RateTier, retry_after_ms: u64, 
 
 /// The connection gate refused an unrecognized credential: no `X-RateLimit-*` headers.
 pub fn gate_refused(retry_after_ms: u64) -> GatewayError {
+    tollgate::metrics::admission_refused("connection_gate");
     let err = GatewayError::new(
         ErrorKind::RateLimitExceeded,
         "Too many requests with unrecognized credentials; slow down and check the API key.",
@@ -100,6 +102,7 @@ pub fn gate_refused(retry_after_ms: u64) -> GatewayError {
 
 /// An admission gate refused. `retry_after_ms: None` means waiting cannot help.
 pub fn admission_refused(scope: Scope, limit: u64, retry_after_ms: Option<u64>) -> GatewayError {
+    tollgate::metrics::admission_refused(scope.name());
     let mut err = GatewayError::new(scope.kind(), scope.message(limit));
     if scope != Scope::Capacity {
         // A full pool is not a configured limit: no `limit` field, no scope header (spec,
@@ -127,6 +130,7 @@ pub fn tpm_never(limit: u64, tokens: u64) -> GatewayError {
 
 /// Momentary shed on this instance: no `limit`, no scope header.
 pub fn congested() -> GatewayError {
+    tollgate::metrics::admission_refused("congested");
     with_retry(
         GatewayError::new(
             ErrorKind::HostedAdmissionCongested,

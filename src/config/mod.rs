@@ -100,6 +100,13 @@ pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
     load_operator_files(std::sync::Arc::new(gateway), path, None, out)
 }
 
+/// Load and check `tollgate.yaml` alone (the admin command line needs its listener and
+/// token even while an operator file it names is broken, e.g. to ask for a reload).
+pub fn load_settings(path: &Path) -> Result<GatewaySettings, ConfigErrors> {
+    let mut out = Vec::new();
+    gateway::load(path, &mut out).ok_or(ConfigErrors(out))
+}
+
 /// Read `models.yaml` and `upstreams.yaml` again for a running server: its `tollgate.yaml`
 /// settings stay; replicas kept keep their counters and health, and a model the operator
 /// paused or resumed keeps that state (decision 122).

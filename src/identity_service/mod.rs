@@ -81,6 +81,8 @@ impl Identity {
     }
 
     /// Authenticate a presented key at `now`.
+    /// Look a presented key up (cache first; the store on a miss, counted in
+    /// `tollgate_store_operations_total{store="identity",op="key_lookup"}`).
     pub async fn authenticate(&self, presented: &str) -> Result<Found, AuthFailure> {
         // Malformed keys never reach the store.
         if !keys::well_formed(presented) {
@@ -92,7 +94,12 @@ impl Identity {
             .cache
             .get_or_load(&digest, || {
                 let d = digest.clone();
-                async move { store.key_by_digest(&d).await }
+                async move {
+                    let started = std::time::Instant::now();
+                    let found = store.key_by_digest(&d).await;
+                    crate::metrics::StoreOp::record(&KEY_LOOKUP, found.is_ok(), started.elapsed());
+                    found
+                }
             })
             .await
             .map_err(|e| AuthFailure::StoreUnavailable(e.to_string()))?;
@@ -249,3 +256,6 @@ impl Identity {
         Ok(plaintext)
     }
 }
+
+static KEY_LOOKUP: std::sync::LazyLock<Option<crate::metrics::StoreOp>> =
+    std::sync::LazyLock::new(|| crate::metrics::StoreOp::new("identity", "key_lookup"));

@@ -113,7 +113,7 @@ impl FallbackLimiter {
     /// store's error when the check needs the store (gates or tokens per minute).
     pub async fn check(&self, c: &Check) -> Result<Outcome, LimiterError> {
         let error = match self.route(c.now_ms) {
-            Route::Shared(_probe) => match self.primary.check(c).await {
+            Route::Shared(_probe) => match timed(&CHECK, self.primary.check(c)).await {
                 Ok(verdict) => {
                     self.down_until_ms.store(UP, Ordering::SeqCst);
                     return Ok(Outcome { verdict, counting: Counting::Shared });
@@ -163,11 +163,27 @@ impl FallbackLimiter {
 
     /// Leases exist only in the shared store: passed through.
     pub async fn renew(&self, lease: &Lease, ttl_ms: u64, now_ms: i64) -> Result<Renewal, LimiterError> {
-        self.primary.renew(lease, ttl_ms, now_ms).await
+        timed(&RENEW, self.primary.renew(lease, ttl_ms, now_ms)).await
     }
 
     /// Passed through; a lease not released expires by its TTL.
     pub async fn release(&self, lease: &Lease) -> Result<(), LimiterError> {
-        self.primary.release(lease).await
+        timed(&RELEASE, self.primary.release(lease)).await
     }
+}
+
+type OpMetric = std::sync::LazyLock<Option<crate::metrics::StoreOp>>;
+static CHECK: OpMetric = std::sync::LazyLock::new(|| crate::metrics::StoreOp::new("limiter", "check"));
+static RENEW: OpMetric = std::sync::LazyLock::new(|| crate::metrics::StoreOp::new("limiter", "renew"));
+static RELEASE: OpMetric = std::sync::LazyLock::new(|| crate::metrics::StoreOp::new("limiter", "release"));
+
+/// Run one store call and record its outcome and latency.
+async fn timed<T>(
+    metric: &OpMetric,
+    call: impl std::future::Future<Output = Result<T, LimiterError>>,
+) -> Result<T, LimiterError> {
+    let started = std::time::Instant::now();
+    let out = call.await;
+    crate::metrics::StoreOp::record(metric, out.is_ok(), started.elapsed());
+    out
 }

@@ -123,13 +123,18 @@ impl BatchedLedger {
     }
 }
 
+static BATCH: std::sync::LazyLock<Option<crate::metrics::StoreOp>> =
+    std::sync::LazyLock::new(|| crate::metrics::StoreOp::new("ledger", "batch"));
+
 /// Drain the queue: everything waiting (up to `MAX_BATCH`) in one transaction.
 async fn writer(mut rx: mpsc::Receiver<Job>, writes: Arc<dyn LedgerWrites>) {
     let mut jobs: Vec<Job> = Vec::with_capacity(MAX_BATCH);
     while rx.recv_many(&mut jobs, MAX_BATCH).await > 0 {
         let (ops, replies): (Vec<LedgerOp>, Vec<_>) = jobs.drain(..).map(|j| (j.op, j.reply)).unzip();
         log::trace!("ledger batch of {}", ops.len());
+        let started = std::time::Instant::now();
         let results = apply_batch(&*writes, ops).await;
+        crate::metrics::StoreOp::record(&BATCH, results.iter().all(|r| r.is_ok()), started.elapsed());
         for (reply, r) in replies.into_iter().zip(results) {
             let _ = reply.send(r); // the caller may have gone (client disconnected)
         }

@@ -94,13 +94,13 @@ pub fn main(args: &[String]) -> Result<ExitCode, String> {
     let as_json = switch(&mut args, "--json");
     let url = flag(&mut args, "--url")?;
     let token = flag(&mut args, "--token")?;
-    let loaded = tollgate::config::load(&config).ok();
+    let loaded = tollgate::config::load_settings(&config).ok();
     let url = url
-        .or_else(|| loaded.as_ref().map(|c| format!("http://{}", c.gateway.admin_listen)))
+        .or_else(|| loaded.as_ref().map(|c| format!("http://{}", c.admin_listen)))
         .unwrap_or_else(|| "http://127.0.0.1:8081".into());
     let token = token
         .or_else(|| std::env::var("TOLLGATE_ADMIN_TOKEN").ok())
-        .or_else(|| loaded.as_ref().and_then(|c| c.gateway.admin_token.as_ref().map(|t| t.expose().to_string())))
+        .or_else(|| loaded.as_ref().and_then(|c| c.admin_token.as_ref().map(|t| t.expose().to_string())))
         .ok_or("no admin token: pass --token, set TOLLGATE_ADMIN_TOKEN, or name admin.token_file in the config")?;
     let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
     let client = Client { url: url.trim_end_matches('/').to_string(), token, agent };
