@@ -44,6 +44,11 @@
 #                           whose windows never fill, so every full-chain request is funded
 #                           by the plan (the funding decision, window counters, plan-paid
 #                           usage) instead of credits; compare a run with 0 and one with 1
+#   BENCH_OBSERVE=          the full-chain gateways' observability: unset as shipped (metrics
+#                           on, access lines as text, which RUST_LOG=warn silences); off:
+#                           `metrics: { enabled: false }`; on: metrics and the JSON access log
+#                           (`access_log: { format: json }`, one line per request to the log
+#                           file); compare a run with off and one with on (issue 16: <= 3%)
 #   BENCH_BIN_DIR=          directory holding tollgate and tollgate-mock-replica to use
 #                           instead of target/release (implies --no-build): copy the binaries
 #                           there first when another build may overwrite target/release
@@ -126,6 +131,8 @@ FULL=${BENCH_FULL:-0}
 REDIS_URL=${REDIS_URL:-redis://127.0.0.1:6379}
 BILLING=${BENCH_BILLING:-0}
 PLAN=${BENCH_PLAN:-0}
+OBSERVE=${BENCH_OBSERVE:-}
+case $OBSERVE in "" | on | off) ;; *) echo "BENCH_OBSERVE must be on or off" >&2; exit 2 ;; esac
 DATABASE_URL=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}
 PG_STATS_WAIT=${BENCH_PG_STATS_WAIT:-11}
 BIN_DIR=${BENCH_BIN_DIR:-}
@@ -526,6 +533,10 @@ EOC
                     # Windows no run can fill, and room for every connection at once.
                     printf 'plans:\n  tiers:\n    team: { five_hour_cents: 100000000, week_cents: 100000000, standby_day_cents: 0, plan_concurrency: 10000, standby_concurrency: 0 }\n'
                 fi
+                case $OBSERVE in
+                off) printf 'metrics:\n  enabled: false\n' ;;
+                on) printf 'access_log:\n  format: json\n' ;;
+                esac
                 cat <<'EOC'
 billing:
   topup_url: https://billing.example.com/top-up

@@ -118,6 +118,18 @@ fn register() -> prometheus::Result<Metrics> {
     })
 }
 
+/// `metrics.enabled` in `tollgate.yaml` (default on); set once at start.
+static ENABLED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+/// Turn recording off (`metrics: { enabled: false }`): every record call returns at once.
+pub fn set_enabled(on: bool) {
+    ENABLED.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
+fn metrics() -> Option<&'static Metrics> {
+    if ENABLED.load(std::sync::atomic::Ordering::Relaxed) { METRICS.as_ref() } else { None }
+}
+
 static METRICS: LazyLock<Option<Metrics>> =
     LazyLock::new(|| register().map_err(|e| log::error!("metrics not registered: {e}")).ok());
 
@@ -143,7 +155,7 @@ pub fn funding_of(cx: &RequestCtx) -> &'static str {
 
 /// Record a finished request (the logging phase).
 pub fn record(cx: &RequestCtx, status: u16, elapsed: Duration) {
-    let Some(m) = METRICS.as_ref() else { return };
+    let Some(m) = metrics() else { return };
     let route = route_name(cx.route);
     let model = cx.model().map_or("-", |m| m.id.as_str());
     let code = cx.failure.as_ref().map_or("-", |f| f.kind.code());
@@ -179,7 +191,7 @@ fn status_str(buf: &mut [u8; 3]) -> &str {
 
 /// Bring the gauges read at scrape time up to date (the admin listener, before gathering).
 pub fn refresh(config: &Config) {
-    let Some(m) = METRICS.as_ref() else { return };
+    let Some(m) = metrics() else { return };
     let now = crate::clock::now_ms();
     // Replicas a reload removed leave the gauges.
     m.replica_in_flight.reset();
@@ -196,7 +208,7 @@ pub fn refresh(config: &Config) {
 
 /// A reload of the operator files ended (`ok`: put in force).
 pub fn config_reloaded(ok: bool) {
-    if let Some(m) = METRICS.as_ref() {
+    if let Some(m) = metrics() {
         m.reloads.with_label_values(&[if ok { "ok" } else { "invalid" }]).inc();
     }
 }
@@ -212,7 +224,7 @@ pub struct StoreOp {
 impl StoreOp {
     /// `store` is identity, ledger or limiter; `op` a fixed name.
     pub fn new(store: &str, op: &str) -> Option<StoreOp> {
-        let m = METRICS.as_ref()?;
+        let m = metrics()?;
         Some(StoreOp {
             ok: m.store_ops.with_label_values(&[store, op, "ok"]),
             error: m.store_ops.with_label_values(&[store, op, "error"]),
@@ -231,21 +243,21 @@ impl StoreOp {
 
 /// A request refused by `gate` (a fixed name per limit layer).
 pub fn admission_refused(gate: &str) {
-    if let Some(m) = METRICS.as_ref() {
+    if let Some(m) = metrics() {
         m.refusals.with_label_values(&[gate]).inc();
     }
 }
 
 /// A settlement that failed and is tried again.
 pub fn settlement_retried(store: &str) {
-    if let Some(m) = METRICS.as_ref() {
+    if let Some(m) = metrics() {
         m.settlement_retries.with_label_values(&[store]).inc();
     }
 }
 
 /// Holds placed (+1) and settled or released (-1).
 pub fn holds_moved(store: &str, delta: i64) {
-    if let Some(m) = METRICS.as_ref() {
+    if let Some(m) = metrics() {
         m.holds_outstanding.with_label_values(&[store]).add(delta);
     }
 }

@@ -158,3 +158,15 @@ async fn store_round_trips_refusals_and_holds_are_counted() {
     assert_eq!(sample(&text, "tollgate_holds_outstanding", &["store=\"ledger\""]), Some(0.0), "every hold settled");
     assert_eq!(sample(&text, "tollgate_settlement_retries_total", &[]), None, "no retry without a store failure");
 }
+
+#[tokio::test]
+async fn metrics_can_be_turned_off() {
+    let mock = Mock::start();
+    let gw = Gateway::start_with(&mock, Opts { extra_yaml: "metrics:\n  enabled: false\n".into(), ..Opts::default() });
+    let r = gw.post("/v1/chat/completions", &chat_body("chat-model", false), &[]).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let text = gw.metrics().await;
+    assert_eq!(sample(&text, "tollgate_requests_total", &[]), None, "nothing recorded: {text}");
+    assert_eq!(sample(&text, "tollgate_store_operations_total", &[]), None, "nothing recorded: {text}");
+}

@@ -28,6 +28,7 @@ pub fn run(config: Config, chain: Chain, services: Services, start: Start<'_>) -
     let live = Arc::new(LiveConfig::new(config));
     let config = live.current();
     let pid_dir = start.pid_dir;
+    tollgate::metrics::set_enabled(config.gateway.metrics_enabled);
     // Per-instance files, so several gateways (and tests) run side by side.
     let port = config.gateway.listen.port();
     let conf = ServerConf {

@@ -47,6 +47,8 @@ struct RawGateway {
     plans: super::plans::RawPlans,
     #[serde(default)]
     access_log: RawAccessLog,
+    #[serde(default)]
+    metrics: RawMetrics,
     /// TLS on the public listener.
     tls: Option<RawTls>,
 }
@@ -56,6 +58,20 @@ struct RawGateway {
 struct RawTls {
     cert_file: String,
     key_file: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawMetrics {
+    /// Record the Prometheus metrics of `GET /metrics` (on unless set false).
+    #[serde(default = "default_true")]
+    enabled: bool,
+}
+
+impl Default for RawMetrics {
+    fn default() -> Self {
+        RawMetrics { enabled: true }
+    }
 }
 
 #[derive(Deserialize, Default)]
@@ -249,6 +265,8 @@ pub struct GatewaySettings {
     pub plans: std::sync::Arc<crate::plans::PlanSettings>,
     /// `access_log.format: json`.
     pub access_log_json: bool,
+    /// `metrics.enabled` (default true).
+    pub metrics_enabled: bool,
     /// `Some`: the public listener speaks HTTPS (HTTP/1.1 by ALPN).
     pub tls: Option<super::ListenerTls>,
 }
@@ -350,6 +368,7 @@ pub(super) fn load(file: &Path, out: &mut Vec<ConfigProblem>) -> Option<GatewayS
         sweep_interval: Duration::from_secs(raw.billing.sweep_interval_seconds.clamp(1, 3600)),
         plans,
         access_log_json,
+        metrics_enabled: raw.metrics.enabled,
         tls: raw.tls.as_ref().and_then(|t| super::tls::listener(&mut p, file, &t.cert_file, &t.key_file)),
     };
     (out.len() == before).then_some(settings)
