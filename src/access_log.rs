@@ -22,16 +22,20 @@ static DROPPED: LazyLock<Option<prometheus::IntCounter>> = LazyLock::new(|| {
     prometheus::register_int_counter!("tollgate_access_log_dropped_total", "Access log lines dropped (queue full)").ok()
 });
 
+/// How long the writer lets lines gather after a burst: one write (and one wake-up of this
+/// thread) per burst instead of per request (stderr itself is unbuffered).
+const GATHER: std::time::Duration = std::time::Duration::from_millis(5);
+
 fn writer(rx: Receiver<String>) {
-    let stderr = std::io::stderr();
+    let mut out = std::io::BufWriter::with_capacity(256 * 1024, std::io::stderr());
     while let Ok(first) = rx.recv() {
-        let mut out = stderr.lock();
         let _ = writeln!(out, "{first}");
         // Whatever queued meanwhile goes out in the same write burst.
         while let Ok(line) = rx.try_recv() {
             let _ = writeln!(out, "{line}");
         }
         let _ = out.flush();
+        std::thread::sleep(GATHER);
     }
 }
 

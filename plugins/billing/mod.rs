@@ -303,22 +303,25 @@ impl Plugin for Billing {
             (false, None) => return,
         };
         let had_hold = held.is_some();
-        match action.run(&*self.ledger).await {
-            Ok(()) if had_hold => tollgate::metrics::holds_moved("ledger", -1),
-            Ok(()) => {}
-            Err(e) => {
-                // Retried in the background while the store is down: both steps are idempotent
-                // per request id, so a retry never charges twice. If the process ends first, the
-                // sweeper releases the hold after its expiry.
-                log::warn!("{}: settlement not recorded yet ({e}); retrying in the background", cx.request_id);
-                let ledger = self.ledger.clone();
-                tokio::spawn(async move {
-                    if action.retry(&*ledger).await && had_hold {
-                        tollgate::metrics::holds_moved("ledger", -1);
-                    }
-                });
+        // The client has its answer: the connection does not wait for the commit (decision
+        // 128). The write is queued at once for the next group commit; until it commits, the
+        // request's hold still counts against the balance, so nothing can overspend meanwhile.
+        let (ledger, request_id) = (self.ledger.clone(), cx.request_id.clone());
+        tokio::spawn(async move {
+            let recorded = match action.run(&*ledger).await {
+                Ok(()) => true,
+                Err(e) => {
+                    // Retried while the store is down: both steps are idempotent per request id,
+                    // so a retry never charges twice. If the process ends first, the sweeper
+                    // releases the hold after its expiry.
+                    log::warn!("{request_id}: settlement not recorded yet ({e}); retrying in the background");
+                    action.retry(&*ledger).await
+                }
+            };
+            if recorded && had_hold {
+                tollgate::metrics::holds_moved("ledger", -1);
             }
-        }
+        });
     }
 }
 

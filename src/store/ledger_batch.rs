@@ -98,7 +98,10 @@ impl BatchedLedger {
         let w = writes.clone();
         std::thread::Builder::new()
             .name("ledger-writer".into())
-            .spawn(move || rt.block_on(writer(rx, w)))
+            .spawn(move || {
+                ON_WRITER.set(true);
+                rt.block_on(writer(rx, w))
+            })
             .map_err(|e| StoreError::Unavailable(format!("ledger writer thread: {e}")))?;
         Ok(BatchedLedger { store, writes, queue: tx, reserve: queue / 4 })
     }
@@ -121,6 +124,18 @@ impl BatchedLedger {
         }
         answer.await.map_err(|_| StoreError::Unavailable("the ledger writer stopped".into()))?
     }
+}
+
+thread_local! {
+    /// Set on the writer's own thread: a store may run its blocking work inline there (the
+    /// thread has nothing else to do while a batch commits) instead of handing it to another
+    /// thread and back, two context switches per batch.
+    static ON_WRITER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether this is a ledger writer's thread.
+pub(crate) fn on_writer_thread() -> bool {
+    ON_WRITER.get()
 }
 
 static BATCH: std::sync::LazyLock<Option<crate::metrics::StoreOp>> =

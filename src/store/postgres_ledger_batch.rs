@@ -1,8 +1,9 @@
-//! A batch of ledger writes on PostgreSQL, in one transaction of four round trips whatever
-//! its size: lock the workspace rows the batch touches (in id order, so two gateway instances
-//! never deadlock), read the batch's hold rows, settled request ids and plans (three
-//! pipelined queries), write the plan of `ledger_ops::plan` in ONE statement of `unnest` arrays
-//! (holds, hold states, entries, balances, key month spend), commit. Every change of a hold
+//! A batch of ledger writes on PostgreSQL, in one transaction of two round trips whatever
+//! its size (decision 129): begin, lock the workspace rows the batch touches (in id order, so
+//! two gateway instances never deadlock) and read the batch's hold rows, settled request ids
+//! and plans, all sent together; then write the plan of `ledger_ops::plan` in ONE statement of
+//! `unnest` arrays (holds, hold states, entries, balances, key month spend) and commit, sent
+//! together. Every change of a hold
 //! or a balance takes the workspace row lock first (holds, settlements, releases and the
 //! sweeper all come through here; top-ups and the credit expiry lock it too), so what the
 //! batch read under the lock is what it writes over.
@@ -24,13 +25,20 @@ const LOCK: &str = "SELECT id, balance_cents, held_cents, carry_microcents FROM 
      WHERE id = ANY($1) OR id IN (SELECT workspace_id FROM holds WHERE request_id = ANY($2)) \
      ORDER BY id FOR UPDATE";
 
-/// The locked workspaces' plans. A statement of its own, run after the lock is held: joined
+/// The locked workspaces' plans (the same set as `LOCK`). A statement of its own, sent after
+/// the lock and so run once it is held: joined
 /// into the locking query, a row of `plans` would be read from the snapshot taken before the
 /// wait for the lock (PostgreSQL re-fetches only the locked table's rows), and a plan
 /// counted by the other gateway's batch would be missed.
 fn plans_sql() -> &'static str {
     static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    SQL.get_or_init(|| format!("SELECT workspace_id, {} FROM plans WHERE workspace_id = ANY($1)", all_columns()))
+    SQL.get_or_init(|| {
+        format!(
+            "SELECT workspace_id, {} FROM plans WHERE workspace_id = ANY($1) \
+             OR workspace_id IN (SELECT workspace_id FROM holds WHERE request_id = ANY($2))",
+            all_columns()
+        )
+    })
 }
 const HOLDS: &str = "SELECT request_id, workspace_id, key_id, amount_cents, state, funding, value_microcents, \
      created_at FROM holds WHERE request_id = ANY($1)";
@@ -59,77 +67,102 @@ const WRITE: &str = "WITH \
      SELECT * FROM unnest($21::TEXT[], $22::TEXT[], $23::BIGINT[]) \
      ON CONFLICT (key_id, month) DO UPDATE SET spent_microcents = key_month_spend.spent_microcents + EXCLUDED.spent_microcents";
 
+struct Statements {
+    lock: tokio_postgres::Statement,
+    holds: tokio_postgres::Statement,
+    settled: tokio_postgres::Statement,
+    plans: tokio_postgres::Statement,
+    write: tokio_postgres::Statement,
+}
+
+/// The batch's transaction in two round trips (decision 129): `BEGIN`, the lock and the three
+/// reads are sent together (tokio-postgres sends a request when its future is first polled,
+/// and `try_join!` polls them in order the first time), then the write and `COMMIT`.
+async fn apply_in_transaction(
+    c: &tokio_postgres::Client,
+    st: &Statements,
+    ops: &[LedgerOp],
+) -> Result<Vec<OpResult>, tokio_postgres::Error> {
+    let rids: Vec<&str> = ops.iter().map(LedgerOp::request_id).collect();
+    let settles: Vec<&str> =
+        ops.iter().filter(|o| matches!(o, LedgerOp::Settle(_))).map(LedgerOp::request_id).collect();
+    let mut wss: Vec<&str> = ops.iter().filter_map(LedgerOp::workspace_id).collect();
+    wss.sort_unstable();
+    wss.dedup();
+    let (lock_params, hold_params, settled_params, plan_params): (
+        [&(dyn ToSql + Sync); 2],
+        [&(dyn ToSql + Sync); 1],
+        [&(dyn ToSql + Sync); 1],
+        [&(dyn ToSql + Sync); 2],
+    ) = ([&wss, &rids], [&rids], [&settles], [&wss, &rids]);
+    let ((), lock_rows, hold_rows, settled_rows, plan_rows) = tokio::try_join!(
+        c.batch_execute("BEGIN"),
+        c.query(&st.lock, &lock_params),
+        c.query(&st.holds, &hold_params),
+        c.query(&st.settled, &settled_params),
+        c.query(&st.plans, &plan_params)
+    )?;
+    let mut snap = Snapshot::default();
+    for r in lock_rows {
+        let money = Money { balance_cents: r.try_get(1)?, held_cents: r.try_get(2)?, carry_microcents: r.try_get(3)? };
+        snap.workspaces.insert(r.try_get(0)?, money);
+    }
+    for r in plan_rows {
+        match read_plan(&r, 1) {
+            Ok(plan) => {
+                snap.plans.insert(r.try_get(0)?, plan);
+            }
+            // Nothing is written: the transaction is rolled back.
+            Err(e) => {
+                c.batch_execute("ROLLBACK").await?;
+                return Ok(ops.iter().map(|_| Err(StoreError::Unavailable(e.clone()))).collect());
+            }
+        }
+    }
+    for r in hold_rows {
+        let row = HoldRow {
+            workspace_id: r.try_get(1)?,
+            key_id: r.try_get(2)?,
+            amount_cents: r.try_get(3)?,
+            state: r.try_get(4)?,
+            funding: Funding::parse(r.try_get(5)?),
+            value_microcents: r.try_get(6)?,
+            created_at: r.try_get(7)?,
+        };
+        snap.holds.insert(r.try_get(0)?, row);
+    }
+    for r in settled_rows {
+        snap.settled.insert(r.try_get(0)?);
+    }
+    let plan = plan(ops, snap);
+    if plan.entries.is_empty() && plan.workspaces.is_empty() && plan.new_holds.is_empty() && plan.plans.is_empty() {
+        c.batch_execute("COMMIT").await?;
+    } else {
+        let columns = Columns::of(&plan);
+        let params = columns.params();
+        tokio::try_join!(c.execute(&st.write, &params), c.batch_execute("COMMIT"))?;
+    }
+    Ok(plan.outcomes)
+}
+
 #[async_trait]
 impl LedgerWrites for PostgresStore {
     async fn apply(&self, ops: Arc<[LedgerOp]>) -> Result<Vec<OpResult>, StoreError> {
-        self.with_client(move |mut c| async move {
-            let rids: Vec<&str> = ops.iter().map(LedgerOp::request_id).collect();
-            let settles: Vec<&str> =
-                ops.iter().filter(|o| matches!(o, LedgerOp::Settle(_))).map(LedgerOp::request_id).collect();
-            let mut wss: Vec<&str> = ops.iter().filter_map(LedgerOp::workspace_id).collect();
-            wss.sort_unstable();
-            wss.dedup();
-            let tx = c.transaction().await?;
-            let (lock, holds, settled, plans) = tokio::try_join!(
-                tx.prepare_cached(LOCK),
-                tx.prepare_cached(HOLDS),
-                tx.prepare_cached(SETTLED),
-                tx.prepare_cached(plans_sql())
+        self.with_client(move |c| async move {
+            let (lock, holds, settled, plans, write) = tokio::try_join!(
+                c.prepare_cached(LOCK),
+                c.prepare_cached(HOLDS),
+                c.prepare_cached(SETTLED),
+                c.prepare_cached(plans_sql()),
+                c.prepare_cached(WRITE)
             )?;
-            let mut snap = Snapshot::default();
-            let mut locked: Vec<String> = Vec::new();
-            for r in tx.query(&lock, &[&wss, &rids]).await? {
-                let money =
-                    Money { balance_cents: r.try_get(1)?, held_cents: r.try_get(2)?, carry_microcents: r.try_get(3)? };
-                let id: String = r.try_get(0)?;
-                locked.push(id.clone());
-                snap.workspaces.insert(id, money);
+            let statements = Statements { lock, holds, settled, plans, write };
+            let outcome = apply_in_transaction(&c, &statements, &ops).await;
+            if outcome.is_err() {
+                // An aborted or half-sent transaction must not go back to the pool open.
+                let _ = c.batch_execute("ROLLBACK").await;
             }
-            let (hold_params, settled_params, plan_params): (
-                [&(dyn ToSql + Sync); 1],
-                [&(dyn ToSql + Sync); 1],
-                [&(dyn ToSql + Sync); 1],
-            ) = ([&rids], [&settles], [&locked]);
-            let (hold_rows, settled_rows, plan_rows) = tokio::try_join!(
-                tx.query(&holds, &hold_params),
-                tx.query(&settled, &settled_params),
-                tx.query(&plans, &plan_params)
-            )?;
-            for r in plan_rows {
-                match read_plan(&r, 1) {
-                    Ok(plan) => {
-                        snap.plans.insert(r.try_get(0)?, plan);
-                    }
-                    // Nothing is written: the transaction is dropped (rolled back).
-                    Err(e) => return Ok(ops.iter().map(|_| Err(StoreError::Unavailable(e.clone()))).collect()),
-                }
-            }
-            for r in hold_rows {
-                let row = HoldRow {
-                    workspace_id: r.try_get(1)?,
-                    key_id: r.try_get(2)?,
-                    amount_cents: r.try_get(3)?,
-                    state: r.try_get(4)?,
-                    funding: Funding::parse(r.try_get(5)?),
-                    value_microcents: r.try_get(6)?,
-                    created_at: r.try_get(7)?,
-                };
-                snap.holds.insert(r.try_get(0)?, row);
-            }
-            for r in settled_rows {
-                snap.settled.insert(r.try_get(0)?);
-            }
-            let plan = plan(&ops, snap);
-            if !plan.entries.is_empty()
-                || !plan.workspaces.is_empty()
-                || !plan.new_holds.is_empty()
-                || !plan.plans.is_empty()
-            {
-                let write = tx.prepare_cached(WRITE).await?;
-                tx.execute(&write, &Columns::of(&plan).params()).await?;
-            }
-            tx.commit().await?;
-            Ok(plan.outcomes)
+            outcome
         })
         .await
     }

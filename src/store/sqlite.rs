@@ -128,11 +128,15 @@ impl SqliteStore {
         Ok(SqliteStore { conn: Arc::new(Mutex::new(conn)) })
     }
 
-    /// Run `f` on the connection in a blocking task.
+    /// Run `f` on the connection in a blocking task; on the ledger writer's own thread, inline.
     async fn with<T: Send + 'static>(
         &self,
         f: impl FnOnce(&mut Connection) -> Result<T, KeyOpError> + Send + 'static,
     ) -> Result<T, KeyOpError> {
+        if super::ledger_batch::on_writer_thread() {
+            let mut c = self.conn.lock().unwrap_or_else(|e| e.into_inner());
+            return f(&mut c);
+        }
         let conn = self.conn.clone();
         tokio::task::spawn_blocking(move || {
             let mut c = conn.lock().unwrap_or_else(|e| e.into_inner());
