@@ -137,6 +137,16 @@ async fn https_clients_reach_an_https_replica_verified_against_its_ca() {
     assert!(gw.log().contains("refused a connection"), "the failed handshake ejects the replica: {}", gw.log());
 }
 
+/// `tollgate check-config` on `dir/tollgate.yaml`: whether it passed, and its stderr.
+fn check_config(dir: &Path) -> (bool, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(["check-config", "--config"])
+        .arg(dir.join("tollgate.yaml"))
+        .output()
+        .unwrap();
+    (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
 #[test]
 fn check_config_names_a_missing_certificate_and_a_bad_ca_file() {
     let dir = std::env::temp_dir().join(format!("tollgate-test-tlscfg-{}-{}", std::process::id(), common::free_port()));
@@ -157,13 +167,8 @@ fn check_config_names_a_missing_certificate_and_a_bad_ca_file() {
         "tollgate.yaml",
         "listen: 127.0.0.1:1\nadmin_listen: 127.0.0.1:2\ntls:\n  cert_file: missing.crt\n  key_file: missing.key\nplugins:\n  - name: chat_completions\n",
     );
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
-        .args(["check-config", "--config"])
-        .arg(dir.join("tollgate.yaml"))
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
+    let (ok, err) = check_config(&dir);
+    assert!(!ok);
     assert!(err.contains("tollgate.yaml: tls.cert_file:"), "{err}");
     assert!(err.contains("tollgate.yaml: tls.key_file:"), "{err}");
     // With the listener fixed, the pool's CA file is the problem left.
@@ -172,13 +177,8 @@ fn check_config_names_a_missing_certificate_and_a_bad_ca_file() {
         "tollgate.yaml",
         "listen: 127.0.0.1:1\nadmin_listen: 127.0.0.1:2\nplugins:\n  - name: chat_completions\n",
     );
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
-        .args(["check-config", "--config"])
-        .arg(dir.join("tollgate.yaml"))
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
+    let (ok, err) = check_config(&dir);
+    assert!(!ok);
     assert!(err.contains("upstreams.yaml: pools.m.ca_file:"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }

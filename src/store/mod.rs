@@ -13,6 +13,7 @@ mod postgres_ledger_batch;
 mod postgres_plans;
 mod postgres_pool;
 pub mod sqlite;
+mod sqlite_checkpoint;
 mod sqlite_ledger;
 mod sqlite_ledger_batch;
 mod sqlite_plans;

@@ -125,7 +125,12 @@ impl SqliteStore {
         // Every hot-path statement stays compiled (the default cache of 16 is smaller than
         // the identity and ledger statements together).
         conn.set_prepared_statement_cache_capacity(128);
-        Ok(SqliteStore { conn: Arc::new(Mutex::new(conn)) })
+        let conn = Arc::new(Mutex::new(conn));
+        {
+            let main = conn.lock().unwrap_or_else(|e| e.into_inner());
+            super::sqlite_checkpoint::start(path, &main, Arc::downgrade(&conn)).map_err(unavailable)?;
+        }
+        Ok(SqliteStore { conn })
     }
 
     /// Run `f` on the connection in a blocking task; on the ledger writer's own thread, inline.
