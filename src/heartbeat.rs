@@ -153,17 +153,6 @@ impl Drop for Heartbeat {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn chunk_framing() {
-        assert_eq!(&frame(b"hello", true)[..], b"5\r\nhello\r\n");
-        assert_eq!(&frame(b"hello", false)[..], b"hello");
-    }
-}
-
 /// Arm the dialect's heartbeat (if it asked for one) on a plain HTTP/1 client connection:
 /// chunked when the client speaks HTTP/1.1, since the rewritten body has no length.
 pub fn arm_for(
@@ -183,4 +172,15 @@ pub fn arm_for(
     let chunked = s.req_header().version == http::Version::HTTP_11;
     let framed = frame(payload, chunked);
     cx.heartbeat = Heartbeat::arm(h1.stream().id(), framed, every);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunk_framing() {
+        assert_eq!(&frame(b"hello", true)[..], b"5\r\nhello\r\n");
+        assert_eq!(&frame(b"hello", false)[..], b"hello");
+    }
 }

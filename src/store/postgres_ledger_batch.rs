@@ -89,18 +89,15 @@ async fn apply_in_transaction(
     let mut wss: Vec<&str> = ops.iter().filter_map(LedgerOp::workspace_id).collect();
     wss.sort_unstable();
     wss.dedup();
-    let (lock_params, hold_params, settled_params, plan_params): (
-        [&(dyn ToSql + Sync); 2],
-        [&(dyn ToSql + Sync); 1],
-        [&(dyn ToSql + Sync); 1],
-        [&(dyn ToSql + Sync); 2],
-    ) = ([&wss, &rids], [&rids], [&settles], [&wss, &rids]);
+    let by_workspace: [&(dyn ToSql + Sync); 2] = [&wss, &rids];
+    let by_request: [&(dyn ToSql + Sync); 1] = [&rids];
+    let by_settlement: [&(dyn ToSql + Sync); 1] = [&settles];
     let ((), lock_rows, hold_rows, settled_rows, plan_rows) = tokio::try_join!(
         c.batch_execute("BEGIN"),
-        c.query(&st.lock, &lock_params),
-        c.query(&st.holds, &hold_params),
-        c.query(&st.settled, &settled_params),
-        c.query(&st.plans, &plan_params)
+        c.query(&st.lock, &by_workspace),
+        c.query(&st.holds, &by_request),
+        c.query(&st.settled, &by_settlement),
+        c.query(&st.plans, &by_workspace)
     )?;
     let mut snap = Snapshot::default();
     for r in lock_rows {
