@@ -82,7 +82,7 @@ impl AsyncWrite for PrefixedStream {
         let this = &mut *self;
         let mut st = this.hold.lock();
         match st.mode {
-            Mode::Hold => {
+            Mode::Hold | Mode::Gather => {
                 st.queued.extend_from_slice(b);
                 Poll::Ready(Ok(b.len()))
             }
@@ -99,8 +99,11 @@ impl AsyncWrite for PrefixedStream {
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = &mut *self;
         let mut st = this.hold.lock();
-        if st.mode == Mode::Hold {
-            return Poll::Ready(Ok(()));
+        match st.mode {
+            Mode::Hold => return Poll::Ready(Ok(())),
+            Mode::Gather if !OutputHold::end_gathered(&st) => return Poll::Ready(Ok(())),
+            Mode::Gather => st.mode = Mode::Pass, // everything goes out in this one write
+            Mode::Pass | Mode::Replaced => {}
         }
         match drain(&mut this.inner, &mut st.queued, cx) {
             Poll::Ready(Ok(())) => {

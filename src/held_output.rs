@@ -21,6 +21,10 @@ pub enum Mode {
     Pass,
     /// Writes are kept in memory; flushes do nothing.
     Hold,
+    /// The held answer is good and its end is being written: writes still gather in memory,
+    /// and the flush that ends the body sends everything in one write (one `send` for head,
+    /// body and chunk terminator instead of three).
+    Gather,
     /// The queued bytes go to the socket; later writes are dropped.
     Replaced,
 }
@@ -28,6 +32,8 @@ pub enum Mode {
 #[derive(Debug)]
 pub struct HoldState {
     pub mode: Mode,
+    /// The held answer goes out chunked (its end is the `0\r\n\r\n` terminator).
+    pub chunked: bool,
     /// Bytes to write to the socket before anything else (what was held, or the replacement).
     pub queued: Vec<u8>,
 }
@@ -38,7 +44,7 @@ pub struct OutputHold(Arc<Mutex<HoldState>>);
 
 impl Default for OutputHold {
     fn default() -> Self {
-        OutputHold(Arc::new(Mutex::new(HoldState { mode: Mode::Pass, queued: Vec::new() })))
+        OutputHold(Arc::new(Mutex::new(HoldState { mode: Mode::Pass, chunked: false, queued: Vec::new() })))
     }
 }
 
@@ -49,20 +55,27 @@ impl OutputHold {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Keep the next writes in memory.
-    pub fn hold(&self) {
+    /// Keep the next writes in memory; `chunked`: the answer's body will be chunked.
+    pub fn hold(&self, chunked: bool) {
         let mut s = self.lock();
         if s.mode == Mode::Pass {
             s.mode = Mode::Hold;
+            s.chunked = chunked;
         }
     }
 
-    /// Let the held bytes (and what follows) go to the client.
+    /// The body is good: what was held, and the end of the body, go to the client together.
     pub fn release(&self) {
         let mut s = self.lock();
         if s.mode == Mode::Hold {
-            s.mode = Mode::Pass;
+            s.mode = Mode::Gather;
         }
+    }
+
+    /// In `Gather`: whether a flush now should send (the body's end is in, or it has no marker
+    /// to wait for). Sending early is always safe; it only costs a write.
+    pub fn end_gathered(s: &HoldState) -> bool {
+        !s.chunked || s.queued.ends_with(b"0\r\n\r\n")
     }
 
     /// While holding: drop what was held, send `response` instead, and drop everything written
@@ -85,6 +98,7 @@ impl OutputHold {
         if s.mode == Mode::Hold {
             s.queued.clear();
         }
+        // A gathered end not flushed yet stays queued: the next write sends it first.
         if s.mode != Mode::Replaced {
             s.mode = Mode::Pass;
         }
@@ -105,9 +119,26 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_released_chunked_answer_is_sent_at_its_terminator() {
+        let h = OutputHold::default();
+        h.hold(true);
+        h.lock().queued.extend_from_slice(b"HTTP/1.1 200 OK\r\n\r\n");
+        h.release();
+        h.lock().queued.extend_from_slice(b"5\r\nhello\r\n");
+        assert_eq!(h.lock().mode, Mode::Gather);
+        assert!(!OutputHold::end_gathered(&h.lock()), "the body chunk's flush waits");
+        h.lock().queued.extend_from_slice(b"0\r\n\r\n");
+        assert!(OutputHold::end_gathered(&h.lock()), "the terminator's flush sends");
+        let sized = OutputHold::default();
+        sized.hold(false);
+        sized.release();
+        assert!(OutputHold::end_gathered(&sized.lock()), "a body without chunks sends at its first flush");
+    }
+
+    #[test]
     fn held_bytes_are_released_or_replaced_never_both() {
         let h = OutputHold::default();
-        h.hold();
+        h.hold(true);
         h.lock().queued.extend_from_slice(b"header");
         assert!(h.is_holding());
         assert!(h.replace(b"error".to_vec()));
@@ -122,7 +153,7 @@ mod tests {
     fn nothing_held_cannot_be_replaced() {
         let h = OutputHold::default();
         assert!(!h.replace(b"error".to_vec()));
-        h.hold();
+        h.hold(true);
         h.release();
         assert!(!h.replace(b"error".to_vec()), "released bytes may already be on the wire");
     }
@@ -130,7 +161,7 @@ mod tests {
     #[test]
     fn finish_drops_an_unfinished_hold() {
         let h = OutputHold::default();
-        h.hold();
+        h.hold(false);
         h.lock().queued.extend_from_slice(b"partial");
         h.finish();
         let s = h.lock();

@@ -74,7 +74,8 @@ async fn insufficient_credits_402_has_its_fields_and_reaches_no_replica() {
     assert_eq!(r.status, 200, "{}", r.text);
     let u = &r.json()["usage"];
     assert_eq!(u["service"]["cost_microcents"], 5_000_000, "5 tokens at a cent each");
-    let l = balance(&gw, &gw.workspace);
+    // The settlement commits just after the answer (decision 128).
+    let l = gw.settled_ledger();
     assert_eq!(l["balance_cents"], 95);
     assert_eq!(l["held_cents"], 0);
 }

@@ -290,7 +290,10 @@ impl ProxyHttp for Gateway {
             // A non-streamed answer is judged when its body is complete: until then nothing
             // reaches the client, so a bad body can still become a clean 502.
             if let Some(h) = &cx.output {
-                h.hold();
+                // Without a length, an HTTP/1.1 client gets the body chunked.
+                let chunked =
+                    !resp.headers.contains_key("content-length") && s.req_header().version == http::Version::HTTP_11;
+                h.hold(chunked);
             }
         }
         responder::common_headers(resp, cx)
