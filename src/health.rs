@@ -12,7 +12,6 @@ use std::time::{Duration, Instant};
 
 use pingora::connectors::http::Connector;
 use pingora::http::RequestHeader;
-use pingora::prelude::HttpPeer;
 
 use crate::config::{HealthCheck, LiveConfig, Pool, Replica};
 
@@ -21,16 +20,7 @@ const TICK: Duration = Duration::from_millis(100);
 
 /// Start the checker on its own thread (it never touches the request path).
 pub fn spawn(live: Arc<LiveConfig>) {
-    let run = move || {
-        let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
-            log::error!("health checker could not start");
-            return;
-        };
-        rt.block_on(run(live));
-    };
-    if let Err(e) = std::thread::Builder::new().name("health-check".into()).spawn(run) {
-        log::error!("health checker thread: {e}");
-    }
+    crate::background::spawn("health-check", run(live));
 }
 
 async fn run(live: Arc<LiveConfig>) {
@@ -42,19 +32,23 @@ async fn run(live: Arc<LiveConfig>) {
         ticker.tick().await;
         let config = live.current();
         let now = Instant::now();
-        let mut seen = Vec::new();
+        // Rebuilt each tick from the pools in force: a replica a reload removed drops out.
+        let mut next = HashMap::with_capacity(due.len());
         for (model, pool) in config.pools.iter() {
             let Some(check) = &pool.health_check else { continue };
             for replica in &pool.replicas {
                 let key = (model.clone(), replica.authority.clone());
-                if due.get(&key).is_none_or(|at| *at <= now) {
-                    due.insert(key.clone(), now + check.interval);
-                    tokio::spawn(probe_and_record(connector.clone(), pool.clone(), replica.clone(), check.clone()));
-                }
-                seen.push(key);
+                let at = match due.remove(&key) {
+                    Some(at) if at > now => at,
+                    _ => {
+                        tokio::spawn(probe_and_record(connector.clone(), pool.clone(), replica.clone(), check.clone()));
+                        now + check.interval
+                    }
+                };
+                next.insert(key, at);
             }
         }
-        due.retain(|k, _| seen.contains(k));
+        due = next;
     }
 }
 
@@ -72,10 +66,12 @@ pub fn record(model: &str, replica: &Replica, check: &HealthCheck, outcome: Resu
     let passed = outcome.is_ok();
     let was_down = h.down.load(Ordering::Relaxed);
     // The streak counts checks whose outcome disagrees with the current state.
-    let streak = if passed == was_down { h.streak.fetch_add(1, Ordering::Relaxed) + 1 } else { 0 };
-    if passed != was_down {
+    let streak = if passed == was_down {
+        h.streak.fetch_add(1, Ordering::Relaxed) + 1
+    } else {
         h.streak.store(0, Ordering::Relaxed);
-    }
+        0
+    };
     h.last_check_ms.store(crate::clock::now_ms(), Ordering::Relaxed);
     if let Err(e) = &outcome {
         *h.last_error.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.clone());
@@ -93,10 +89,7 @@ pub fn record(model: &str, replica: &Replica, check: &HealthCheck, outcome: Resu
 }
 
 async fn probe(connector: &Connector, pool: &Pool, replica: &Replica, path: &str) -> Result<(), String> {
-    let mut peer = match &pool.tls {
-        Some(tls) => tls.peer(replica),
-        None => HttpPeer::new(replica.addr, false, String::new()),
-    };
+    let mut peer = pool.peer(replica);
     peer.options.connection_timeout = Some(pool.connect_timeout);
     let (mut session, _reused) = connector.get_http_session(&peer).await.map_err(|e| format!("connect: {e}"))?;
     let mut req = RequestHeader::build("GET", path.as_bytes(), None).map_err(|e| e.to_string())?;

@@ -248,16 +248,21 @@ pub fn admission_refused(gate: &str) {
     }
 }
 
-/// A settlement that failed and is tried again.
-pub fn settlement_retried(store: &str) {
+/// A ledger settlement that failed and is tried again.
+pub fn settlement_retried() {
     if let Some(m) = metrics() {
-        m.settlement_retries.with_label_values(&[store]).inc();
+        m.settlement_retries.with_label_values(&["ledger"]).inc();
     }
 }
 
-/// Holds placed (+1) and settled or released (-1).
-pub fn holds_moved(store: &str, delta: i64) {
-    if let Some(m) = metrics() {
-        m.holds_outstanding.with_label_values(&[store]).add(delta);
+/// The ledger's holds gauge, resolved at the first hold (moved twice per billed request, so
+/// no label lookup each time).
+static HOLDS: LazyLock<Option<prometheus::IntGauge>> =
+    LazyLock::new(|| metrics().map(|m| m.holds_outstanding.with_label_values(&["ledger"])));
+
+/// Ledger holds placed (+1) and settled or released (-1).
+pub fn holds_moved(delta: i64) {
+    if let Some(g) = HOLDS.as_ref() {
+        g.add(delta);
     }
 }

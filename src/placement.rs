@@ -106,8 +106,7 @@ fn least_loaded(pool: &Pool, skip: &[usize], budget: usize, now: i64) -> Result<
     if budget == 0 {
         return Err(NoSlot::AtCapacity);
     }
-    let tried = skip;
-    let untried = pool.replicas.iter().enumerate().filter(|(i, _)| !tried.contains(i));
+    let untried = pool.replicas.iter().enumerate().filter(|(i, _)| !skip.contains(i));
     if untried.clone().next().is_some() && untried.clone().all(|(_, r)| !r.up(now)) {
         return Err(NoSlot::Unhealthy);
     }

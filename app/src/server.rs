@@ -99,59 +99,41 @@ pub fn run(config: Config, chain: Chain, services: Services, start: Start<'_>) -
 /// Every `every` (30 s by default), release holds whose request outlived its hold (a gateway died mid-request;
 /// released, never charged, each release logged) and remove the unspent part of expired top-ups.
 fn spawn_hold_sweeper(ledger: Arc<dyn tollgate::store::ledger::LedgerStore>, every: std::time::Duration) {
-    let run = move || {
-        let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
-            log::error!("hold sweeper could not start");
-            return;
-        };
-        rt.block_on(async move {
-            loop {
-                tokio::time::sleep(every).await;
-                match ledger.sweep_expired_holds(tollgate::clock::now_ms()).await {
-                    Ok(ids) if !ids.is_empty() => log::warn!("released {} expired holds: {ids:?}", ids.len()),
-                    Ok(_) => {}
-                    Err(e) => log::warn!("hold sweep failed: {e}"),
-                }
-                // Credit past its expiry (purchase balance lasts one year).
-                match ledger.sweep_expired_credit(tollgate::clock::now_ms()).await {
-                    Ok(gone) => {
-                        for (ws, cents) in gone {
-                            log::info!("workspace {ws}: {cents} cents of credit expired");
-                        }
-                    }
-                    Err(e) => log::warn!("credit expiry sweep failed: {e}"),
-                }
+    tollgate::background::spawn("hold-sweeper", async move {
+        loop {
+            tokio::time::sleep(every).await;
+            match ledger.sweep_expired_holds(tollgate::clock::now_ms()).await {
+                Ok(ids) if !ids.is_empty() => log::warn!("released {} expired holds: {ids:?}", ids.len()),
+                Ok(_) => {}
+                Err(e) => log::warn!("hold sweep failed: {e}"),
             }
-        });
-    };
-    if let Err(e) = std::thread::Builder::new().name("hold-sweeper".into()).spawn(run) {
-        log::error!("hold sweeper thread: {e}");
-    }
+            // Credit past its expiry (purchase balance lasts one year).
+            match ledger.sweep_expired_credit(tollgate::clock::now_ms()).await {
+                Ok(gone) => {
+                    for (ws, cents) in gone {
+                        log::info!("workspace {ws}: {cents} cents of credit expired");
+                    }
+                }
+                Err(e) => log::warn!("credit expiry sweep failed: {e}"),
+            }
+        }
+    });
 }
 
 /// SIGHUP reloads `models.yaml` and `upstreams.yaml` like `POST /admin/v1/reload` (the
 /// outcome is logged). Registering the handler also keeps SIGHUP from ending the process.
 fn spawn_reload_on_hangup(live: Arc<LiveConfig>) {
-    let run = move || {
-        let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
-            log::error!("SIGHUP handler could not start");
+    tollgate::background::spawn("reload-signal", async move {
+        use tokio::signal::unix::{SignalKind, signal};
+        let Ok(mut hangups) = signal(SignalKind::hangup()) else {
+            log::error!("SIGHUP handler could not be installed");
             return;
         };
-        rt.block_on(async move {
-            use tokio::signal::unix::{SignalKind, signal};
-            let Ok(mut hangups) = signal(SignalKind::hangup()) else {
-                log::error!("SIGHUP handler could not be installed");
-                return;
-            };
-            while hangups.recv().await.is_some() {
-                log::info!("SIGHUP: reloading models.yaml and upstreams.yaml");
-                let _ = tollgate::admin::reload_answer(&live);
-            }
-        });
-    };
-    if let Err(e) = std::thread::Builder::new().name("reload-signal".into()).spawn(run) {
-        log::error!("SIGHUP handler thread: {e}");
-    }
+        while hangups.recv().await.is_some() {
+            log::info!("SIGHUP: reloading models.yaml and upstreams.yaml");
+            let _ = tollgate::admin::reload_answer(&live);
+        }
+    });
 }
 
 /// Session placements live in the limiter's store: in process, or on the same Redis (so every

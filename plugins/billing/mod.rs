@@ -229,7 +229,7 @@ impl Plugin for Billing {
                     funding::apply(cx, f, out.plan.as_ref());
                     let cents = if matches!(f, Funding::Plan | Funding::Standby) { 0 } else { hold };
                     cx.ext.insert(Hold { cents, funding: f });
-                    tollgate::metrics::holds_moved("ledger", 1);
+                    tollgate::metrics::holds_moved(1);
                     return Ok(Flow::Continue);
                 }
                 // Running requests hold the rest of a window: wait for room, up to the limit.
@@ -319,7 +319,7 @@ impl Plugin for Billing {
                 }
             };
             if recorded && had_hold {
-                tollgate::metrics::holds_moved("ledger", -1);
+                tollgate::metrics::holds_moved(-1);
             }
         });
     }
@@ -344,7 +344,7 @@ impl Finish {
         let mut wait = std::time::Duration::from_secs(1);
         for _ in 0..70 {
             tokio::time::sleep(wait).await;
-            tollgate::metrics::settlement_retried("ledger");
+            tollgate::metrics::settlement_retried();
             match self.run(ledger).await {
                 Ok(()) => {
                     log::info!("settlement recorded after a retry");

@@ -298,24 +298,20 @@ async fn revoke_key(app: &AdminApp, id: &str) -> Answer {
 }
 
 fn model_pause(app: &AdminApp, model: &str, action: &str, body: &Value) -> Answer {
-    let config = app.live.current();
-    let entry = config.catalog.get(model).ok_or_else(|| AdminError::not_found("model"))?;
-    match action {
-        "pause" => {
-            let f = Fields::new(body, &["until"])?;
-            let until = f.instant("until")?.ok_or_else(|| AdminError::bad("until", "is required"))?;
-            let ts = jiff::Timestamp::from_millisecond(until).map_err(|_| AdminError::bad("until", "out of range"))?;
-            entry.set_paused_until(Some(ts));
+    // Under the reload lock: a reload running now would copy the state from before this change.
+    app.live.with_current(|config| {
+        let entry = config.catalog.get(model).ok_or_else(|| AdminError::not_found("model"))?;
+        match action {
+            "pause" => {
+                let f = Fields::new(body, &["until"])?;
+                let until = f.instant("until")?.ok_or_else(|| AdminError::bad("until", "is required"))?;
+                let ts =
+                    jiff::Timestamp::from_millisecond(until).map_err(|_| AdminError::bad("until", "out of range"))?;
+                entry.set_paused_until(Some(ts));
+            }
+            "resume" => entry.set_paused_until(None),
+            _ => return Err(AdminError::new(404, "unknown_route", "use pause or resume")),
         }
-        "resume" => entry.set_paused_until(None),
-        _ => return Err(AdminError::new(404, "unknown_route", "use pause or resume")),
-    }
-    // A reload that swapped the catalog meanwhile copied the state before this change.
-    let now = app.live.current();
-    if !Arc::ptr_eq(&now, &config) {
-        if let Some(fresh) = now.catalog.get(model) {
-            fresh.set_paused_until(entry.paused_until());
-        }
-    }
-    Ok(json_response(200, &entry.to_json()))
+        Ok(json_response(200, &entry.to_json()))
+    })
 }

@@ -48,6 +48,13 @@ impl LiveConfig {
         self.current.load_full()
     }
 
+    /// Run `f` on the config in force with reloads held off, so a change `f` makes to it (an
+    /// operator's pause) cannot be lost to a reload copying the old state at the same time.
+    pub fn with_current<T>(&self, f: impl FnOnce(&Config) -> T) -> T {
+        let _one = self.reloading.lock().unwrap_or_else(|e| e.into_inner());
+        f(&self.current())
+    }
+
     /// Check the operator files again and, when they are valid, put them in force. A bad file
     /// changes nothing and returns every problem with its file and field.
     pub fn reload(&self) -> Result<ReloadReport, ConfigErrors> {

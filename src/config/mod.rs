@@ -24,7 +24,7 @@ pub use gateway::{Budgets, GatewaySettings, PluginSpec};
 pub use identity::{IdentitySettings, Secret};
 pub use limits::{GateSettings, LimitSettings, Tiers};
 pub use live::{LiveConfig, ReloadReport};
-pub use tls::{ListenerTls, pem_certificates};
+pub use tls::ListenerTls;
 pub use tokenizer::PromptTokenizer;
 pub use upstreams::{HealthCheck, HealthState, Pool, Pools, Replica, ReplicaState, UpstreamTls};
 

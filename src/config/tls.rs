@@ -17,7 +17,7 @@ pub struct ListenerTls {
 }
 
 /// The DER certificates of a PEM file (at least one).
-pub fn pem_certificates(path: &Path) -> Result<Vec<Vec<u8>>, String> {
+pub(super) fn pem_certificates(path: &Path) -> Result<Vec<Vec<u8>>, String> {
     let certs: Vec<Vec<u8>> = CertificateDer::pem_file_iter(path)
         .map_err(|e| format!("cannot read certificates: {e}"))?
         .map(|c| c.map(|c| c.as_ref().to_vec()))

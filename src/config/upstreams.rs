@@ -114,7 +114,8 @@ pub struct ReplicaState {
 pub struct HealthState {
     /// Failed the last `unhealthy_after` checks and has not passed `healthy_after` since.
     pub down: AtomicBool,
-    /// Consecutive checks with the same outcome.
+    /// Consecutive checks whose outcome disagrees with `down` (failures while up, passes
+    /// while down); reset by one that agrees.
     pub streak: AtomicU32,
     /// When the last check ended (Unix ms), 0 before the first.
     pub last_check_ms: AtomicI64,
@@ -210,6 +211,14 @@ impl Pool {
     /// Sum of replica concurrency.
     pub fn capacity(&self) -> u32 {
         self.replicas.iter().map(|r| r.max_concurrency).sum()
+    }
+
+    /// The peer of `replica`: over TLS, verified, when the pool says `tls: true`.
+    pub fn peer(&self, replica: &Replica) -> pingora::prelude::HttpPeer {
+        match &self.tls {
+            Some(tls) => tls.peer(replica),
+            None => pingora::prelude::HttpPeer::new(replica.addr, false, String::new()),
+        }
     }
 
     /// The replica of this pool at `authority`, if any.

@@ -131,10 +131,7 @@ impl ProxyHttp for Gateway {
         let Some((slot, pool)) = cx.placement.as_ref().and_then(|p| Some((p.slot.as_ref()?, &p.pool))) else {
             return Error::e_explain(ErrorType::InternalError, "no replica placed");
         };
-        let mut peer = match &pool.tls {
-            Some(tls) => tls.peer(&slot.replica),
-            None => HttpPeer::new(slot.replica.addr, false, String::new()),
-        };
+        let mut peer = pool.peer(&slot.replica);
         let budgets = &self.settings.budgets;
         peer.options.connection_timeout = Some(pool.connect_timeout);
         peer.options.read_timeout = Some(if cx.stream {
