@@ -14,6 +14,8 @@
 #   LOAD_THREADS=1          gateway worker threads per instance
 #   LOAD_BIN_DIR=           directory with tollgate and tollgate-mock-replica (default
 #                           $CARGO_TARGET_DIR/release, else target/release; not built here)
+#   LOAD_HONOR_RETRY_AFTER=1  a connection refused with 429/503 waits its Retry-After before
+#                           sending again, as the official clients do (0: at once, as plain wrk)
 #   LOAD_PORT_BASE=19510    mock = base, instance i = base+2i+1 (admin base+2i+2)
 #   DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres   server for --store pg: a
 #                           fresh database is created and dropped (LOAD_KEEP_DB=1 keeps it)
@@ -143,7 +145,7 @@ settled0=$(sql "SELECT count(*) FROM ledger_entries WHERE workspace_id = '$WS' A
 
 log "store $STORE, 2 instances (threads: $THREADS), $CONNS connections each, ${SECONDS_RUN}s"
 for i in 1 2; do
-    BENCH_BODY_FILE="$WORK/body.json" BENCH_API_KEY="$KEY" BENCH_TOKENS=16 \
+    BENCH_BODY_FILE="$WORK/body.json" BENCH_API_KEY="$KEY" BENCH_TOKENS=16 BENCH_HONOR_RETRY_AFTER=${LOAD_HONOR_RETRY_AFTER:-1} \
         wrk -t1 "-c$CONNS" "-d${SECONDS_RUN}s" --timeout 10s -s "$ROOT/scripts/bench/wrk_post.lua" \
         "http://127.0.0.1:$((BASE + 2 * i - 1))/v1/chat/completions" >"$WORK/wrk$i.txt" 2>&1 &
     WRK[$i]=$!
@@ -156,7 +158,7 @@ total=0; errors=0
 for i in 1 2; do
     total=$((total + $(field $i requests)))
     errors=$((errors + $(field $i err_status)))
-    log "instance $i: $(grep '^BENCH' "$WORK/wrk$i.txt" | tr ' ' '\n' | grep -E 'requests|p50|p99_|err_status|err_timeout' | tr '\n' ' ')"
+    log "instance $i: $(grep '^BENCH' "$WORK/wrk$i.txt" | tr ' ' '\n' | grep -E 'requests|p50|p99_|err_status|err_timeout|shed' | tr '\n' ' ')"
 done
 ok=$((total - errors))
 settled=$(( $(sql "SELECT count(*) FROM ledger_entries WHERE workspace_id = '$WS' AND kind = 'settlement'") - settled0 ))

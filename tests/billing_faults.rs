@@ -96,3 +96,51 @@ async fn postgres_stopped_mid_traffic_charges_nothing_twice_and_settles_when_it_
     assert_eq!(settlements(&ledger(&gw)).len(), 2, "a later retry does not settle twice");
     assert_eq!(gw.post("/v1/chat/completions", &body, &[("x-mock-tokens", "3")]).await.status, 200, "back to normal");
 }
+
+/// Decision 131: while the ledger's writes wait longer than `billing.ledger_max_wait_ms`, a
+/// new request is refused at once with `429 hosted_admission_congested` instead of queueing
+/// behind them; the request already waiting is served and billed once, the refused one is
+/// charged nothing, and requests are admitted again once the writes flow.
+#[tokio::test]
+async fn a_stalled_ledger_sheds_new_requests_at_once_and_bills_the_admitted_ones() {
+    let mock = Mock::start();
+    let db = pg::fresh_database().await;
+    let gw = Gateway::start_with(&mock, Opts { postgres_url: Some(db.clone()), ledger_max_wait_ms: 100, ..Opts::default() });
+    let body = chat_body("chat-model", false);
+    assert_eq!(gw.post("/v1/chat/completions", &body, &[]).await.status, 200);
+    let before = gw.settled_ledger();
+
+    // Another session holds the workspace's row lock: the next ledger batch waits on it.
+    let (locker, conn) = tokio_postgres::connect(&db, tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(conn);
+    locker.batch_execute("BEGIN").await.unwrap();
+    locker.query("SELECT 1 FROM workspaces WHERE id = $1 FOR UPDATE", &[&gw.workspace]).await.unwrap();
+
+    let (stalled, shed) = tokio::join!(gw.post("/v1/chat/completions", &body, &[]), async {
+        // The first request's hold has waited past the bound by now.
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let started = Instant::now();
+        let r = gw.post("/v1/chat/completions", &body, &[]).await;
+        let took = started.elapsed();
+        locker.batch_execute("COMMIT").await.unwrap();
+        (r, took)
+    });
+    let (shed, took) = shed;
+    let err = shed.assert_error(429, "hosted_admission_congested");
+    assert!(took < Duration::from_millis(300), "refused without queueing: {took:?}");
+    assert_eq!(shed.header("retry-after").as_deref(), Some("1"));
+    assert!(err["error"].get("limit").is_none(), "not a quota: {err}");
+    assert!(shed.header("x-hosted-limit-scope").is_none());
+    assert_eq!(stalled.status, 200, "the request already waiting is served: {}", stalled.text);
+
+    // The writes flow again: requests are admitted.
+    assert_eq!(gw.post("/v1/chat/completions", &body, &[]).await.status, 200);
+    let after = gw.settled_ledger();
+    assert_eq!(
+        settlements(&after).len(),
+        settlements(&before).len() + 2,
+        "the two served requests settled once each, the shed one not at all: {after}"
+    );
+    let m = gw.metrics().await;
+    assert!(m.contains("tollgate_admission_refusals_total{gate=\"ledger\"} 1"), "{m}");
+}

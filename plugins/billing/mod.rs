@@ -22,6 +22,7 @@ use tollgate::plans::PlanSettings;
 use tollgate::plans::decide::{FundAsk, Funding, Refusal};
 use tollgate::plugin::{Flow, Plugin};
 use tollgate::routes::Route;
+use tollgate::store::StoreError;
 use tollgate::store::ledger::{LedgerStore, Settlement};
 use tollgate::store::ledger_ops::{FundOp, FundRefusal};
 
@@ -73,6 +74,23 @@ fn with_free_window(err: GatewayError, cx: &RequestCtx) -> GatewayError {
         Some(end) => err.with_field("free_window_ended_at", iso(end)),
         None => err,
     }
+}
+
+/// The hold could not be placed. A ledger shedding load (decision 131) is a momentary
+/// capacity refusal, as the limits plugin's; anything else is a failed reservation.
+fn hold_failed(request_id: &str, e: StoreError) -> GatewayError {
+    if let StoreError::Busy(why) = &e {
+        log::debug!("{request_id}: hold shed: {why}");
+        tollgate::metrics::admission_refused("ledger");
+        return GatewayError::new(
+            ErrorKind::HostedAdmissionCongested,
+            "Capacity is being shed under momentary load; retry shortly. This is not a quota.",
+        )
+        .with_retry_after(1)
+        .with_header("retry-after-ms", "1000");
+    }
+    log::warn!("{request_id}: hold not recorded: {e}");
+    GatewayError::new(ErrorKind::CreditReservationFailed, "The credit reservation could not be recorded; retry.")
 }
 
 fn store_down(e: impl std::fmt::Display) -> GatewayError {
@@ -208,13 +226,7 @@ impl Plugin for Billing {
                 expires_at: now + self.hold_ttl_ms,
                 now,
             };
-            let out = self.ledger.fund(op).await.map_err(|e| {
-                log::warn!("{}: hold not recorded: {e}", cx.request_id);
-                GatewayError::new(
-                    ErrorKind::CreditReservationFailed,
-                    "The credit reservation could not be recorded; retry.",
-                )
-            })?;
+            let out = self.ledger.fund(op).await.map_err(|e| hold_failed(&cx.request_id, e))?;
             match out.verdict {
                 Ok(f) => {
                     if let (Funding::Standby, Some(gate)) = (f, &self.standby) {

@@ -8,6 +8,10 @@
 --                    the write of each request, so the wait is not counted).
 --   BENCH_API_KEY    if set, sent as `Authorization: Bearer <key>` (the gateway runs with
 --                    the auth plugin)
+--   BENCH_HONOR_RETRY_AFTER  if 1, a connection answered 429 or 503 with `Retry-After`
+--                    waits that long (plus up to 25% jitter) before its next request, as the
+--                    official clients do; the summary then counts those answers (`shed=`).
+--                    Without it every connection sends again at once, as wrk always does.
 local path = os.getenv("BENCH_BODY_FILE")
 if path == nil then
   error("BENCH_BODY_FILE is not set")
@@ -24,18 +28,48 @@ if api_key ~= nil and api_key ~= "" then
 end
 
 local delay_ms = tonumber(os.getenv("BENCH_DELAY_MS") or "0") or 0
-if delay_ms > 0 then
+local honor = os.getenv("BENCH_HONOR_RETRY_AFTER") == "1"
+if delay_ms > 0 and not honor then
   function delay()
     return delay_ms
   end
 end
 
+-- wrk calls delay() for a connection right after its response() ran, so a wait set by
+-- response() applies to that same connection's next request.
+local threads = {}
+function setup(thread)
+  table.insert(threads, thread)
+end
+if honor then
+  shed = 0
+  local wait_next = 0
+  function response(status, headers, body)
+    if status == 429 or status == 503 then
+      shed = shed + 1
+      local ra = tonumber(headers["Retry-After"] or headers["retry-after"] or "")
+      if ra ~= nil then
+        wait_next = ra * 1000 * (1 + math.random() * 0.25)
+      end
+    end
+  end
+  function delay()
+    local d = wait_next
+    wait_next = 0
+    return math.max(d, delay_ms)
+  end
+end
+
 function done(summary, latency, requests)
   local e = summary.errors
+  local shed_total = 0
+  for _, t in ipairs(threads) do
+    shed_total = shed_total + (t:get("shed") or 0)
+  end
   io.write(string.format(
-    "BENCH requests=%d duration_us=%d bytes=%d p50_us=%d p90_us=%d p99_us=%d p999_us=%d max_us=%d mean_us=%.1f err_connect=%d err_read=%d err_write=%d err_status=%d err_timeout=%d\n",
+    "BENCH requests=%d duration_us=%d bytes=%d p50_us=%d p90_us=%d p99_us=%d p999_us=%d max_us=%d mean_us=%.1f err_connect=%d err_read=%d err_write=%d err_status=%d err_timeout=%d shed=%d\n",
     summary.requests, summary.duration, summary.bytes,
     latency:percentile(50), latency:percentile(90), latency:percentile(99),
     latency:percentile(99.9), latency.max, latency.mean,
-    e.connect, e.read, e.write, e.status, e.timeout))
+    e.connect, e.read, e.write, e.status, e.timeout, shed_total))
 end

@@ -93,6 +93,9 @@ struct RawBilling {
     hold_margin_seconds: u64,
     #[serde(default = "default_sweep_interval")]
     sweep_interval_seconds: u64,
+    /// Holds are shed (`429 hosted_admission_congested`) while ledger writes wait longer.
+    #[serde(default = "default_ledger_max_wait")]
+    ledger_max_wait_ms: u64,
 }
 
 impl Default for RawBilling {
@@ -101,6 +104,7 @@ impl Default for RawBilling {
             topup_url: default_topup_url(),
             hold_margin_seconds: default_hold_margin(),
             sweep_interval_seconds: default_sweep_interval(),
+            ledger_max_wait_ms: default_ledger_max_wait(),
         }
     }
 }
@@ -111,6 +115,10 @@ fn default_hold_margin() -> u64 {
 
 fn default_sweep_interval() -> u64 {
     30
+}
+
+fn default_ledger_max_wait() -> u64 {
+    500
 }
 
 fn default_topup_url() -> String {
@@ -261,6 +269,8 @@ pub struct GatewaySettings {
     pub topup_url: String,
     pub hold_margin: Duration,
     pub sweep_interval: Duration,
+    /// `billing.ledger_max_wait_ms` (decision 131).
+    pub ledger_max_wait: Duration,
     /// Coding plan tiers and the window wait.
     pub plans: std::sync::Arc<crate::plans::PlanSettings>,
     /// `access_log.format: json`.
@@ -341,6 +351,9 @@ pub(super) fn load(file: &Path, out: &mut Vec<ConfigProblem>) -> Option<GatewayS
     if !(topup.starts_with("https://") || topup.starts_with("http://")) || topup.len() > 2000 {
         p.add("billing.topup_url", format!("`{topup}` must be an absolute http(s) URL"));
     }
+    if !(10..=60_000).contains(&raw.billing.ledger_max_wait_ms) {
+        p.add("billing.ledger_max_wait_ms", "must be between 10 and 60000 (milliseconds)");
+    }
     let settings = GatewaySettings {
         listen,
         admin_listen,
@@ -366,6 +379,7 @@ pub(super) fn load(file: &Path, out: &mut Vec<ConfigProblem>) -> Option<GatewayS
         topup_url: raw.billing.topup_url.clone(),
         hold_margin: Duration::from_secs(raw.billing.hold_margin_seconds),
         sweep_interval: Duration::from_secs(raw.billing.sweep_interval_seconds.clamp(1, 3600)),
+        ledger_max_wait: Duration::from_millis(raw.billing.ledger_max_wait_ms),
         plans,
         access_log_json,
         metrics_enabled: raw.metrics.enabled,
@@ -373,3 +387,7 @@ pub(super) fn load(file: &Path, out: &mut Vec<ConfigProblem>) -> Option<GatewayS
     };
     (out.len() == before).then_some(settings)
 }
+
+#[cfg(test)]
+#[path = "gateway_tests.rs"]
+mod tests;

@@ -10,17 +10,21 @@
 //! What stays exact: a hold is answered only after its transaction committed (so it is in
 //! force before the replica sees the request); holds of one batch are applied in queue order
 //! against the running balance (refusals are exactly those a one-at-a-time ledger would
-//! make); settlement stays once per request id. Bounded: holds are refused with
-//! `StoreError::Unavailable` (billing answers `500 credit_reservation_failed`, retry) once the
-//! queue has fewer than [`SETTLE_RESERVE`] free slots, so latency stays bounded when offered
-//! more than the store can write; settlements and releases wait for a slot up to
+//! make); settlement stays once per request id. Bounded (decision 131): a hold (or funding
+//! decision) is refused with `StoreError::Busy` (billing answers `429
+//! hosted_admission_congested`) while the writer's queue makes ops wait longer than the
+//! instance's `billing.ledger_max_wait_ms`, so a request's wait for its hold stays near that
+//! bound however much more than the store can write is offered; it is refused with
+//! `StoreError::Unavailable` once the queue has fewer than [`SETTLE_RESERVE`] free slots.
+//! Settlements and releases are never shed: they wait for a slot up to
 //! [`ENQUEUE_WAIT`] (their room is reserved), then fail like a store outage (billing retries
 //! them in the background). A crash loses at most the ops queued or in the open batch: queued
 //! holds were never answered (their requests never went upstream), queued settlements are an
 //! undercharge whose hold the sweeper releases (decision 100).
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use tokio::sync::{mpsc, oneshot};
@@ -40,6 +44,8 @@ pub const QUEUE: usize = 8_192;
 pub const SETTLE_RESERVE: usize = QUEUE / 4;
 /// Longest a settlement or release waits for room in the queue.
 pub const ENQUEUE_WAIT: Duration = Duration::from_secs(5);
+/// Default longest wait for the writer before holds are shed (`billing.ledger_max_wait_ms`).
+pub const MAX_HOLD_WAIT: Duration = Duration::from_millis(500);
 
 /// A backend that applies a batch of ledger writes in one transaction.
 #[async_trait]
@@ -64,6 +70,37 @@ pub async fn apply_one(w: &(impl LedgerWrites + ?Sized), op: LedgerOp) -> OpResu
 struct Job {
     op: LedgerOp,
     reply: oneshot::Sender<OpResult>,
+    queued: Instant,
+}
+
+/// How long ops wait for the writer, as the writer sees it. Read by every hold, written once
+/// per batch: two atomics, no lock.
+struct Congestion {
+    epoch: Instant,
+    /// Queue wait of the oldest op of the batch being applied or last applied (ms); 0 once
+    /// the writer finds the queue empty.
+    seen_wait_ms: AtomicU64,
+    /// 1 + the ms (since `epoch`) at which the batch being applied started; 0 when none is.
+    applying_since: AtomicU64,
+}
+
+impl Congestion {
+    fn new() -> Congestion {
+        Congestion { epoch: Instant::now(), seen_wait_ms: AtomicU64::new(0), applying_since: AtomicU64::new(0) }
+    }
+
+    fn ms(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX - 1)
+    }
+
+    /// The longer of the last queue wait seen and how long the running batch has taken: a
+    /// store stalled mid-batch sheds holds too, before the queue shows it.
+    fn wait(&self) -> Duration {
+        let seen = self.seen_wait_ms.load(Ordering::Relaxed);
+        let since = self.applying_since.load(Ordering::Relaxed);
+        let running = if since == 0 { 0 } else { self.ms().saturating_sub(since - 1) };
+        Duration::from_millis(seen.max(running))
+    }
 }
 
 /// The ledger with group commit; reads and rare writes go straight to the backend.
@@ -73,6 +110,9 @@ pub struct BatchedLedger {
     queue: mpsc::Sender<Job>,
     /// Free slots a hold leaves for settlements and releases.
     reserve: usize,
+    congestion: Arc<Congestion>,
+    /// Holds are shed while ops wait longer than this.
+    max_hold_wait: Duration,
 }
 
 impl BatchedLedger {
@@ -81,6 +121,12 @@ impl BatchedLedger {
     /// stops when the last handle is dropped.
     pub fn new<S: LedgerStore + LedgerWrites + 'static>(store: Arc<S>) -> Result<BatchedLedger, StoreError> {
         BatchedLedger::with_parts(store.clone(), store, QUEUE)
+    }
+
+    /// Shed holds while ops wait longer than `wait` for the writer (default [`MAX_HOLD_WAIT`]).
+    pub fn with_max_hold_wait(mut self, wait: Duration) -> BatchedLedger {
+        self.max_hold_wait = wait;
+        self
     }
 
     /// `store` for reads and top-ups, `writes` for the batches, a queue of `queue` ops (a
@@ -96,21 +142,31 @@ impl BatchedLedger {
             .build()
             .map_err(|e| StoreError::Unavailable(format!("ledger writer runtime: {e}")))?;
         let w = writes.clone();
+        let congestion = Arc::new(Congestion::new());
+        let seen = congestion.clone();
         std::thread::Builder::new()
             .name("ledger-writer".into())
             .spawn(move || {
                 ON_WRITER.set(true);
-                rt.block_on(writer(rx, w))
+                rt.block_on(writer(rx, w, seen))
             })
             .map_err(|e| StoreError::Unavailable(format!("ledger writer thread: {e}")))?;
-        Ok(BatchedLedger { store, writes, queue: tx, reserve: queue / 4 })
+        Ok(BatchedLedger { store, writes, queue: tx, reserve: queue / 4, congestion, max_hold_wait: MAX_HOLD_WAIT })
     }
 
     async fn enqueue(&self, op: LedgerOp) -> OpResult {
         let (reply, answer) = oneshot::channel();
-        let is_hold = matches!(op, LedgerOp::Hold { .. });
-        let job = Job { op, reply };
+        let is_hold = matches!(op, LedgerOp::Hold { .. } | LedgerOp::Fund(_));
+        let job = Job { op, reply, queued: Instant::now() };
         if is_hold {
+            let wait = self.congestion.wait();
+            if wait > self.max_hold_wait {
+                return Err(StoreError::Busy(format!(
+                    "ledger writes wait {} ms, above the {} ms bound",
+                    wait.as_millis(),
+                    self.max_hold_wait.as_millis()
+                )));
+            }
             if self.queue.capacity() <= self.reserve {
                 return Err(StoreError::Unavailable("the ledger queue is full".into()));
             }
@@ -142,14 +198,22 @@ static BATCH: std::sync::LazyLock<Option<crate::metrics::StoreOp>> =
     std::sync::LazyLock::new(|| crate::metrics::StoreOp::new("ledger", "batch"));
 
 /// Drain the queue: everything waiting (up to `MAX_BATCH`) in one transaction.
-async fn writer(mut rx: mpsc::Receiver<Job>, writes: Arc<dyn LedgerWrites>) {
+async fn writer(mut rx: mpsc::Receiver<Job>, writes: Arc<dyn LedgerWrites>, congestion: Arc<Congestion>) {
     let mut jobs: Vec<Job> = Vec::with_capacity(MAX_BATCH);
     while rx.recv_many(&mut jobs, MAX_BATCH).await > 0 {
+        // The queue is first in, first out: the first job waited longest.
+        let oldest = jobs.first().map_or(0, |j| j.queued.elapsed().as_millis());
+        congestion.seen_wait_ms.store(u64::try_from(oldest).unwrap_or(u64::MAX), Ordering::Relaxed);
+        congestion.applying_since.store(congestion.ms() + 1, Ordering::Relaxed);
         let (ops, replies): (Vec<LedgerOp>, Vec<_>) = jobs.drain(..).map(|j| (j.op, j.reply)).unzip();
         log::trace!("ledger batch of {}", ops.len());
-        let started = std::time::Instant::now();
+        let started = Instant::now();
         let results = apply_batch(&*writes, ops).await;
         crate::metrics::StoreOp::record(&BATCH, results.iter().all(|r| r.is_ok()), started.elapsed());
+        congestion.applying_since.store(0, Ordering::Relaxed);
+        if rx.is_empty() {
+            congestion.seen_wait_ms.store(0, Ordering::Relaxed);
+        }
         for (reply, r) in replies.into_iter().zip(results) {
             let _ = reply.send(r); // the caller may have gone (client disconnected)
         }
@@ -303,6 +367,52 @@ mod tests {
             assert_eq!(w.await.unwrap(), Ok(HoldOutcome::Placed { balance_cents: 0 }));
         }
         assert_eq!(release.await.unwrap(), Ok(true), "a release is queued in the reserved room");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
+    async fn holds_are_shed_while_writes_wait_longer_than_the_bound_and_admitted_again_after() {
+        let dir = std::env::temp_dir().join(format!("tollgate-batch-{}", uuid::Uuid::new_v4().simple()));
+        let store = Arc::new(crate::store::sqlite::SqliteStore::open(&dir.join("l.db")).unwrap());
+        let gate = Arc::new(Semaphore::new(0));
+        let l = Arc::new(
+            BatchedLedger::with_parts(store, Arc::new(Gated(gate.clone())), 64)
+                .unwrap()
+                .with_max_hold_wait(Duration::from_millis(60)),
+        );
+        // The writer takes the first hold and is stuck in its batch.
+        let first = {
+            let l = l.clone();
+            tokio::spawn(async move { l.place_hold("r0", "w", None, 1, 10, 1).await })
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let queued = {
+            let l = l.clone();
+            tokio::spawn(async move { l.place_hold("r1", "w", None, 1, 10, 1).await })
+        };
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        // The running batch has taken longer than the bound: a new hold is shed at once.
+        let started = std::time::Instant::now();
+        let shed = l.place_hold("r2", "w", None, 1, 10, 1).await;
+        assert!(matches!(shed, Err(StoreError::Busy(_))), "{shed:?}");
+        assert!(started.elapsed() < Duration::from_millis(20), "shed without waiting");
+        // A release is never shed.
+        let release = {
+            let l = l.clone();
+            tokio::spawn(async move { l.release_hold("r0", 2).await })
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        // The next batch (r1 and the release) waited over the bound too: still shedding.
+        gate.add_permits(1);
+        assert_eq!(first.await.unwrap(), Ok(HoldOutcome::Placed { balance_cents: 0 }));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let shed = l.place_hold("r3", "w", None, 1, 10, 1).await;
+        assert!(matches!(shed, Err(StoreError::Busy(_))), "{shed:?}");
+        // Once the writer drains the queue, holds are admitted again.
+        gate.add_permits(100);
+        assert_eq!(queued.await.unwrap(), Ok(HoldOutcome::Placed { balance_cents: 0 }));
+        assert_eq!(release.await.unwrap(), Ok(true));
+        assert_eq!(l.place_hold("r4", "w", None, 1, 10, 1).await, Ok(HoldOutcome::Placed { balance_cents: 0 }));
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

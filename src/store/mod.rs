@@ -33,6 +33,9 @@ pub enum StoreError {
     Unavailable(String),
     /// A uniqueness or reference rule refused the write.
     Conflict(String),
+    /// The store is reachable but writes wait longer than the instance allows; nothing was
+    /// written and a retry shortly may succeed (the ledger sheds holds this way).
+    Busy(String),
 }
 
 impl std::fmt::Display for StoreError {
@@ -40,6 +43,7 @@ impl std::fmt::Display for StoreError {
         match self {
             StoreError::Unavailable(m) => write!(f, "store unavailable: {m}"),
             StoreError::Conflict(m) => write!(f, "conflict: {m}"),
+            StoreError::Busy(m) => write!(f, "store busy: {m}"),
         }
     }
 }
@@ -47,7 +51,7 @@ impl std::fmt::Display for StoreError {
 impl From<StoreError> for KeyOpError {
     fn from(e: StoreError) -> Self {
         match e {
-            StoreError::Unavailable(m) | StoreError::Conflict(m) => KeyOpError::Store(m),
+            StoreError::Unavailable(m) | StoreError::Conflict(m) | StoreError::Busy(m) => KeyOpError::Store(m),
         }
     }
 }
@@ -156,14 +160,23 @@ pub struct Stores {
 /// never logged. The ledger of either backend is wrapped in group commit
 /// (`ledger_batch::BatchedLedger`: holds and settlements of many requests per transaction).
 pub async fn open_stores(config: &StoreConfig) -> Result<Stores, StoreError> {
+    open_stores_tuned(config, ledger_batch::MAX_HOLD_WAIT).await
+}
+
+/// [`open_stores`] with the ledger shedding holds while its writes wait longer than
+/// `max_hold_wait` (`billing.ledger_max_wait_ms`, decision 131).
+pub async fn open_stores_tuned(config: &StoreConfig, max_hold_wait: std::time::Duration) -> Result<Stores, StoreError> {
+    let batched = |l: Result<ledger_batch::BatchedLedger, StoreError>| {
+        Ok::<_, StoreError>(Arc::new(l?.with_max_hold_wait(max_hold_wait)))
+    };
     match config {
         StoreConfig::Sqlite { path } => {
             let s = Arc::new(sqlite::SqliteStore::open(path)?);
-            Ok(Stores { identity: s.clone(), ledger: Arc::new(ledger_batch::BatchedLedger::new(s)?) })
+            Ok(Stores { identity: s.clone(), ledger: batched(ledger_batch::BatchedLedger::new(s))? })
         }
         StoreConfig::Postgres { url } => {
             let s = Arc::new(postgres::PostgresStore::connect(url).await?);
-            Ok(Stores { identity: s.clone(), ledger: Arc::new(ledger_batch::BatchedLedger::new(s)?) })
+            Ok(Stores { identity: s.clone(), ledger: batched(ledger_batch::BatchedLedger::new(s))? })
         }
     }
 }

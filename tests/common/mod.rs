@@ -199,6 +199,8 @@ pub struct Opts {
     /// Start without an admin token (the admin listener must refuse everything).
     pub no_admin_token: bool,
     pub hold_margin_seconds: u64,
+    /// `billing.ledger_max_wait_ms`: holds are shed while ledger writes wait longer.
+    pub ledger_max_wait_ms: u64,
     /// Leave the dialects plugin out of the chain.
     pub without_dialects: bool,
     /// Lines of the `limits` section (indented two spaces); when given, the
@@ -229,6 +231,7 @@ impl Default for Opts {
             postgres_url: None,
             no_admin_token: false,
             hold_margin_seconds: 120,
+            ledger_max_wait_ms: 2_000,
             without_dialects: false,
             limits: None,
             heartbeat_seconds: 15.0,
@@ -296,8 +299,8 @@ impl Gateway {
         std::fs::write(
             dir.join("tollgate.yaml"),
             format!(
-                "listen: 127.0.0.1:{port}\nadmin_listen: 127.0.0.1:{admin_port}\nthreads: 1\nlimits:\n  max_request_bytes: {}\n{}budgets:\n  first_token_seconds: {}\n  response_seconds: {}\n  heartbeat_seconds: {}\n  session_affinity_idle_ttl_seconds: {}\nshutdown:\n  grace_period_seconds: {}\n  graceful_shutdown_timeout_seconds: 1\nidentity:\n  store: {store}\n  key_pepper: {{ file: pepper }}\n  key_encryption_key: {{ file: enc }}\n{admin}billing:\n  topup_url: https://pay.example.com/top-up\n  hold_margin_seconds: {}\n  sweep_interval_seconds: 1\nplugins:\n{}  - name: auth\n{}  - name: chat_completions\n  - name: billing\n{}",
-                opts.max_request_bytes, opts.limits.clone().unwrap_or_default(), opts.first_token_seconds, opts.response_seconds, opts.heartbeat_seconds, opts.affinity_ttl_seconds, opts.grace_seconds, opts.hold_margin_seconds,
+                "listen: 127.0.0.1:{port}\nadmin_listen: 127.0.0.1:{admin_port}\nthreads: 1\nlimits:\n  max_request_bytes: {}\n{}budgets:\n  first_token_seconds: {}\n  response_seconds: {}\n  heartbeat_seconds: {}\n  session_affinity_idle_ttl_seconds: {}\nshutdown:\n  grace_period_seconds: {}\n  graceful_shutdown_timeout_seconds: 1\nidentity:\n  store: {store}\n  key_pepper: {{ file: pepper }}\n  key_encryption_key: {{ file: enc }}\n{admin}billing:\n  topup_url: https://pay.example.com/top-up\n  hold_margin_seconds: {}\n  ledger_max_wait_ms: {}\n  sweep_interval_seconds: 1\nplugins:\n{}  - name: auth\n{}  - name: chat_completions\n  - name: billing\n{}",
+                opts.max_request_bytes, opts.limits.clone().unwrap_or_default(), opts.first_token_seconds, opts.response_seconds, opts.heartbeat_seconds, opts.affinity_ttl_seconds, opts.grace_seconds, opts.hold_margin_seconds, opts.ledger_max_wait_ms,
                 if opts.limits.is_some() { "  - name: connection_gate\n" } else { "" },
                 if opts.without_dialects { "" } else { "  - name: dialects\n  - name: idempotency\n" },
                 if opts.limits.is_some() { "  - name: limits\n" } else { "" }
