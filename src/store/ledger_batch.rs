@@ -4,8 +4,10 @@
 //! keeps the [`LedgerStore`] contract: a hold, settlement or release is queued to one writer
 //! per process, which takes everything queued (up to [`MAX_BATCH`] ops) and applies it in ONE
 //! transaction (`LedgerWrites::apply`, the money rules in `ledger_ops::plan`), then answers
-//! each caller. No timer: a lone request is written at once, and under load the batch grows
-//! by itself while the previous one commits.
+//! each caller. A hold never waits for a timer: a lone request is written at once, and under
+//! load the batch grows by itself while the previous one commits. Only a batch of nothing but
+//! settlements and releases, which no request waits for, lingers up to [`SETTLE_LINGER`] for
+//! a hold to ride with (decision 132).
 //!
 //! What stays exact: a hold is answered only after its transaction committed (so it is in
 //! force before the replica sees the request); holds of one batch are applied in queue order
@@ -44,6 +46,8 @@ pub const QUEUE: usize = 8_192;
 pub const SETTLE_RESERVE: usize = QUEUE / 4;
 /// Longest a settlement or release waits for room in the queue.
 pub const ENQUEUE_WAIT: Duration = Duration::from_secs(5);
+/// Longest a batch of only settlements and releases waits for a hold to ride with.
+pub const SETTLE_LINGER: Duration = Duration::from_millis(2);
 /// Default longest wait for the writer before holds are shed (`billing.ledger_max_wait_ms`).
 pub const MAX_HOLD_WAIT: Duration = Duration::from_millis(500);
 
@@ -71,6 +75,13 @@ struct Job {
     op: LedgerOp,
     reply: oneshot::Sender<OpResult>,
     queued: Instant,
+}
+
+impl Job {
+    /// A hold or funding decision: a request waits for it before going upstream.
+    fn holds(&self) -> bool {
+        matches!(self.op, LedgerOp::Hold { .. } | LedgerOp::Fund(_))
+    }
 }
 
 /// How long ops wait for the writer, as the writer sees it. Read by every hold, written once
@@ -156,9 +167,8 @@ impl BatchedLedger {
 
     async fn enqueue(&self, op: LedgerOp) -> OpResult {
         let (reply, answer) = oneshot::channel();
-        let is_hold = matches!(op, LedgerOp::Hold { .. } | LedgerOp::Fund(_));
         let job = Job { op, reply, queued: Instant::now() };
-        if is_hold {
+        if job.holds() {
             let wait = self.congestion.wait();
             if wait > self.max_hold_wait {
                 return Err(StoreError::Busy(format!(
@@ -201,6 +211,9 @@ static BATCH: std::sync::LazyLock<Option<crate::metrics::StoreOp>> =
 async fn writer(mut rx: mpsc::Receiver<Job>, writes: Arc<dyn LedgerWrites>, congestion: Arc<Congestion>) {
     let mut jobs: Vec<Job> = Vec::with_capacity(MAX_BATCH);
     while rx.recv_many(&mut jobs, MAX_BATCH).await > 0 {
+        if !jobs.iter().any(Job::holds) {
+            linger(&mut rx, &mut jobs).await;
+        }
         // The queue is first in, first out: the first job waited longest.
         let oldest = jobs.first().map_or(0, |j| j.queued.elapsed().as_millis());
         congestion.seen_wait_ms.store(u64::try_from(oldest).unwrap_or(u64::MAX), Ordering::Relaxed);
@@ -216,6 +229,26 @@ async fn writer(mut rx: mpsc::Receiver<Job>, writes: Arc<dyn LedgerWrites>, cong
         }
         for (reply, r) in replies.into_iter().zip(results) {
             let _ = reply.send(r); // the caller may have gone (client disconnected)
+        }
+    }
+}
+
+/// A batch of settlements and releases only waits up to [`SETTLE_LINGER`] for more ops, and
+/// goes at once when a hold arrives (decision 132). No request waits for a settlement
+/// (decision 128), so at low load a settlement rides in the next request's hold transaction
+/// instead of a commit of its own: one transaction per request instead of two.
+async fn linger(rx: &mut mpsc::Receiver<Job>, jobs: &mut Vec<Job>) {
+    let deadline = tokio::time::sleep(SETTLE_LINGER);
+    tokio::pin!(deadline);
+    while jobs.len() < MAX_BATCH {
+        let seen = jobs.len();
+        tokio::select! {
+            n = rx.recv_many(jobs, MAX_BATCH - seen) => {
+                if n == 0 || jobs[seen..].iter().any(Job::holds) {
+                    return;
+                }
+            }
+            () = &mut deadline => return,
         }
     }
 }
@@ -309,110 +342,5 @@ impl LedgerStore for BatchedLedger {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::store::ledger::{HoldOutcome, SettleOutcome};
-    use crate::store::ledger_ops::OpOutcome;
-    use tokio::sync::Semaphore;
-
-    /// Answers every op after the test lets one batch through.
-    struct Gated(Arc<Semaphore>);
-
-    #[async_trait]
-    impl LedgerWrites for Gated {
-        async fn apply(&self, ops: Arc<[LedgerOp]>) -> Result<Vec<OpResult>, StoreError> {
-            self.0.acquire().await.map_err(|e| StoreError::Unavailable(e.to_string()))?.forget();
-            Ok(ops
-                .iter()
-                .map(|op| match op {
-                    LedgerOp::Hold { .. } => Ok(OpOutcome::Hold(HoldOutcome::Placed { balance_cents: 0 })),
-                    LedgerOp::Settle(_) => Ok(OpOutcome::Settle(SettleOutcome::AlreadySettled)),
-                    LedgerOp::Release { .. } => Ok(OpOutcome::Release(true)),
-                    LedgerOp::Fund(_) => Err(StoreError::Unavailable("not in this test".into())),
-                })
-                .collect())
-        }
-
-        async fn expired_holds(&self, _now: Millis) -> Result<Vec<String>, StoreError> {
-            Ok(Vec::new())
-        }
-    }
-
-    #[tokio::test]
-    async fn a_full_queue_refuses_holds_at_once_and_keeps_room_for_releases() {
-        let dir = std::env::temp_dir().join(format!("tollgate-batch-{}", uuid::Uuid::new_v4().simple()));
-        let store = Arc::new(crate::store::sqlite::SqliteStore::open(&dir.join("l.db")).unwrap());
-        let gate = Arc::new(Semaphore::new(0));
-        let l = Arc::new(BatchedLedger::with_parts(store, Arc::new(Gated(gate.clone())), 8).unwrap());
-        let hold = |l: Arc<BatchedLedger>, i: usize| {
-            tokio::spawn(async move { l.place_hold(&format!("r{i}"), "w", None, 1, 10, 1).await })
-        };
-        // The writer takes the first hold and waits at the gate; six more fill the queue up
-        // to its reserve of two.
-        let mut waiting = vec![hold(l.clone(), 0)];
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        waiting.extend((1..7).map(|i| hold(l.clone(), i)));
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        let started = std::time::Instant::now();
-        let refused = l.place_hold("r7", "w", None, 1, 10, 1).await;
-        assert!(matches!(refused, Err(StoreError::Unavailable(_))), "{refused:?}");
-        assert!(started.elapsed() < Duration::from_millis(20), "refused without waiting");
-        let release = {
-            let l = l.clone();
-            tokio::spawn(async move { l.release_hold("r0", 2).await })
-        };
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        gate.add_permits(100);
-        for w in waiting {
-            assert_eq!(w.await.unwrap(), Ok(HoldOutcome::Placed { balance_cents: 0 }));
-        }
-        assert_eq!(release.await.unwrap(), Ok(true), "a release is queued in the reserved room");
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    #[tokio::test]
-    async fn holds_are_shed_while_writes_wait_longer_than_the_bound_and_admitted_again_after() {
-        let dir = std::env::temp_dir().join(format!("tollgate-batch-{}", uuid::Uuid::new_v4().simple()));
-        let store = Arc::new(crate::store::sqlite::SqliteStore::open(&dir.join("l.db")).unwrap());
-        let gate = Arc::new(Semaphore::new(0));
-        let l = Arc::new(
-            BatchedLedger::with_parts(store, Arc::new(Gated(gate.clone())), 64)
-                .unwrap()
-                .with_max_hold_wait(Duration::from_millis(60)),
-        );
-        // The writer takes the first hold and is stuck in its batch.
-        let first = {
-            let l = l.clone();
-            tokio::spawn(async move { l.place_hold("r0", "w", None, 1, 10, 1).await })
-        };
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        let queued = {
-            let l = l.clone();
-            tokio::spawn(async move { l.place_hold("r1", "w", None, 1, 10, 1).await })
-        };
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        // The running batch has taken longer than the bound: a new hold is shed at once.
-        let started = std::time::Instant::now();
-        let shed = l.place_hold("r2", "w", None, 1, 10, 1).await;
-        assert!(matches!(shed, Err(StoreError::Busy(_))), "{shed:?}");
-        assert!(started.elapsed() < Duration::from_millis(20), "shed without waiting");
-        // A release is never shed.
-        let release = {
-            let l = l.clone();
-            tokio::spawn(async move { l.release_hold("r0", 2).await })
-        };
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        // The next batch (r1 and the release) waited over the bound too: still shedding.
-        gate.add_permits(1);
-        assert_eq!(first.await.unwrap(), Ok(HoldOutcome::Placed { balance_cents: 0 }));
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        let shed = l.place_hold("r3", "w", None, 1, 10, 1).await;
-        assert!(matches!(shed, Err(StoreError::Busy(_))), "{shed:?}");
-        // Once the writer drains the queue, holds are admitted again.
-        gate.add_permits(100);
-        assert_eq!(queued.await.unwrap(), Ok(HoldOutcome::Placed { balance_cents: 0 }));
-        assert_eq!(release.await.unwrap(), Ok(true));
-        assert_eq!(l.place_hold("r4", "w", None, 1, 10, 1).await, Ok(HoldOutcome::Placed { balance_cents: 0 }));
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-}
+#[path = "ledger_batch_tests.rs"]
+mod tests;
