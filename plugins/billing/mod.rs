@@ -179,6 +179,14 @@ impl Plugin for Billing {
             usage_read::snapshot(self, s, cx).await?;
             return Ok(Flow::Handled);
         }
+        // A request the ledger would shed is refused before its body is read and parsed, so
+        // clients that retry at once cost as little as possible (decision 131).
+        let billed = cx.route.is_some_and(|r| r.is_generation() && r != Route::CountTokens);
+        if billed && cx.principal.as_ref().is_some_and(|p| p.frozen.is_none()) {
+            if let Some(wait) = self.ledger.congested() {
+                return Err(hold_failed(&cx.request_id, StoreError::Busy(format!("writes wait {} ms", wait.as_millis()))));
+            }
+        }
         Ok(Flow::Continue)
     }
 

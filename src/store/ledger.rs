@@ -96,6 +96,12 @@ pub trait LedgerStore: Send + Sync {
     /// Request ids of open holds whose expiry has passed.
     async fn expired_holds(&self, now: Millis) -> Result<Vec<String>, StoreError>;
 
+    /// `Some(wait)` while ledger writes wait longer than this instance allows, so a hold
+    /// asked for now would be shed (decision 131); a cheap read, for refusing early.
+    fn congested(&self) -> Option<std::time::Duration> {
+        None
+    }
+
     /// Reserve `amount_cents` for `request_id` if the balance covers it, atomically (no
     /// read-then-write race between concurrent requests of one workspace).
     async fn place_hold(

@@ -169,8 +169,7 @@ impl BatchedLedger {
         let (reply, answer) = oneshot::channel();
         let job = Job { op, reply, queued: Instant::now() };
         if job.holds() {
-            let wait = self.congestion.wait();
-            if wait > self.max_hold_wait {
+            if let Some(wait) = self.congested() {
                 return Err(StoreError::Busy(format!(
                     "ledger writes wait {} ms, above the {} ms bound",
                     wait.as_millis(),
@@ -297,6 +296,11 @@ impl LedgerStore for BatchedLedger {
 
     async fn expired_holds(&self, now: Millis) -> Result<Vec<String>, StoreError> {
         self.writes.expired_holds(now).await
+    }
+
+    fn congested(&self) -> Option<Duration> {
+        let wait = self.congestion.wait();
+        (wait > self.max_hold_wait).then_some(wait)
     }
 
     async fn plan(&self, workspace_id: &str) -> Result<Option<PlanRecord>, StoreError> {
