@@ -105,7 +105,8 @@ async fn postgres_stopped_mid_traffic_charges_nothing_twice_and_settles_when_it_
 async fn a_stalled_ledger_sheds_new_requests_at_once_and_bills_the_admitted_ones() {
     let mock = Mock::start();
     let db = pg::fresh_database().await;
-    let gw = Gateway::start_with(&mock, Opts { postgres_url: Some(db.clone()), ledger_max_wait_ms: 100, ..Opts::default() });
+    let gw =
+        Gateway::start_with(&mock, Opts { postgres_url: Some(db.clone()), ledger_max_wait_ms: 100, ..Opts::default() });
     let body = chat_body("chat-model", false);
     assert_eq!(gw.post("/v1/chat/completions", &body, &[]).await.status, 200);
     let before = gw.settled_ledger();

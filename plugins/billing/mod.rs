@@ -184,7 +184,10 @@ impl Plugin for Billing {
         let billed = cx.route.is_some_and(|r| r.is_generation() && r != Route::CountTokens);
         if billed && cx.principal.as_ref().is_some_and(|p| p.frozen.is_none()) {
             if let Some(wait) = self.ledger.congested() {
-                return Err(hold_failed(&cx.request_id, StoreError::Busy(format!("writes wait {} ms", wait.as_millis()))));
+                return Err(hold_failed(
+                    &cx.request_id,
+                    StoreError::Busy(format!("writes wait {} ms", wait.as_millis())),
+                ));
             }
         }
         Ok(Flow::Continue)

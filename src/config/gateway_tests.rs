@@ -4,8 +4,11 @@ fn settings(billing: &str) -> Result<super::GatewaySettings, String> {
     let dir = std::env::temp_dir().join(format!("tollgate-gwcfg-{}", uuid::Uuid::new_v4().simple()));
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("tollgate.yaml");
-    std::fs::write(&file, format!("listen: 127.0.0.1:1\nadmin_listen: 127.0.0.1:2\n{billing}plugins:\n  - name: chat_completions\n"))
-        .unwrap();
+    std::fs::write(
+        &file,
+        format!("listen: 127.0.0.1:1\nadmin_listen: 127.0.0.1:2\n{billing}plugins:\n  - name: chat_completions\n"),
+    )
+    .unwrap();
     let out = crate::config::load_settings(&file).map_err(|e| e.to_string());
     let _ = std::fs::remove_dir_all(&dir);
     out

@@ -58,7 +58,8 @@ pub fn open_services(config: &Config, force_migrate: bool) -> Result<Services, S
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
     let stores = rt.block_on(async {
         let stores = tollgate::store::open_stores_tuned(&id.store, config.gateway.ledger_max_wait)
-            .await.map_err(|e| format!("store {:?}: {e}", id.store))?;
+            .await
+            .map_err(|e| format!("store {:?}: {e}", id.store))?;
         if id.migrate_on_start || force_migrate {
             stores.identity.migrate().await.map_err(|e| format!("migrations failed: {e}"))?;
         }
