@@ -622,6 +622,13 @@ ledger_count() {
     if [[ $(store_of "$1") == pg ]]; then ws=$WS_PG; fi
     ledger_sql "$1" "SELECT count(*) FROM ledger_entries WHERE workspace_id = '$ws' AND $2"
 }
+# hold_count TARGET CONDITION: hold rows of the target's workspace (decision 133: a hold is
+# recorded by its row; credit holds have amount_cents > 0).
+hold_count() {
+    local ws=$WS_SQLITE
+    if [[ $(store_of "$1") == pg ]]; then ws=$WS_PG; fi
+    ledger_sql "$1" "SELECT count(*) FROM holds WHERE workspace_id = '$ws' AND $2"
+}
 
 # check TARGET CASE: one request through TARGET must be a 200 of the expected shape.
 check() {
@@ -681,7 +688,7 @@ check() {
             [[ -n $rid && $(ledger_sql "$target" "SELECT count(*) FROM holds WHERE funding = 'plan' AND request_id = '$rid'") -ge 1 ]] ||
                 die "$target ($case): no plan hold${rid:+ for $rid}"
         else
-            [[ $(ledger_count "$target" "kind = 'hold' AND $which") -ge 1 ]] ||
+            [[ $(hold_count "$target" "amount_cents > 0${rid:+ AND request_id = '$rid'}") -ge 1 ]] ||
                 die "$target ($case): no hold in the ledger${rid:+ for $rid}"
         fi
         log "$target ($case): the check request${rid:+ $rid} placed a hold and settled"
@@ -885,7 +892,7 @@ run() {
         pg_socket_segs "${LT_PID[$target]}" >"$WORK/pgsegs-before.txt"
     fi
     if [[ $billing == 1 ]]; then
-        h0=$(ledger_count "$target" "kind = 'hold'")
+        h0=$(hold_count "$target" "amount_cents > 0")
         st0=$(ledger_count "$target" "kind = 'settlement'")
     fi
     # Redis (after the PostgreSQL pause, when there is one, so that the counts cover the run
@@ -967,7 +974,7 @@ run() {
         local hpr="-" spr="-" sps="-" xpr="-" ipr="-" upr="-" opr="-" ipr2="-" cpr="-"
         if [[ $billing == 1 ]]; then
             local h1 st1
-            h1=$(ledger_count "$target" "kind = 'hold'")
+            h1=$(hold_count "$target" "amount_cents > 0")
             st1=$(ledger_count "$target" "kind = 'settlement'")
             hpr=$(awk -v d=$((h1 - h0)) -v n="$req" 'BEGIN{printf "%.3f", d/n}')
             spr=$(awk -v d=$((st1 - st0)) -v n="$req" 'BEGIN{printf "%.3f", d/n}')

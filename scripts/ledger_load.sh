@@ -2,9 +2,9 @@
 # Ledger load test (issue 12): two gateway instances (the real `tollgate` binary, billing on)
 # on ONE store, one funded workspace and one key, wrk against both for LOAD_SECONDS, then the
 # ledger audit. Prints settled requests per second and whether the ledger is exact:
-# balance == sum of entries (the admin API's check), one settlement entry per request served
+# balance == sum of entries less open holds (the admin API's check), one settlement entry per request served
 # (2xx answers counted by wrk; requests wrk abandoned at the end may settle too), every hold
-# entry matched by one hold_release entry (settled or released), no open hold. Loopback only; stops what it started and drops its database on exit.
+# row settled (with its settlement entry) or released, no open hold. Loopback only; stops what it started and drops its database on exit.
 #
 #   scripts/ledger_load.sh [--store pg|sqlite]
 #
@@ -162,19 +162,22 @@ for i in 1 2; do
 done
 ok=$((total - errors))
 settled=$(( $(sql "SELECT count(*) FROM ledger_entries WHERE workspace_id = '$WS' AND kind = 'settlement'") - settled0 ))
-holds=$(sql "SELECT count(*) FROM ledger_entries WHERE workspace_id = '$WS' AND kind = 'hold'")
-# A hold is closed by one `hold_release` entry, whether its request settled or not.
-closed=$(sql "SELECT count(*) FROM ledger_entries WHERE workspace_id = '$WS' AND kind = 'hold_release'")
+# Every hold row ends settled or released (decision 133: a hold is recorded by its row, not
+# by ledger entries); a settled hold has its request's settlement entry.
+holds=$(sql "SELECT count(*) FROM holds WHERE workspace_id = '$WS'")
+closed=$(sql "SELECT count(*) FROM holds WHERE workspace_id = '$WS' AND state IN ('settled', 'released')")
 open=$(sql "SELECT count(*) FROM holds WHERE workspace_id = '$WS' AND state = 'open'")
+settled_unbooked=$(sql "SELECT count(*) FROM holds h WHERE h.workspace_id = '$WS' AND h.state = 'settled' \
+    AND NOT EXISTS (SELECT 1 FROM ledger_entries s WHERE s.request_id = h.request_id AND s.kind = 'settlement')")
 unmatched=$(sql "SELECT count(*) FROM ledger_entries s WHERE s.workspace_id = '$WS' AND s.kind = 'settlement' \
     AND NOT EXISTS (SELECT 1 FROM holds h WHERE h.request_id = s.request_id)")
 audit=$(admin "/admin/v1/workspaces/$WS/ledger")
 consistent=$(jq -r '.check.consistent' <<<"$audit")
 echo "store=$STORE instances=2 threads=$THREADS connections=$((2 * CONNS)) seconds=$SECONDS_RUN"
 echo "requests=$total served_2xx=$ok non_2xx=$errors settled=$settled settled_per_s=$((settled / SECONDS_RUN))"
-echo "audit: balance_equals_entries=$consistent balance=$(jq -r .balance_cents <<<"$audit") derived=$(jq -r .check.derived_balance_cents <<<"$audit") held=$(jq -r .held_cents <<<"$audit") open_holds=$open hold_entries=$holds hold_release_entries=$closed settlements_without_hold=$unmatched"
+echo "audit: balance_equals_entries=$consistent balance=$(jq -r .balance_cents <<<"$audit") derived=$(jq -r .check.derived_balance_cents <<<"$audit") held=$(jq -r .held_cents <<<"$audit") open_holds=$open hold_rows=$holds closed_hold_rows=$closed settled_holds_without_entry=$settled_unbooked settlements_without_hold=$unmatched"
 pass=1
-[[ $consistent == true && $open == 0 && $holds == "$closed" && $unmatched == 0 ]] || pass=0
+[[ $consistent == true && $open == 0 && $holds == "$closed" && $unmatched == 0 && $settled_unbooked == 0 ]] || pass=0
 # A request wrk gave up on at the end may still settle; never fewer settlements than 2xx.
 [[ $settled -ge $ok ]] || pass=0
 if [[ $pass == 1 ]]; then echo "audit: PASS"; else echo "audit: FAIL"; exit 1; fi

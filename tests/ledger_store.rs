@@ -249,9 +249,9 @@ async fn concurrent_settlements_apply_once_each_and_the_audit_holds(s: Stores) {
     assert_eq!((b.balance_cents, b.held_cents), (100_000 - debited, 0), "no hold left");
     assert_eq!(l.derived_balance(&ws).await.unwrap(), b.balance_cents, "balance = sum of entries");
     let entries = l.entries(&ws, 10_000).await.unwrap();
-    for kind in ["hold", "hold_release", "settlement"] {
-        assert_eq!(entries.iter().filter(|e| e.kind == kind).count() as u64, n, "{kind} entries");
-    }
+    let count = |kind: &str| entries.iter().filter(|e| e.kind == kind).count() as u64;
+    assert_eq!(count("settlement"), n, "one settlement entry per request");
+    assert_eq!((count("hold"), count("hold_release")), (0, 0), "holds are recorded by their rows (decision 133)");
     assert_eq!(l.key_month_spend("key_a", "2026-11").await.unwrap(), total as i64);
     assert!(l.sweep_expired_holds(now_ms() + 120_000).await.unwrap().is_empty(), "nothing left to sweep");
 }
@@ -426,4 +426,62 @@ async fn freezing(s: Stores) {
     assert!(s.ledger.set_frozen(&ws, None).await.unwrap());
     assert_eq!(s.identity.workspace(&ws).await.unwrap().unwrap().frozen, None);
     assert!(!s.ledger.set_frozen("nope", None).await.unwrap());
+}
+
+/// Decision 133 on a store that was in use before it: a hold placed by the old code (with its
+/// `hold` entry) is released with the matching `hold_release` after migration 5, a new hold
+/// writes no entry, and the stored balance equals the derived one at every step.
+#[tokio::test]
+async fn a_hold_placed_before_migration_5_is_released_with_its_entry() {
+    let dir = std::env::temp_dir().join(format!("tollgate-ledger-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("l.db");
+    {
+        // The database as the previous release left it: migrations 1-4, a $1 balance with an
+        // open 30-cent hold that wrote its entry.
+        let c = rusqlite::Connection::open(&file).unwrap();
+        c.execute_batch("CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at INTEGER NOT NULL)")
+            .unwrap();
+        for (version, name, sql) in &tollgate::store::SQLITE_MIGRATIONS[..4] {
+            c.execute_batch(sql).unwrap();
+            c.execute("INSERT INTO schema_migrations VALUES (?1, ?2, 0)", rusqlite::params![version, name]).unwrap();
+        }
+        c.execute_batch(
+            "INSERT INTO workspaces (id, name, rate_tier, created_at, balance_cents, held_cents) VALUES ('w', 'w', 'free', 0, 70, 30);
+             INSERT INTO ledger_entries (workspace_id, kind, source, amount_cents, created_at) VALUES ('w', 'topup', 'grant', 100, 0);
+             INSERT INTO ledger_entries (workspace_id, kind, amount_cents, request_id, created_at) VALUES ('w', 'hold', -30, 'old', 1);
+             INSERT INTO holds (request_id, workspace_id, amount_cents, state, expires_at, created_at) VALUES ('old', 'w', 30, 'open', 99999999999999, 1);",
+        )
+        .unwrap();
+    }
+    let s = tollgate::store::open_stores(&StoreConfig::Sqlite { path: file }).await.unwrap();
+    s.identity.migrate().await.unwrap();
+    let l = s.ledger.clone();
+    let consistent = |b: i64| {
+        let l = l.clone();
+        async move {
+            assert_eq!(l.balance("w").await.unwrap().unwrap().balance_cents, b);
+            assert_eq!(l.derived_balance("w").await.unwrap(), b, "stored balance == derived balance");
+        }
+    };
+    consistent(70).await;
+    assert!(l.release_hold("old", now_ms()).await.unwrap());
+    consistent(100).await;
+    assert_eq!(
+        l.place_hold("new", "w", None, 40, now_ms() + 60_000, now_ms()).await.unwrap(),
+        HoldOutcome::Placed { balance_cents: 60 }
+    );
+    consistent(60).await;
+    l.settle(&settlement("w", "new", 5_000_000)).await.unwrap();
+    consistent(95).await;
+    let kinds: Vec<(String, Option<String>)> =
+        l.entries("w", 100).await.unwrap().into_iter().map(|e| (e.kind, e.request_id)).collect();
+    let of = |rid: &str| {
+        kinds.iter().filter(|(_, r)| r.as_deref() == Some(rid)).map(|(k, _)| k.as_str()).collect::<Vec<_>>()
+    };
+    let mut old = of("old");
+    old.sort_unstable();
+    assert_eq!(old, ["hold", "hold_release"], "the old hold keeps its pair of entries");
+    assert_eq!(of("new"), ["settlement"], "the new hold wrote none");
+    let _ = std::fs::remove_dir_all(&dir);
 }

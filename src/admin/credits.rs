@@ -1,5 +1,5 @@
 //! Admin calls on money: top-ups (with the spec's bounds), the $1 signup grant, freezing,
-//! and the ledger listing with its consistency check (stored balance == sum of entries).
+//! and the ledger listing with its consistency check (stored balance == sum of entries less open holds, decision 133).
 
 use std::sync::Arc;
 

@@ -1,6 +1,7 @@
 //! The credits ledger contract. Balances in integer cents, costs in integer microcents
-//! (1 cent = 1,000,000); no floating point. Every change writes an entry, so the stored
-//! balance is always the sum of the workspace's entries (`derived_balance` proves it).
+//! (1 cent = 1,000,000); no floating point. Every settled change writes an entry and an open
+//! hold is recorded by its row (decision 133), so the stored balance is always the sum of the
+//! workspace's entries less its open holds (`derived_balance` proves it).
 
 use async_trait::async_trait;
 
@@ -170,7 +171,8 @@ pub trait LedgerStore: Send + Sync {
 
     async fn entries(&self, workspace_id: &str, limit: i64) -> Result<Vec<LedgerEntry>, StoreError>;
 
-    /// SUM of the workspace's entries: must equal the stored balance.
+    /// SUM of the workspace's entries less the open holds that wrote no entry (decision 133):
+    /// must equal the stored balance.
     async fn derived_balance(&self, workspace_id: &str) -> Result<i64, StoreError>;
 
     /// Settled debits (cents) since `since` (the billing period's spend).

@@ -6,7 +6,9 @@
 //! backends: holds in order against the running balance (a hold the balance cannot cover is
 //! refused and writes nothing, exactly as if it ran alone), settlement once per request id
 //! with the whole-cent debit and carried remainder of `money::debit_with_carry`, and one
-//! entry for every change of a balance, so the balance stays the sum of the entries.
+//! entry for every settled change of a balance. A hold is deducted from the balance and
+//! recorded by its row alone (decision 133), so the balance stays the sum of the entries less
+//! the open holds' amounts.
 
 use std::collections::{HashMap, HashSet};
 
@@ -102,6 +104,8 @@ pub struct HoldRow {
     /// What the request added to its funding's pending commitments (microcents).
     pub value_microcents: i64,
     pub created_at: Millis,
+    /// Placed before migration 5, with a `hold` entry: its release writes a `hold_release`.
+    pub entry_written: bool,
 }
 
 /// What the batch reads under the workspace locks.
@@ -236,21 +240,14 @@ impl Planner {
             funding,
             value_microcents: value,
             created_at: now,
+            entry_written: false,
         };
         self.snap.holds.insert(h.rid.into(), row.clone());
         self.plan.new_holds.push(NewHold { request_id: h.rid.into(), row, expires_at, created_at: now });
         self.new_holds.insert(h.rid.into());
+        // The hold row records the reserved money; no entry (decision 133).
         if h.amount != 0 {
             touch(&mut self.changed_ws, h.ws);
-            self.plan.entries.push(NewEntry {
-                workspace_id: h.ws.into(),
-                kind: "hold",
-                amount_cents: -h.amount,
-                request_id: h.rid.into(),
-                key_id: h.key.map(Into::into),
-                cost_microcents: None,
-                created_at: now,
-            });
         }
         Ok(HoldOutcome::Placed { balance_cents })
     }
@@ -309,7 +306,7 @@ impl Planner {
         m.held_cents -= hold.amount_cents;
         hold.state = state.into();
         let hold_cents = hold.amount_cents;
-        if hold_cents != 0 {
+        if hold_cents != 0 && hold.entry_written {
             self.plan.entries.push(NewEntry {
                 workspace_id: hold.workspace_id.clone(),
                 kind: "hold_release",

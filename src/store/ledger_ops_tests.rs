@@ -42,7 +42,7 @@ fn holds_apply_in_order_against_the_running_balance() {
     assert_eq!(placed, [true, false, true, false], "b does not fit after a; c does; nothing is left for d");
     assert_eq!(p.outcomes[1], Ok(OpOutcome::Hold(HoldOutcome::Insufficient { balance_cents: 4 })));
     assert_eq!(p.workspaces, vec![("w".to_string(), Money { balance_cents: 0, held_cents: 10, carry_microcents: 0 })]);
-    assert_eq!(sum(&p), -10, "one entry per change");
+    assert!(p.entries.is_empty(), "a hold is recorded by its row, not an entry (decision 133)");
     assert_eq!(p.new_holds.len(), 2);
 }
 
@@ -65,7 +65,7 @@ fn settlement_is_once_with_the_carry_and_a_hold_settled_in_its_batch_is_written_
 #[test]
 fn existing_holds_are_released_once_and_settled_requests_stay_settled() {
     let mut s = snap(50);
-    s.workspaces.insert("w".into(), Money { balance_cents: 50, held_cents: 20, carry_microcents: 0 });
+    s.workspaces.insert("w".into(), Money { balance_cents: 50, held_cents: 27, carry_microcents: 0 });
     let open = |amount| HoldRow {
         workspace_id: "w".into(),
         key_id: None,
@@ -74,21 +74,27 @@ fn existing_holds_are_released_once_and_settled_requests_stay_settled() {
         funding: Funding::PayAsYouGo,
         value_microcents: 0,
         created_at: 0,
+        entry_written: false,
     };
-    s.holds.insert("x".into(), open(20));
+    // x was placed before migration 5 and wrote a `hold` entry; y was placed after.
+    s.holds.insert("x".into(), HoldRow { entry_written: true, ..open(20) });
+    s.holds.insert("y".into(), open(7));
     s.holds.insert("done".into(), HoldRow { state: "settled".into(), ..open(5) });
     s.settled.insert("done".into());
     let release = |rid: &str| LedgerOp::Release { request_id: rid.into(), now: 3 };
-    let ops = [release("x"), release("x"), settle("done", 9_000_000), hold("done", 1), release("nope")];
+    let ops = [release("x"), release("x"), settle("done", 9_000_000), hold("done", 1), release("nope"), release("y")];
     let p = plan(&ops, s);
     assert_eq!(p.outcomes[0], Ok(OpOutcome::Release(true)));
     assert_eq!(p.outcomes[1], Ok(OpOutcome::Release(false)));
     assert_eq!(p.outcomes[2], Ok(OpOutcome::Settle(SettleOutcome::AlreadySettled)));
     assert!(matches!(p.outcomes[3], Err(StoreError::Conflict(_))), "a request id holds once");
     assert_eq!(p.outcomes[4], Ok(OpOutcome::Release(false)));
-    assert_eq!(p.hold_states, vec![("x".to_string(), "released")]);
-    assert_eq!(p.workspaces[0].1, Money { balance_cents: 70, held_cents: 0, carry_microcents: 0 });
+    assert_eq!(p.outcomes[5], Ok(OpOutcome::Release(true)));
+    assert_eq!(p.hold_states, vec![("x".to_string(), "released"), ("y".to_string(), "released")]);
+    assert_eq!(p.workspaces[0].1, Money { balance_cents: 77, held_cents: 0, carry_microcents: 0 });
+    // Only the old hold had an entry to balance: the new one was never in the entries.
     assert_eq!(sum(&p), 20);
+    assert_eq!(p.entries.iter().map(|e| (e.request_id.as_str(), e.kind)).collect::<Vec<_>>(), [("x", "hold_release")]);
 }
 
 #[test]

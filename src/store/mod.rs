@@ -125,12 +125,14 @@ pub const SQLITE_MIGRATIONS: &[Migration] = &[
     (2, "ledger", include_str!("../../migrations/sqlite/002_ledger.sql")),
     (3, "credit_expiry", include_str!("../../migrations/sqlite/003_credit_expiry.sql")),
     (4, "plans", include_str!("../../migrations/sqlite/004_plans.sql")),
+    (5, "hold_entries", include_str!("../../migrations/sqlite/005_hold_entries.sql")),
 ];
 pub const POSTGRES_MIGRATIONS: &[Migration] = &[
     (1, "identity", include_str!("../../migrations/postgres/001_identity.sql")),
     (2, "ledger", include_str!("../../migrations/postgres/002_ledger.sql")),
     (3, "credit_expiry", include_str!("../../migrations/postgres/003_credit_expiry.sql")),
     (4, "plans", include_str!("../../migrations/postgres/004_plans.sql")),
+    (5, "hold_entries", include_str!("../../migrations/postgres/005_hold_entries.sql")),
 ];
 
 /// Which backend a config names.

@@ -125,7 +125,9 @@ impl LedgerStore for PostgresStore {
         let ws = workspace_id.to_string();
         self.with_client(move |c| async move {
             c.query_one(
-                "SELECT COALESCE(SUM(amount_cents), 0)::BIGINT FROM ledger_entries WHERE workspace_id = $1",
+                "SELECT ((SELECT COALESCE(SUM(amount_cents), 0) FROM ledger_entries WHERE workspace_id = $1) \
+                 - (SELECT COALESCE(SUM(amount_cents), 0) FROM holds \
+                    WHERE workspace_id = $1 AND state = 'open' AND NOT entry_written))::BIGINT",
                 &[&ws],
             )
             .await?

@@ -41,7 +41,7 @@ fn plans_sql() -> &'static str {
     })
 }
 const HOLDS: &str = "SELECT request_id, workspace_id, key_id, amount_cents, state, funding, value_microcents, \
-     created_at FROM holds WHERE request_id = ANY($1)";
+     created_at, entry_written FROM holds WHERE request_id = ANY($1)";
 const SETTLED: &str = "SELECT request_id FROM ledger_entries WHERE kind = 'settlement' AND request_id = ANY($1)";
 const WRITE: &str = "WITH \
      nh AS (INSERT INTO holds (request_id, workspace_id, key_id, amount_cents, state, expires_at, created_at, funding, value_microcents) \
@@ -125,6 +125,7 @@ async fn apply_in_transaction(
             funding: Funding::parse(r.try_get(5)?),
             value_microcents: r.try_get(6)?,
             created_at: r.try_get(7)?,
+            entry_written: r.try_get(8)?,
         };
         snap.holds.insert(r.try_get(0)?, row);
     }

@@ -119,8 +119,12 @@ impl LedgerStore for SqliteStore {
     async fn derived_balance(&self, workspace_id: &str) -> Result<i64, StoreError> {
         let ws = workspace_id.to_string();
         self.with_conn(move |c| {
-            c.prepare_cached("SELECT COALESCE(SUM(amount_cents), 0) FROM ledger_entries WHERE workspace_id = ?1")?
-                .query_row([ws], |r| r.get(0))
+            c.prepare_cached(
+                "SELECT (SELECT COALESCE(SUM(amount_cents), 0) FROM ledger_entries WHERE workspace_id = ?1) \
+                 - (SELECT COALESCE(SUM(amount_cents), 0) FROM holds \
+                    WHERE workspace_id = ?1 AND state = 'open' AND entry_written = 0)",
+            )?
+            .query_row([ws], |r| r.get(0))
         })
         .await
     }

@@ -48,7 +48,7 @@ fn snapshot(tx: &rusqlite::Transaction<'_>, ops: &[LedgerOp]) -> rusqlite::Resul
     let mut wss: Vec<String> = Vec::new();
     {
         let mut hold =
-            tx.prepare_cached("SELECT workspace_id, key_id, amount_cents, state, funding, value_microcents, created_at FROM holds WHERE request_id = ?1")?;
+            tx.prepare_cached("SELECT workspace_id, key_id, amount_cents, state, funding, value_microcents, created_at, entry_written FROM holds WHERE request_id = ?1")?;
         let mut settled =
             tx.prepare_cached("SELECT 1 FROM ledger_entries WHERE request_id = ?1 AND kind = 'settlement'")?;
         for op in ops {
@@ -64,6 +64,7 @@ fn snapshot(tx: &rusqlite::Transaction<'_>, ops: &[LedgerOp]) -> rusqlite::Resul
                             funding: Funding::parse(&r.get::<_, String>(4)?),
                             value_microcents: r.get(5)?,
                             created_at: r.get(6)?,
+                            entry_written: r.get(7)?,
                         })
                     })
                     .optional()?;
