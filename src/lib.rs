@@ -26,7 +26,6 @@ pub mod json_raw;
 pub mod limits;
 pub mod metrics;
 pub mod money;
-pub mod overload;
 pub mod placement;
 pub mod placement_sim;
 pub mod placements;

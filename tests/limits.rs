@@ -410,32 +410,3 @@ plugins:
     assert!(err.contains("plugins[0].name: `limits` counts per API key and needs `auth`"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
-
-/// Decision 134: while the request runtime is busy (here one request blocks the only worker
-/// for a second, as a CPU-bound burst would), a request that had to wait behind it is refused
-/// at once with `429 hosted_admission_congested` instead of being served late; once the
-/// runtime is free, requests are admitted again.
-#[tokio::test]
-async fn a_busy_event_loop_sheds_the_requests_queued_behind_it_and_recovers() {
-    let mock = Mock::start();
-    let mut opts = with_limits("  max_event_loop_lag_ms: 100\n");
-    opts.env.push(("TOLLGATE_FAULT_STALL", "1".into()));
-    let gw = Gateway::start_with(&mock, opts);
-    let body = chat_body("chat-model", false);
-    assert_eq!(gw.post("/v1/chat/completions", &body, &[]).await.status, 200, "the probe starts");
-    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    let (blocking, queued) =
-        tokio::join!(gw.post("/v1/chat/completions", &body, &[("x-tollgate-fault-stall-ms", "1000")]), async {
-            tokio::time::sleep(std::time::Duration::from_millis(150)).await;
-            gw.post("/v1/chat/completions", &body, &[]).await
-        });
-    assert_eq!(blocking.status, 200, "{}", blocking.text);
-    let err = queued.assert_error(429, "hosted_admission_congested");
-    assert!(err["error"].get("limit").is_none(), "not a quota: {err}");
-    assert!(queued.header("x-hosted-limit-scope").is_none());
-    assert!(queued.header("retry-after").is_some());
-    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    assert_eq!(gw.post("/v1/chat/completions", &body, &[]).await.status, 200, "admitted again");
-    let m = gw.metrics().await;
-    assert!(m.contains("tollgate_admission_refusals_total{gate=\"event_loop\"} 1"), "{m}");
-}

@@ -123,18 +123,6 @@ impl Limits {
         }
     }
 
-    /// Decision 134: while the request runtime runs ready work later than
-    /// `limits.max_event_loop_lag_ms`, a new inference request is refused before its body is
-    /// read, instead of queueing behind the others.
-    fn shed_when_lagging(&self) -> Result<(), GatewayError> {
-        let Some(bound) = self.settings.max_event_loop_lag else { return Ok(()) };
-        tollgate::overload::watch();
-        if tollgate::overload::lag() > bound {
-            return Err(refusals::congested_by("event_loop"));
-        }
-        Ok(())
-    }
-
     async fn admit(&self, cx: &mut RequestCtx) -> Result<(), GatewayError> {
         let (Some(p), Some(model), Some(pool)) = (cx.principal.as_ref(), cx.model().cloned(), cx.pool().cloned())
         else {
@@ -233,8 +221,7 @@ impl Plugin for Limits {
     async fn on_request_headers(&self, _s: &mut Session, cx: &mut RequestCtx) -> Result<Flow, GatewayError> {
         match cx.route {
             Some(route) if !admitted_route(route) => self.count_window(cx, route).await.map(|()| Flow::Continue),
-            Some(_) => self.shed_when_lagging().map(|()| Flow::Continue),
-            None => Ok(Flow::Continue),
+            _ => Ok(Flow::Continue),
         }
     }
 

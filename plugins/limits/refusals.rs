@@ -130,12 +130,7 @@ pub fn tpm_never(limit: u64, tokens: u64) -> GatewayError {
 
 /// Momentary shed on this instance: no `limit`, no scope header.
 pub fn congested() -> GatewayError {
-    congested_by("congested")
-}
-
-/// [`congested`], counted under `gate` (`event_loop`: the runtime's lag, decision 134).
-pub fn congested_by(gate: &str) -> GatewayError {
-    tollgate::metrics::admission_refused(gate);
+    tollgate::metrics::admission_refused("congested");
     with_retry(
         GatewayError::new(
             ErrorKind::HostedAdmissionCongested,

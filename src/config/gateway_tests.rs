@@ -22,11 +22,3 @@ fn the_ledger_wait_bound_defaults_to_half_a_second_and_is_checked() {
     let err = settings("billing:\n  ledger_max_wait_ms: 5\n").err().unwrap();
     assert!(err.contains("tollgate.yaml") && err.contains("billing.ledger_max_wait_ms"), "{err}");
 }
-
-#[test]
-fn the_event_loop_shed_defaults_to_a_quarter_second_and_zero_turns_it_off() {
-    assert_eq!(settings("").unwrap().limits.max_event_loop_lag, Some(Duration::from_millis(250)));
-    assert_eq!(settings("limits:\n  max_event_loop_lag_ms: 0\n").unwrap().limits.max_event_loop_lag, None);
-    let err = settings("limits:\n  max_event_loop_lag_ms: 5\n").err().unwrap();
-    assert!(err.contains("tollgate.yaml") && err.contains("limits.max_event_loop_lag_ms"), "{err}");
-}

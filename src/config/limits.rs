@@ -33,8 +33,6 @@ pub(super) struct RawLimits {
     lease_ttl_seconds: u64,
     #[serde(default = "default_max_pending")]
     max_pending_admissions: u64,
-    #[serde(default = "default_max_event_loop_lag")]
-    max_event_loop_lag_ms: u64,
 }
 
 impl Default for RawLimits {
@@ -50,7 +48,6 @@ impl Default for RawLimits {
             large_prompt_shed_percent: default_large_prompt_shed_percent(),
             lease_ttl_seconds: default_lease_ttl(),
             max_pending_admissions: default_max_pending(),
-            max_event_loop_lag_ms: default_max_event_loop_lag(),
         }
     }
 }
@@ -132,9 +129,6 @@ fn default_lease_ttl() -> u64 {
 fn default_max_pending() -> u64 {
     1024
 }
-fn default_max_event_loop_lag() -> u64 {
-    250
-}
 fn default_prefix() -> String {
     "tollgate".into()
 }
@@ -194,9 +188,6 @@ pub struct LimitSettings {
     /// Admission checks waiting on the store at once on this instance; beyond it,
     /// `429 hosted_admission_congested`.
     pub max_pending_admissions: u64,
-    /// Beyond this lag of the request runtime, new inference requests are shed (`429
-    /// hosted_admission_congested`, decision 134); `None` (0 in the file) turns it off.
-    pub max_event_loop_lag: Option<Duration>,
 }
 
 impl Default for LimitSettings {
@@ -205,13 +196,6 @@ impl Default for LimitSettings {
         let mut out = Vec::new();
         check(&mut Problems::new(std::path::Path::new("tollgate.yaml"), &mut out), &RawLimits::default())
     }
-}
-
-fn event_loop_lag(p: &mut Problems, ms: u64) -> Option<Duration> {
-    if ms != 0 && !(10..=60_000).contains(&ms) {
-        p.add("limits.max_event_loop_lag_ms", format!("must be 0 (off) or from 10 to 60000 milliseconds, got {ms}"));
-    }
-    (ms != 0).then(|| Duration::from_millis(ms.clamp(10, 60_000)))
 }
 
 fn positive(p: &mut Problems, path: &str, v: u64, max: u64) -> u64 {
@@ -294,6 +278,5 @@ pub(super) fn check(p: &mut Problems, raw: &RawLimits) -> LimitSettings {
         large_prompt_shed_percent: positive(p, "limits.large_prompt_shed_percent", raw.large_prompt_shed_percent, 100),
         lease_ttl: Duration::from_secs(positive(p, "limits.lease_ttl_seconds", raw.lease_ttl_seconds, 3600)),
         max_pending_admissions: positive(p, "limits.max_pending_admissions", raw.max_pending_admissions, 1_000_000),
-        max_event_loop_lag: event_loop_lag(p, raw.max_event_loop_lag_ms),
     }
 }

@@ -76,7 +76,6 @@ impl Gateway {
         request::resolve_model(cx, route)?;
         affinity::identify(&s.req_header().headers, cx);
         crate::faults::panic_point("request");
-        crate::faults::stall_point(&s.req_header().headers);
         let rewritten = match self.chain.on_request(s, cx).await? {
             Flow::Handled => return Ok(Flow::Handled),
             Flow::Forward(body) => Some(body),

@@ -243,19 +243,6 @@ impl Default for Opts {
     }
 }
 
-/// The test's `limits` lines. The event-loop shed (decision 134) is off unless the test sets
-/// it: debug builds of many tests share two cores, and a test that is not about overload must
-/// not see a shed.
-fn limits_lines(opts: &Opts) -> String {
-    match &opts.limits {
-        Some(l) if l.contains("max_event_loop_lag_ms") => l.clone(),
-        Some(l) => {
-            format!("{l}{}  max_event_loop_lag_ms: 0\n", if l.is_empty() || l.ends_with('\n') { "" } else { "\n" })
-        }
-        None => String::new(),
-    }
-}
-
 pub struct Gateway {
     pub port: u16,
     pub admin_port: u16,
@@ -313,7 +300,7 @@ impl Gateway {
             dir.join("tollgate.yaml"),
             format!(
                 "listen: 127.0.0.1:{port}\nadmin_listen: 127.0.0.1:{admin_port}\nthreads: 1\nlimits:\n  max_request_bytes: {}\n{}budgets:\n  first_token_seconds: {}\n  response_seconds: {}\n  heartbeat_seconds: {}\n  session_affinity_idle_ttl_seconds: {}\nshutdown:\n  grace_period_seconds: {}\n  graceful_shutdown_timeout_seconds: 1\nidentity:\n  store: {store}\n  key_pepper: {{ file: pepper }}\n  key_encryption_key: {{ file: enc }}\n{admin}billing:\n  topup_url: https://pay.example.com/top-up\n  hold_margin_seconds: {}\n  ledger_max_wait_ms: {}\n  sweep_interval_seconds: 1\nplugins:\n{}  - name: auth\n{}  - name: chat_completions\n  - name: billing\n{}",
-                opts.max_request_bytes, limits_lines(&opts), opts.first_token_seconds, opts.response_seconds, opts.heartbeat_seconds, opts.affinity_ttl_seconds, opts.grace_seconds, opts.hold_margin_seconds, opts.ledger_max_wait_ms,
+                opts.max_request_bytes, opts.limits.clone().unwrap_or_default(), opts.first_token_seconds, opts.response_seconds, opts.heartbeat_seconds, opts.affinity_ttl_seconds, opts.grace_seconds, opts.hold_margin_seconds, opts.ledger_max_wait_ms,
                 if opts.limits.is_some() { "  - name: connection_gate\n" } else { "" },
                 if opts.without_dialects { "" } else { "  - name: dialects\n  - name: idempotency\n" },
                 if opts.limits.is_some() { "  - name: limits\n" } else { "" }
