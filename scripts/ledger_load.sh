@@ -16,6 +16,9 @@
 #                           $CARGO_TARGET_DIR/release, else target/release; not built here)
 #   LOAD_HONOR_RETRY_AFTER=1  a connection refused with 429/503 waits its Retry-After before
 #                           sending again, as the official clients do (0: at once, as plain wrk)
+#   LOAD_CHAIN=billing      billing: auth, chat_completions, billing; full: conf/tollgate.yaml's
+#                           whole chain (limits in this process, set too high to refuse)
+#   LOAD_LEDGER_MAX_WAIT_MS=500  billing.ledger_max_wait_ms (decision 131)
 #   LOAD_PORT_BASE=19510    mock = base, instance i = base+2i+1 (admin base+2i+2)
 #   DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres   server for --store pg: a
 #                           fresh database is created and dropped (LOAD_KEEP_DB=1 keeps it)
@@ -35,6 +38,8 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 SECONDS_RUN=${LOAD_SECONDS:-60}
 CONNS=${LOAD_CONNECTIONS:-64}
 THREADS=${LOAD_THREADS:-1}
+CHAIN=${LOAD_CHAIN:-billing}
+[[ $CHAIN == billing || $CHAIN == full ]] || { echo "LOAD_CHAIN must be billing or full" >&2; exit 2; }
 BASE=${LOAD_PORT_BASE:-19510}
 BIN_DIR=${LOAD_BIN_DIR:-${CARGO_TARGET_DIR:-$ROOT/target}/release}
 DATABASE_URL=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}
@@ -113,11 +118,28 @@ admin:
   token_file: $WORK/secrets/admin_token
 billing:
   topup_url: https://billing.example.com/top-up
+  ledger_max_wait_ms: ${LOAD_LEDGER_MAX_WAIT_MS:-500}
+EOF
+    if [[ $CHAIN == full ]]; then
+        # conf/tollgate.yaml's chain, with limits so high that they refuse nothing.
+        cat >>"$WORK/gw$i.yaml" <<EOF
+limits:
+  store: { backend: in_process }
+  connection_gate: { per_address_per_minute: 100000000, service_per_minute: 100000000 }
+  requests_per_minute: { free: 100000000, core: 100000000, enterprise: 100000000 }
+  workspace_concurrency: { free: 100000, core: 100000, enterprise: 100000 }
 plugins:
+  - name: connection_gate
   - name: auth
+  - name: dialects
+  - name: idempotency
   - name: chat_completions
+  - name: limits
   - name: billing
 EOF
+    else
+        printf 'plugins:\n  - name: auth\n  - name: chat_completions\n  - name: billing\n' >>"$WORK/gw$i.yaml"
+    fi
     mkdir -p "$WORK/tmp$i"
     RUST_LOG=warn TMPDIR="$WORK/tmp$i" "$GW" serve --config "$WORK/gw$i.yaml" >"$WORK/gw$i.log" 2>&1 &
     PIDS+=($!)
@@ -143,7 +165,7 @@ for i in 1 2; do
 done
 settled0=$(sql "SELECT count(*) FROM ledger_entries WHERE workspace_id = '$WS' AND kind = 'settlement'")
 
-log "store $STORE, 2 instances (threads: $THREADS), $CONNS connections each, ${SECONDS_RUN}s"
+log "store $STORE, chain $CHAIN, 2 instances (threads: $THREADS), $CONNS connections each, ${SECONDS_RUN}s"
 for i in 1 2; do
     BENCH_BODY_FILE="$WORK/body.json" BENCH_API_KEY="$KEY" BENCH_TOKENS=16 BENCH_HONOR_RETRY_AFTER=${LOAD_HONOR_RETRY_AFTER:-1} \
         wrk -t1 "-c$CONNS" "-d${SECONDS_RUN}s" --timeout 10s -s "$ROOT/scripts/bench/wrk_post.lua" \
@@ -173,7 +195,7 @@ unmatched=$(sql "SELECT count(*) FROM ledger_entries s WHERE s.workspace_id = '$
     AND NOT EXISTS (SELECT 1 FROM holds h WHERE h.request_id = s.request_id)")
 audit=$(admin "/admin/v1/workspaces/$WS/ledger")
 consistent=$(jq -r '.check.consistent' <<<"$audit")
-echo "store=$STORE instances=2 threads=$THREADS connections=$((2 * CONNS)) seconds=$SECONDS_RUN"
+echo "store=$STORE chain=$CHAIN instances=2 threads=$THREADS connections=$((2 * CONNS)) seconds=$SECONDS_RUN"
 echo "requests=$total served_2xx=$ok non_2xx=$errors settled=$settled settled_per_s=$((settled / SECONDS_RUN))"
 echo "audit: balance_equals_entries=$consistent balance=$(jq -r .balance_cents <<<"$audit") derived=$(jq -r .check.derived_balance_cents <<<"$audit") held=$(jq -r .held_cents <<<"$audit") open_holds=$open hold_rows=$holds closed_hold_rows=$closed settled_holds_without_entry=$settled_unbooked settlements_without_hold=$unmatched"
 pass=1
