@@ -485,3 +485,39 @@ async fn a_hold_placed_before_migration_5_is_released_with_its_entry() {
     assert_eq!(of("new"), ["settlement"], "the new hold wrote none");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A ledger batch locks its workspaces through the primary key, whatever the number of
+/// workspaces: the plan on a store of 20,000 must look them up (`Index Cond`), not filter the
+/// table (as `id = ANY($1) OR id IN (SELECT ...)` did).
+#[tokio::test]
+async fn a_postgres_batch_finds_its_workspaces_by_key_not_by_scanning_them() {
+    let url = pg::fresh_database().await;
+    let s = tollgate::store::open_stores(&StoreConfig::Postgres { url: url.clone() }).await.unwrap();
+    s.identity.migrate().await.unwrap();
+    let (c, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(conn);
+    c.batch_execute(
+        "INSERT INTO workspaces (id, name, rate_tier, created_at) SELECT 'ws' || g, 'w', 'free', 0 FROM generate_series(1, 20000) g;
+         INSERT INTO holds (request_id, workspace_id, amount_cents, state, expires_at, created_at)
+             SELECT 'r' || g, 'ws' || g, 1, 'settled', 0, 0 FROM generate_series(1, 20000) g;
+         ANALYZE;",
+    )
+    .await
+    .unwrap();
+    c.batch_execute(&format!("PREPARE lock_batch(TEXT[], TEXT[]) AS {}", tollgate::store::postgres_batch_lock_sql()))
+        .await
+        .unwrap();
+    let plan: String = c
+        .query("EXPLAIN EXECUTE lock_batch(ARRAY['ws5'], ARRAY['r7', 'r9'])", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get::<_, String>(0))
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(plan.contains("Index Cond: (id = ANY"), "{plan}");
+    assert!(!plan.contains("Seq Scan on workspaces") && !plan.contains("Filter: ((id = ANY"), "{plan}");
+    let locked = c.query("EXECUTE lock_batch(ARRAY['ws5'], ARRAY['r7', 'r9'])", &[]).await.unwrap();
+    let ids: Vec<String> = locked.iter().map(|r| r.get(0)).collect();
+    assert_eq!(ids, ["ws5", "ws7", "ws9"], "the named workspace and those of the hold rows, in id order");
+}

@@ -10,6 +10,7 @@ pub mod plan_rows;
 pub mod postgres;
 mod postgres_ledger;
 mod postgres_ledger_batch;
+pub use postgres_ledger_batch::lock_sql as postgres_batch_lock_sql;
 mod postgres_plans;
 mod postgres_pool;
 pub mod sqlite;

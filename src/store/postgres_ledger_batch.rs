@@ -21,11 +21,23 @@ use super::postgres::PostgresStore;
 use crate::clock::Millis;
 use crate::plans::decide::Funding;
 
-const LOCK: &str = "SELECT id, balance_cents, held_cents, carry_microcents FROM workspaces \
-     WHERE id = ANY($1) OR id IN (SELECT workspace_id FROM holds WHERE request_id = ANY($2)) \
-     ORDER BY id FOR UPDATE";
+/// The batch's workspaces: those its ops name and those of its hold rows, as ONE array, so the
+/// primary key finds them. Written as `id = ANY($1) OR id IN (SELECT ...)`, PostgreSQL
+/// filtered every row of `workspaces` against the two (18 ms a batch at 100,000 workspaces).
+const BATCH_WORKSPACES: &str = "$1::TEXT[] || ARRAY(SELECT workspace_id FROM holds WHERE request_id = ANY($2))";
 
-/// The locked workspaces' plans (the same set as `LOCK`). A statement of its own, sent after
+/// The statement that locks a batch's workspaces (`$1`: workspace ids, `$2`: request ids).
+pub fn lock_sql() -> &'static str {
+    static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    SQL.get_or_init(|| {
+        format!(
+            "SELECT id, balance_cents, held_cents, carry_microcents FROM workspaces \
+             WHERE id = ANY({BATCH_WORKSPACES}) ORDER BY id FOR UPDATE"
+        )
+    })
+}
+
+/// The locked workspaces' plans (the same set as [`lock_sql`]). A statement of its own, sent after
 /// the lock and so run once it is held: joined
 /// into the locking query, a row of `plans` would be read from the snapshot taken before the
 /// wait for the lock (PostgreSQL re-fetches only the locked table's rows), and a plan
@@ -33,11 +45,7 @@ const LOCK: &str = "SELECT id, balance_cents, held_cents, carry_microcents FROM 
 fn plans_sql() -> &'static str {
     static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     SQL.get_or_init(|| {
-        format!(
-            "SELECT workspace_id, {} FROM plans WHERE workspace_id = ANY($1) \
-             OR workspace_id IN (SELECT workspace_id FROM holds WHERE request_id = ANY($2))",
-            all_columns()
-        )
+        format!("SELECT workspace_id, {} FROM plans WHERE workspace_id = ANY({BATCH_WORKSPACES})", all_columns())
     })
 }
 const HOLDS: &str = "SELECT request_id, workspace_id, key_id, amount_cents, state, funding, value_microcents, \
@@ -148,7 +156,7 @@ impl LedgerWrites for PostgresStore {
     async fn apply(&self, ops: Arc<[LedgerOp]>) -> Result<Vec<OpResult>, StoreError> {
         self.with_client(move |c| async move {
             let (lock, holds, settled, plans, write) = tokio::try_join!(
-                c.prepare_cached(LOCK),
+                c.prepare_cached(lock_sql()),
                 c.prepare_cached(HOLDS),
                 c.prepare_cached(SETTLED),
                 c.prepare_cached(plans_sql()),
