@@ -145,3 +145,52 @@ async fn a_stalled_ledger_sheds_new_requests_at_once_and_bills_the_admitted_ones
     let m = gw.metrics().await;
     assert!(m.contains("tollgate_admission_refusals_total{gate=\"ledger\"} 1"), "{m}");
 }
+
+/// A ledger batch that outlives the store call's timeout (5 s) while waiting for a workspace
+/// row lock is abandoned: its connection must not go back to the pool with the transaction
+/// still open, or it would take the lock once freed and hold it for whoever uses that
+/// connection next. The request gets a catalogued error, nothing is left "idle in
+/// transaction", and the next request is served and billed.
+#[tokio::test]
+async fn a_batch_abandoned_at_the_timeout_leaves_no_transaction_open() {
+    let mock = Mock::start();
+    let db = pg::fresh_database().await;
+    let gw = Gateway::start_with(&mock, Opts { postgres_url: Some(db.clone()), ..Opts::default() });
+    let body = chat_body("chat-model", false);
+    assert_eq!(gw.post("/v1/chat/completions", &body, &[]).await.status, 200);
+    let before = gw.settled_ledger();
+
+    let (locker, conn) = tokio_postgres::connect(&db, tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(conn);
+    locker.batch_execute("BEGIN").await.unwrap();
+    locker.query("SELECT 1 FROM workspaces WHERE id = $1 FOR UPDATE", &[&gw.workspace]).await.unwrap();
+    let r = gw.post("/v1/chat/completions", &body, &[]).await;
+    r.assert_error(500, "credit_reservation_failed");
+    locker.batch_execute("COMMIT").await.unwrap();
+
+    // The abandoned batch's LOCK is granted once the lock is free; its session must then end
+    // (its connection was closed), not sit in an open transaction holding the lock.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let open: i64 = locker
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+                 AND state LIKE 'idle in transaction%' AND pid <> pg_backend_pid()",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if open == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{open} gateway sessions left in an open transaction");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let started = Instant::now();
+    assert_eq!(gw.post("/v1/chat/completions", &body, &[]).await.status, 200);
+    assert!(started.elapsed() < Duration::from_secs(2), "the ledger is not stuck behind a lock");
+    let after = gw.settled_ledger();
+    assert_eq!(settlements(&after).len(), settlements(&before).len() + 1, "{after}");
+    assert_eq!(after["held_cents"], 0, "no hold left open: {after}");
+}

@@ -76,18 +76,18 @@ fn with_free_window(err: GatewayError, cx: &RequestCtx) -> GatewayError {
     }
 }
 
-/// The hold could not be placed. A ledger shedding load (decision 131) is a momentary
-/// capacity refusal, as the limits plugin's; anything else is a failed reservation.
+/// The ledger sheds load (decision 131): the momentary capacity refusal, as the limits
+/// plugin's, with an estimate that varies between refusals and stays under a second, so
+/// `Retry-After` is 1.
+fn ledger_shed(request_id: &str, why: &dyn std::fmt::Display) -> GatewayError {
+    log::debug!("{request_id}: hold shed: {why}");
+    crate::shared::shed::congested("ledger", crate::shared::shed::jittered(1_000).min(1_000))
+}
+
+/// The hold could not be placed: shed, or a failed reservation.
 fn hold_failed(request_id: &str, e: StoreError) -> GatewayError {
     if let StoreError::Busy(why) = &e {
-        log::debug!("{request_id}: hold shed: {why}");
-        tollgate::metrics::admission_refused("ledger");
-        return GatewayError::new(
-            ErrorKind::HostedAdmissionCongested,
-            "Capacity is being shed under momentary load; retry shortly. This is not a quota.",
-        )
-        .with_retry_after(1)
-        .with_header("retry-after-ms", "1000");
+        return ledger_shed(request_id, why);
     }
     log::warn!("{request_id}: hold not recorded: {e}");
     GatewayError::new(ErrorKind::CreditReservationFailed, "The credit reservation could not be recorded; retry.")
@@ -184,10 +184,7 @@ impl Plugin for Billing {
         let billed = cx.route.is_some_and(|r| r.is_generation() && r != Route::CountTokens);
         if billed && cx.principal.as_ref().is_some_and(|p| p.frozen.is_none()) {
             if let Some(wait) = self.ledger.congested() {
-                return Err(hold_failed(
-                    &cx.request_id,
-                    StoreError::Busy(format!("writes wait {} ms", wait.as_millis())),
-                ));
+                return Err(ledger_shed(&cx.request_id, &format_args!("writes wait {} ms", wait.as_millis())));
             }
         }
         Ok(Flow::Continue)

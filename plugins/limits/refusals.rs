@@ -4,7 +4,9 @@
 
 use tollgate::error::{ErrorKind, GatewayError};
 use tollgate::identity::RateTier;
-use tollgate::limits::{ADMISSION_RETRY_CAP_MS, WindowState};
+use tollgate::limits::WindowState;
+
+use crate::shared::shed::{jittered, with_retry};
 
 /// Which admission gate refused; its wire code and `X-Hosted-Limit-Scope` value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,11 +73,6 @@ pub fn window_headers(state: &WindowState, tier: RateTier) -> [(&'static str, St
     ]
 }
 
-fn with_retry(err: GatewayError, ms: u64) -> GatewayError {
-    let ms = ms.max(1);
-    err.with_retry_after(ms.div_ceil(1000)).with_header("retry-after-ms", ms.to_string())
-}
-
 /// The per-key window (or the credits/usage read bucket) is full.
 pub fn window_refused(state: &WindowState, tier: RateTier, retry_after_ms: u64, reads: bool) -> GatewayError {
     let what = if reads { "credits and usage reads" } else { "requests" };
@@ -130,34 +127,12 @@ pub fn tpm_never(limit: u64, tokens: u64) -> GatewayError {
 
 /// Momentary shed on this instance: no `limit`, no scope header.
 pub fn congested() -> GatewayError {
-    tollgate::metrics::admission_refused("congested");
-    with_retry(
-        GatewayError::new(
-            ErrorKind::HostedAdmissionCongested,
-            "Capacity is being shed under momentary load; retry shortly. This is not a quota.",
-        ),
-        jittered(1_000),
-    )
-}
-
-/// An estimate capped at 8 seconds, spread by ±20% so refused clients do not return together.
-pub fn jittered(ms: u64) -> u64 {
-    let r = u64::from(tollgate::error::rand_byte() % 41); // 0..=40
-    let spread = ms.min(ADMISSION_RETRY_CAP_MS) * (80 + r) / 100;
-    spread.clamp(1, ADMISSION_RETRY_CAP_MS)
+    crate::shared::shed::congested("congested", jittered(1_000))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn retry_estimates_are_capped_at_eight_seconds_and_vary() {
-        let seen: std::collections::HashSet<u64> = (0..200).map(|_| jittered(60_000)).collect();
-        assert!(seen.iter().all(|&ms| (6_400..=8_000).contains(&ms)), "{seen:?}");
-        assert!(seen.len() > 5, "jitter varies: {seen:?}");
-        assert!((1..=8_000).contains(&jittered(0)));
-    }
 
     #[test]
     fn window_retry_after_is_at_most_sixty_seconds() {

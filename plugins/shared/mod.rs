@@ -1,11 +1,13 @@
 //! What the chat path and the dialect translators share, so neither plugin reaches into the
 //! other: the typed chat answer and the translator contract (`answer`), inline image checks,
-//! reasoning efforts, prompt token counting.
+//! reasoning efforts, prompt token counting, and the retry timing and momentary shed of
+//! limits and billing (`shed`).
 
 pub mod answer;
 pub mod effort;
 pub mod images;
 pub mod prompt_tokens;
+pub mod shed;
 
 /// What the chat serving path decided about a request, for the phases after it: the chat
 /// response phases read `include_usage`; admission (limits) and the hold (billing) read the

@@ -15,9 +15,10 @@
 //! make); settlement stays once per request id. Bounded (decision 131): a hold (or funding
 //! decision) is refused with `StoreError::Busy` (billing answers `429
 //! hosted_admission_congested`) while the writer's queue makes ops wait longer than the
-//! instance's `billing.ledger_max_wait_ms`, so a request's wait for its hold stays near that
-//! bound however much more than the store can write is offered; it is refused with
-//! `StoreError::Unavailable` once the queue has fewer than [`SETTLE_RESERVE`] free slots.
+//! instance's `billing.ledger_max_wait_ms`, so the queue stops growing however much more than
+//! the store can write is offered (a batch already running still takes its own time); it is
+//! refused with `StoreError::Unavailable` once the queue has fewer than [`SETTLE_RESERVE`]
+//! free slots.
 //! Settlements and releases are never shed: they wait for a slot up to
 //! [`ENQUEUE_WAIT`] (their room is reserved), then fail like a store outage (billing retries
 //! them in the background). A crash loses at most the ops queued or in the open batch: queued

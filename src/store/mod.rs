@@ -169,17 +169,15 @@ pub async fn open_stores(config: &StoreConfig) -> Result<Stores, StoreError> {
 /// [`open_stores`] with the ledger shedding holds while its writes wait longer than
 /// `max_hold_wait` (`billing.ledger_max_wait_ms`, decision 131).
 pub async fn open_stores_tuned(config: &StoreConfig, max_hold_wait: std::time::Duration) -> Result<Stores, StoreError> {
-    let batched = |l: Result<ledger_batch::BatchedLedger, StoreError>| {
-        Ok::<_, StoreError>(Arc::new(l?.with_max_hold_wait(max_hold_wait)))
-    };
+    let tuned = |l: ledger_batch::BatchedLedger| Arc::new(l.with_max_hold_wait(max_hold_wait));
     match config {
         StoreConfig::Sqlite { path } => {
             let s = Arc::new(sqlite::SqliteStore::open(path)?);
-            Ok(Stores { identity: s.clone(), ledger: batched(ledger_batch::BatchedLedger::new(s))? })
+            Ok(Stores { identity: s.clone(), ledger: tuned(ledger_batch::BatchedLedger::new(s)?) })
         }
         StoreConfig::Postgres { url } => {
             let s = Arc::new(postgres::PostgresStore::connect(url).await?);
-            Ok(Stores { identity: s.clone(), ledger: batched(ledger_batch::BatchedLedger::new(s))? })
+            Ok(Stores { identity: s.clone(), ledger: tuned(ledger_batch::BatchedLedger::new(s)?) })
         }
     }
 }

@@ -151,6 +151,28 @@ async fn apply_in_transaction(
     Ok(plan.outcomes)
 }
 
+/// A pooled connection inside the batch's transaction, which is opened with a plain `BEGIN`
+/// (pipelined, decision 129) and so has no rollback of its own when its future is dropped.
+/// Dropped before [`InTransaction::done`] (the call timed out), the connection leaves the pool
+/// and closes, and PostgreSQL rolls the transaction back: it never goes back to the pool
+/// still open, holding the workspace row lock for whoever takes it next.
+struct InTransaction(Option<deadpool_postgres::Object>);
+
+impl InTransaction {
+    /// The transaction is over (committed or rolled back): back to the pool.
+    fn done(mut self) {
+        self.0.take();
+    }
+}
+
+impl Drop for InTransaction {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.take() {
+            drop(deadpool_postgres::Object::take(c));
+        }
+    }
+}
+
 #[async_trait]
 impl LedgerWrites for PostgresStore {
     async fn apply(&self, ops: Arc<[LedgerOp]>) -> Result<Vec<OpResult>, StoreError> {
@@ -163,11 +185,14 @@ impl LedgerWrites for PostgresStore {
                 c.prepare_cached(WRITE)
             )?;
             let statements = Statements { lock, holds, settled, plans, write };
-            let outcome = apply_in_transaction(&c, &statements, &ops).await;
+            let conn = InTransaction(Some(c));
+            let Some(c) = conn.0.as_ref() else { return Ok(Vec::new()) };
+            let outcome = apply_in_transaction(c, &statements, &ops).await;
             if outcome.is_err() {
                 // An aborted or half-sent transaction must not go back to the pool open.
                 let _ = c.batch_execute("ROLLBACK").await;
             }
+            conn.done();
             outcome
         })
         .await
