@@ -20,6 +20,16 @@ fn ledger(gw: &Gateway) -> Value {
     v
 }
 
+/// Another session that holds `ws`'s row lock (in an open transaction) until it commits:
+/// the next ledger batch of that workspace waits on it.
+async fn lock_workspace_row(db: &str, ws: &str) -> tokio_postgres::Client {
+    let (locker, conn) = tokio_postgres::connect(db, tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(conn);
+    locker.batch_execute("BEGIN").await.unwrap();
+    locker.query("SELECT 1 FROM workspaces WHERE id = $1 FOR UPDATE", &[&ws]).await.unwrap();
+    locker
+}
+
 fn settlements(l: &Value) -> Vec<i64> {
     l["entries"]
         .as_array()
@@ -111,11 +121,7 @@ async fn a_stalled_ledger_sheds_new_requests_at_once_and_bills_the_admitted_ones
     assert_eq!(gw.post("/v1/chat/completions", &body, &[]).await.status, 200);
     let before = gw.settled_ledger();
 
-    // Another session holds the workspace's row lock: the next ledger batch waits on it.
-    let (locker, conn) = tokio_postgres::connect(&db, tokio_postgres::NoTls).await.unwrap();
-    tokio::spawn(conn);
-    locker.batch_execute("BEGIN").await.unwrap();
-    locker.query("SELECT 1 FROM workspaces WHERE id = $1 FOR UPDATE", &[&gw.workspace]).await.unwrap();
+    let locker = lock_workspace_row(&db, &gw.workspace).await;
 
     let (stalled, shed) = tokio::join!(gw.post("/v1/chat/completions", &body, &[]), async {
         // The first request's hold has waited past the bound by now.
@@ -160,10 +166,7 @@ async fn a_batch_abandoned_at_the_timeout_leaves_no_transaction_open() {
     assert_eq!(gw.post("/v1/chat/completions", &body, &[]).await.status, 200);
     let before = gw.settled_ledger();
 
-    let (locker, conn) = tokio_postgres::connect(&db, tokio_postgres::NoTls).await.unwrap();
-    tokio::spawn(conn);
-    locker.batch_execute("BEGIN").await.unwrap();
-    locker.query("SELECT 1 FROM workspaces WHERE id = $1 FOR UPDATE", &[&gw.workspace]).await.unwrap();
+    let locker = lock_workspace_row(&db, &gw.workspace).await;
     let r = gw.post("/v1/chat/completions", &body, &[]).await;
     r.assert_error(500, "credit_reservation_failed");
     locker.batch_execute("COMMIT").await.unwrap();
