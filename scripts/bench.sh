@@ -49,9 +49,17 @@
 #                           `metrics: { enabled: false }`; on: metrics and the JSON access log
 #                           (`access_log: { format: json }`, one line per request to the log
 #                           file); compare a run with off and one with on (issue 16: <= 3%)
+#   BENCH_FLOOR=1           0: leave out the Pingora floor (two bare Pingora proxies from
+#                           tollgate-bench-floor, ports base+20 and base+21, see below)
 #   BENCH_BIN_DIR=          directory holding tollgate and tollgate-mock-replica to use
 #                           instead of target/release (implies --no-build): copy the binaries
 #                           there first when another build may overwrite target/release
+#
+# The Pingora floor (BENCH_FLOOR): `pingora` is a bare Pingora proxy (upstream_peer only),
+# `pingora-replay` the same plus reading the whole request body and forwarding it through
+# tollgate's body replay, the step any gateway routing on the body pays on Pingora 0.9. Both
+# run beside nginx in the ladder (same pinning, one thread), so a ratio to nginx splits into
+# what Pingora costs and what tollgate adds.
 #
 # What it does: starts the mock replica (1 thread, pinned to the backend core), the
 # gateway (threads: 1, pinned to the proxy core) and nginx (1 worker, pinned to the proxy
@@ -136,6 +144,9 @@ case $OBSERVE in "" | on | off) ;; *) echo "BENCH_OBSERVE must be on or off" >&2
 DATABASE_URL=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}
 PG_STATS_WAIT=${BENCH_PG_STATS_WAIT:-11}
 BIN_DIR=${BENCH_BIN_DIR:-}
+FLOOR=${BENCH_FLOOR:-1}
+FLOOR_TARGETS=()
+if [[ $FLOOR == 1 ]]; then FLOOR_TARGETS=(pingora pingora-replay); fi
 # The rate-limit, billing and full-chain comparisons: name, listen port, admin port of each
 # extra gateway (gw-auth, the baseline on SQLite, belongs to all three; gw-auth-pg to the
 # last two).
@@ -144,7 +155,8 @@ BILLING_TARGETS=(gw-auth gw-billing-sqlite gw-auth-pg gw-billing-pg)
 FULL_TARGETS=(gw-auth gw-full gw-auth-pg gw-full-pg)
 declare -A LT_PORT=([gw-auth]=$((PORT_BASE + 4)) [gw-limits-mem]=$((PORT_BASE + 6)) [gw-limits-redis]=$((PORT_BASE + 8))
     [gw-auth-pg]=$((PORT_BASE + 10)) [gw-billing-sqlite]=$((PORT_BASE + 12)) [gw-billing-pg]=$((PORT_BASE + 14))
-    [gw-full]=$((PORT_BASE + 16)) [gw-full-pg]=$((PORT_BASE + 18)))
+    [gw-full]=$((PORT_BASE + 16)) [gw-full-pg]=$((PORT_BASE + 18))
+    [pingora]=$((PORT_BASE + 20)) [pingora-replay]=$((PORT_BASE + 21)))
 declare -A LT_ADMIN=([gw-auth]=$((PORT_BASE + 5)) [gw-limits-mem]=$((PORT_BASE + 7)) [gw-limits-redis]=$((PORT_BASE + 9))
     [gw-auth-pg]=$((PORT_BASE + 11)) [gw-billing-sqlite]=$((PORT_BASE + 13)) [gw-billing-pg]=$((PORT_BASE + 15))
     [gw-full]=$((PORT_BASE + 17)) [gw-full-pg]=$((PORT_BASE + 19)))
@@ -265,6 +277,7 @@ prefix_for() {
 if [[ -n $BIN_DIR ]]; then
     GW_BIN=$BIN_DIR/tollgate
     MOCK_BIN=$BIN_DIR/tollgate-mock-replica
+    FLOOR_BIN=$BIN_DIR/tollgate-bench-floor
     [[ -x $GW_BIN && -x $MOCK_BIN ]] || die "tollgate and tollgate-mock-replica missing in BENCH_BIN_DIR=$BIN_DIR"
 else
     if [[ $BUILD == 1 ]]; then
@@ -273,6 +286,7 @@ else
     fi
     GW_BIN=$TARGET_DIR/release/tollgate
     MOCK_BIN=$TARGET_DIR/release/tollgate-mock-replica
+    FLOOR_BIN=$TARGET_DIR/release/tollgate-bench-floor
     [[ -x $GW_BIN && -x $MOCK_BIN ]] || die "release binaries missing in $TARGET_DIR/release (run without --no-build)"
 fi
 
@@ -284,7 +298,11 @@ port_listening() {
         (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
     fi
 }
+if [[ $FLOOR == 1 && ! -x $FLOOR_BIN ]]; then
+    die "no tollgate-bench-floor at $FLOOR_BIN (build it, or BENCH_FLOOR=0 to leave the Pingora floor out)"
+fi
 ALL_PORTS=("$MOCK_PORT" "$NGINX_PORT" "$GW_PORT" "$ADMIN_PORT")
+for t in "${FLOOR_TARGETS[@]}"; do ALL_PORTS+=("${LT_PORT[$t]}"); done
 if [[ ${#EXTRA_TARGETS[@]} -gt 0 ]]; then
     for t in "${EXTRA_TARGETS[@]}"; do ALL_PORTS+=("${LT_PORT[$t]}" "${LT_ADMIN[$t]}"); done
 fi
@@ -422,6 +440,14 @@ start nginx "$PROXY_CPU" "$NGINX_BIN" -p "$WORK/nginx" -e "$WORK/nginx/error.log
     -c "$WORK/nginx/nginx.conf" -g 'daemon off;'
 NGINX_PID=$LAST_PID
 wait_listening nginx "$NGINX_PID" "$NGINX_PORT"
+
+for t in "${FLOOR_TARGETS[@]}"; do
+    log "$t on 127.0.0.1:${LT_PORT[$t]} (bare Pingora, one thread, core $PROXY_CPU)"
+    start "$t" "$PROXY_CPU" env RUST_LOG=warn "$FLOOR_BIN" --listen "127.0.0.1:${LT_PORT[$t]}" \
+        --upstream "127.0.0.1:$MOCK_PORT" --mode "$([[ $t == pingora ]] && echo pass || echo replay)"
+    LT_PID[$t]=$LAST_PID
+    wait_listening "$t" "$LAST_PID" "${LT_PORT[$t]}"
+done
 
 # ---- the rate-limit, billing and full-chain comparisons (BENCH_LIMITS, _BILLING, _FULL) --
 # Gateways like the one above plus an identity store and the auth plugin. The SQLite ones
@@ -695,7 +721,7 @@ check() {
     fi
     cp "$f" "$f.headers" "$OUT/"
 }
-for t in direct nginx gateway; do
+for t in direct nginx "${FLOOR_TARGETS[@]}" gateway; do
     check "$t" json
     check "$t" sse
 done
@@ -1044,8 +1070,8 @@ run() {
     echo "loadavg before: $(cut -d' ' -f1-3 /proc/loadavg)"
 } >"$OUT/env.txt"
 
-JSON_TARGETS=(direct nginx gateway)
-SSE_TARGETS=(direct nginx gateway)
+JSON_TARGETS=(direct nginx "${FLOOR_TARGETS[@]}" gateway)
+SSE_TARGETS=(direct nginx "${FLOOR_TARGETS[@]}" gateway)
 # A set asked for alone ("only") drops the default runs, except that the full chain keeps
 # nginx and the chat-only gateway as its ladder (its ratios are to the nginx hop).
 if [[ $LIMITS == only || $BILLING == only || $FULL == only ]] &&
@@ -1130,7 +1156,7 @@ report() {
             "proxy CPU", "proxy CPU", "mock CPU", "errors", "other", "steal"
         printf fmt, "", "", "", "", "", "", "", "us/req", "us/req", "us/req", "", "CPU %", "%"
         printf fmt, "", "", "", "", "", "", "", "(stat)", "(schedstat)", "(stat)", "", "", ""
-        nts = split("direct nginx gateway gw-auth gw-limits-mem gw-limits-redis gw-billing-sqlite gw-auth-pg gw-billing-pg gw-full gw-full-pg", ts, " ")
+        nts = split("direct nginx pingora pingora-replay gateway gw-auth gw-limits-mem gw-limits-redis gw-billing-sqlite gw-auth-pg gw-billing-pg gw-full gw-full-pg", ts, " ")
         for (i = 1; i <= n; i++) {
             c = order[i]
             for (j = 1; j <= nts; j++) {
@@ -1170,6 +1196,10 @@ report() {
                         line = line sprintf(" %.2fx", ratio_in[k, c, "gateway"] / ratio_in[k, c, "nginx"])
                 print line
             }
+            if (((c, "pingora") in cnt) && ((c, "pingora-replay") in cnt) && cpu[c, "pingora-replay"] + 0 > 0)
+                printf "  Pingora floor, %s: bare %.2fx nginx, with the body replay %.2fx; the gateway is %.2fx the floor with the replay\n",
+                    c, cpu[c, "pingora"] / cpu[c, "nginx"], cpu[c, "pingora-replay"] / cpu[c, "nginx"],
+                    cpu[c, "gateway"] / cpu[c, "pingora-replay"]
             if (c ~ /^sse/) printf "  per frame (stat): gateway %.2f us, nginx %.2f us\n",
                 cpu[c, "gateway"] / frames, cpu[c, "nginx"] / frames
         }
@@ -1267,7 +1297,7 @@ report() {
         }
         # The full default chain (BENCH_FULL): CPU per request against the nginx hop of the
         # same run, with the chat-only gateway between them, and the issue #12 targets.
-        split("nginx gateway gw-full gw-full-pg", ft, " ")
+        nft = split("nginx pingora pingora-replay gateway gw-full gw-full-pg", ft, " ")
         ffmt = "%-11s %7s %8s %8s %8s %8s %8s %9s %8s %7s %6s %6s %7s %8s %8s %8s\n"
         for (i = 1; i <= n; i++) {
             c = order[i]
@@ -1280,7 +1310,7 @@ report() {
             printf ffmt, "target", "req/s", "p50 ms", "p99 ms", "+p50 ms", "+p99 ms", "CPU", "CPU", "CPU", "CPU", "non-", "holds", "settles", "settled", "PG CPU", "Redis"
             printf ffmt, "", "", "", "", "", "", "us/req", "x nginx", "us/req", "x nginx", "2xx", "/req", "/req", "/s", "us/req", "cmd/req"
             printf ffmt, "", "", "", "", "", "", "(stat)", "(stat)", "(sched)", "(sched)", "", "", "", "", "", ""
-            for (j = 1; j <= 4; j++) {
+            for (j = 1; j <= nft; j++) {
                 t = ft[j]
                 if (!((c, t) in cnt)) continue
                 d50 = ((c, "direct") in cnt) ? plus(P50[c, t] - P50[c, "direct"]) : "-"
@@ -1297,7 +1327,7 @@ report() {
                     (pgc == "-") ? "-" : sprintf("%.1f", pgc), (rc == "-") ? "-" : sprintf("%.3f", rc)
             }
             if (rounds > 1 && hop > 0) {
-                for (j = 2; j <= 4; j++) {
+                for (j = 2; j <= nft; j++) {
                     t = ft[j]
                     if (!((c, t) in cnt)) continue
                     line = "  " t " x nginx per round (stat):"
@@ -1336,9 +1366,15 @@ report() {
                 if (c !~ /@/ && c !~ /^sse/ && ((c, "gw-full-pg") in cnt))
                     printf "target: gw-full-pg <= 8x nginx per request: %.2fx %s (PostgreSQL CPU reported beside it)\n",
                         cpu[c, "gw-full-pg"] / hop, (cpu[c, "gw-full-pg"] / hop <= 8 ? "met" : "NOT met")
+                fl = ((c, "pingora-replay") in cnt) ? cpu[c, "pingora-replay"] + 0 : 0
+                if (fl > 0 && c !~ /@/)
+                    printf "against the Pingora floor with the body replay (%.1f us, %.2fx nginx): gateway %.2fx, gw-full %s, gw-full-pg %s\n",
+                        fl, fl / hop, cpu[c, "gateway"] / fl,
+                        ((c, "gw-full") in cnt) ? sprintf("%.2fx", cpu[c, "gw-full"] / fl) : "-",
+                        ((c, "gw-full-pg") in cnt) ? sprintf("%.2fx", cpu[c, "gw-full-pg"] / fl) : "-"
             }
             if (c ~ /@/ && ((c, "direct") in cnt)) {
-                for (j = 3; j <= 4; j++) {
+                for (j = nft - 1; j <= nft; j++) {
                     t = ft[j]
                     if (!((c, t) in cnt)) continue
                     g = (P99[c, t] - P99[c, "direct"]) / 1000

@@ -15,6 +15,10 @@
 #               shutdown and first-request warm-up cancel out, so the figure is
 #               (cost(N) - cost(M)) / (N - M)
 #   --keep      keep the callgrind/strace outputs in DIR (default: a temp dir, removed)
+#   --chain     chat (default): only the plugins above; full: conf/tollgate.yaml's whole chain
+#               (connection_gate auth dialects idempotency chat_completions limits billing) on
+#               the embedded stores (SQLite identity and ledger, in-process limiter), with a
+#               funded workspace and its key, limits that refuse nothing: what users run
 #   --idem MODE off (default); chain: the `idempotency` plugin joins the chain, requests carry
 #               no key; key: the plugin, and each request a fresh `Idempotency-Key` (the
 #               in-process record store): the difference is what a key costs
@@ -29,7 +33,7 @@
 # --keep, leaves callgrind.out.N / callgrind.out.M for `callgrind_annotate --inclusive=yes`.
 set -euo pipefail
 
-BIN="" MOCK="" CASE=json TOOL=callgrind N=2000 M=200 KEEP="" IDEM=off
+BIN="" MOCK="" CASE=json TOOL=callgrind N=2000 M=200 KEEP="" IDEM=off CHAIN=chat
 while [[ $# -gt 0 ]]; do
     case $1 in
     --bin) BIN=$2; shift 2 ;;
@@ -40,7 +44,8 @@ while [[ $# -gt 0 ]]; do
     --base) M=$2; shift 2 ;;
     --keep) KEEP=$2; shift 2 ;;
     --idem) IDEM=$2; shift 2 ;;
-    -h | --help) sed -n '2,25p' "$0"; exit 0 ;;
+    --chain) CHAIN=$2; shift 2 ;;
+    -h | --help) sed -n '2,30p' "$0"; exit 0 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -52,6 +57,11 @@ MOCK=${MOCK:-$(dirname "$BIN")/tollgate-mock-replica}
 case $CASE in json | sse | msgs) ;; *) echo "--case json|sse|msgs" >&2; exit 2 ;; esac
 case $TOOL in callgrind | strace) ;; *) echo "--tool callgrind|strace" >&2; exit 2 ;; esac
 case $IDEM in off | chain | key) ;; *) echo "--idem off|chain|key" >&2; exit 2 ;; esac
+case $CHAIN in chat | full) ;; *) echo "--chain chat|full" >&2; exit 2 ;; esac
+if [[ $CHAIN == full && ( $CASE == msgs || $IDEM != off ) ]]; then
+    echo "--chain full runs the json and sse cases, with the chain's own idempotency plugin" >&2
+    exit 2
+fi
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/tollgate-profile.XXXXXX")
 OUTDIR=${KEEP:-$WORK}
@@ -120,18 +130,44 @@ if [[ $CASE == msgs ]]; then
     PLUGINS=$'  - name: dialects\n  - name: chat_completions'
 fi
 if [[ $IDEM != off ]]; then PLUGINS+=$'\n  - name: idempotency'; fi
+# The full chain: stores, secrets and limits, written after the plugins list.
+STORES=""
+API_KEY=""
+if [[ $CHAIN == full ]]; then
+    PLUGINS=""
+    for p in connection_gate auth dialects idempotency chat_completions limits billing; do
+        PLUGINS+="  - name: $p"$'\n'
+    done
+    "$BIN" init-secrets --dir "$WORK/secrets" >/dev/null
+    STORES="identity:
+  store: { backend: sqlite, path: $WORK/tollgate.db }
+  migrate_on_start: true
+  key_pepper: { file: $WORK/secrets/key_pepper }
+  key_encryption_key: { file: $WORK/secrets/key_encryption_key }
+admin:
+  token_file: $WORK/secrets/admin_token
+billing:
+  topup_url: https://billing.example.com/top-up
+limits:
+  store: { backend: in_process }
+  connection_gate: { per_address_per_minute: 100000000, service_per_minute: 100000000 }
+  requests_per_minute: { free: 100000000, core: 100000000, enterprise: 100000000 }
+  workspace_concurrency: { free: 100000, core: 100000, enterprise: 100000 }"
+fi
 
 # client PORT COUNT: COUNT identical POSTs on one keep-alive connection; fails on any non-200.
 client() {
-    python3 - "$1" "$2" "$WORK/body.json" "$TOKENS" "$CASE" "$REQUEST_PATH" "$IDEM" <<'PY'
+    python3 - "$1" "$2" "$WORK/body.json" "$TOKENS" "$CASE" "$REQUEST_PATH" "$IDEM" "$API_KEY" <<'PY'
 import http.client, sys
-port, count, body_file, tokens, case, path, idem = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6], sys.argv[7]
+port, count, body_file, tokens, case, path, idem, key = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6], sys.argv[7], sys.argv[8]
 body = open(body_file, "rb").read()
 conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
 for i in range(count):
     conn.putrequest("POST", path, skip_accept_encoding=True)
     conn.putheader("Content-Type", "application/json")
     conn.putheader("x-mock-tokens", tokens)
+    if key:
+        conn.putheader("Authorization", f"Bearer {key}")
     if idem == "key":
         conn.putheader("Idempotency-Key", f"profile-{port}-{i}")
     conn.putheader("Content-Length", str(len(body)))
@@ -145,11 +181,9 @@ conn.close()
 PY
 }
 
-# run COUNT: one gateway under the tool, COUNT requests, stopped; prints the tool's output file.
-run() {
-    local count=$1 port admin out pid
-    port=$(free_port)
-    admin=$(free_port)
+# write_config PORT ADMIN_PORT: the gateway's tollgate.yaml.
+write_config() {
+    local port=$1 admin=$2
     cat >"$WORK/gw/tollgate.yaml" <<EOF
 listen: 127.0.0.1:$port
 admin_listen: 127.0.0.1:$admin
@@ -161,7 +195,46 @@ shutdown:
   graceful_shutdown_timeout_seconds: 1
 plugins:
 $(printf '%b' "$PLUGINS")
+$STORES
 EOF
+}
+
+# The full chain's workspace, funded, and its key: made once through the admin API of a
+# gateway run outside the tool, so both measured runs use the same store.
+if [[ $CHAIN == full ]]; then
+    port=$(free_port)
+    admin_port=$(free_port)
+    write_config "$port" "$admin_port"
+    env RUST_LOG=warn TMPDIR="$WORK/gw" "$BIN" serve --config "$WORK/gw/tollgate.yaml" >"$WORK/gw.setup.log" 2>&1 &
+    setup_pid=$!
+    PIDS+=("$setup_pid")
+    wait_port "$admin_port" "$setup_pid" || { tail -20 "$WORK/gw.setup.log" >&2; exit 1; }
+    admin() {
+        python3 - "$admin_port" "$WORK/secrets/admin_token" "$1" "$2" "$3" <<'PY'
+import http.client, json, sys
+port, token_file, path, body, field = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
+conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+conn.request("POST", path, body, {"Authorization": "Bearer " + open(token_file).read().strip(), "Content-Type": "application/json"})
+r = conn.getresponse()
+data = r.read()
+if r.status >= 300:
+    sys.exit(f"admin {path}: HTTP {r.status}: {data[:300]!r}")
+print(json.loads(data).get(field, "") if field else "")
+PY
+    }
+    WS=$(admin /admin/v1/workspaces '{"name":"profile"}' id) || exit 1
+    API_KEY=$(admin "/admin/v1/workspaces/$WS/keys" '{"name":"profile"}' key) || exit 1
+    admin "/admin/v1/workspaces/$WS/credits" '{"amount_cents":100000000,"source":"purchase"}' "" >/dev/null || exit 1
+    kill -TERM "$setup_pid"
+    wait "$setup_pid" || true
+fi
+
+# run COUNT: one gateway under the tool, COUNT requests, stopped; prints the tool's output file.
+run() {
+    local count=$1 port admin out pid
+    port=$(free_port)
+    admin=$(free_port)
+    write_config "$port" "$admin"
     if [[ $TOOL == callgrind ]]; then
         out=$OUTDIR/callgrind.$CASE.$count
         env RUST_LOG=warn TMPDIR="$WORK/gw" valgrind --tool=callgrind --callgrind-out-file="$out" \

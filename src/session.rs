@@ -2,12 +2,14 @@
 //! clarification 14), as a key that never holds the identity itself. The first valid
 //! identity in the spec's order names the session; an invalid candidate is skipped and never
 //! masks a valid one below it. Without one, the opening messages name it (decision 115).
-//! The key is SHA-256 of the workspace id, the namespace and the identity: scoped to the
-//! workspace, never stored or logged raw, and the headers that carried it are not forwarded.
+//! The key is a 64-bit SipHash-1-3 of the workspace id, the namespace and the identity
+//! (decision 135): scoped to the workspace, never stored or logged raw, and the headers that
+//! carried it are not forwarded.
 
 use http::HeaderMap;
 use serde_json::Value;
-use sha2::{Digest, Sha256};
+use siphasher::sip::SipHasher13;
+use std::hash::Hasher;
 
 /// Headers that may name a session; none of them reaches a replica.
 pub const SESSION_HEADERS: [&str; 11] = [
@@ -163,15 +165,20 @@ pub fn opening(body: &Value) -> Option<String> {
 }
 
 /// The affinity key: the identity hashed with the workspace id and its namespace.
+/// SipHash's output is fixed by its specification and these keys, so every instance and
+/// version computes the same key (placements are shared on Redis). It is not a secret: a
+/// collision only moves a request's placement, it never crosses data between sessions.
 pub fn key(workspace_id: &str, namespace: &str, identity: &str) -> u64 {
-    let mut h = Sha256::new();
+    let mut h = SipHasher13::new_with_keys(AFFINITY_K0, AFFINITY_K1);
     for part in [workspace_id, namespace, identity] {
-        h.update((part.len() as u64).to_le_bytes());
-        h.update(part.as_bytes());
+        h.write(&(part.len() as u64).to_le_bytes());
+        h.write(part.as_bytes());
     }
-    let d = h.finalize();
-    u64::from_le_bytes([d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]])
+    h.finish()
 }
+
+const AFFINITY_K0: u64 = u64::from_le_bytes(*b"tollgate");
+const AFFINITY_K1: u64 = u64::from_le_bytes(*b"affinity");
 
 /// The request's affinity: its session, else its opening messages, else none (load).
 pub fn affinity(workspace_id: &str, h: &HeaderMap, body: Option<&Value>) -> Option<Affinity> {

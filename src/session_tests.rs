@@ -87,6 +87,14 @@ fn agent_ids_namespaces_and_the_parent_session() {
     assert_ne!(key("w", "agent1", "s"), key("w", "generic", "s"));
     assert_eq!(key("w", "generic", "p"), key("w", "generic", "p"));
     assert_ne!(key("w1", "generic", "p"), key("w2", "generic", "p"), "scoped to the workspace");
+    assert_ne!(key("w", "generic", "ab"), key("w", "generica", "b"), "parts are length-framed");
+}
+
+#[test]
+fn the_affinity_key_is_the_same_in_every_instance_and_version() {
+    // Placements are shared between instances on Redis: the key must not depend on the
+    // process (no random seed) nor change silently between releases.
+    assert_eq!(key("ws_1", "generic", "session-42"), PINNED_KEY);
     // `user` is not an identity.
     assert_eq!(named(&[], json!({"user": "alice"})), None);
 }
@@ -107,3 +115,9 @@ fn the_opening_messages_name_a_conversation_on_every_turn() {
     let with_session = affinity("w", &headers(&[("x-session-id", "s")]), Some(&turn1));
     assert_eq!(with_session.map(|x| x.by), Some(PlacedBy::Session));
 }
+
+/// `key("ws_1", "generic", "session-42")`: SipHash-1-3 under the keys "tollgate", "affinity"
+/// (little-endian), over each part's length (8 bytes, little-endian) and bytes, computed by a
+/// separate Python implementation checked against the SipHash reference vector (decision
+/// 135). A change here moves every session's placement once.
+const PINNED_KEY: u64 = 5_417_913_908_057_210_293;

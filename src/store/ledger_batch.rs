@@ -149,8 +149,11 @@ impl BatchedLedger {
         queue: usize,
     ) -> Result<BatchedLedger, StoreError> {
         let (tx, rx) = mpsc::channel(queue.max(1));
+        // Timers only (the settlement linger): SQLite runs inline and PostgreSQL on the store
+        // runtime, so the writer needs no IO driver, and waking it from a request thread is a
+        // futex wake instead of an eventfd write and an epoll return (decision 134).
         let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
+            .enable_time()
             .build()
             .map_err(|e| StoreError::Unavailable(format!("ledger writer runtime: {e}")))?;
         let w = writes.clone();

@@ -1,0 +1,73 @@
+//! A bare Pingora proxy: what any gateway on Pingora 0.9 pays before doing its own work.
+//!
+//! `scripts/bench.sh` runs it beside nginx and tollgate, with the same settings as the
+//! gateway (one thread, a keep-alive pool to one upstream):
+//!
+//! - `--mode pass`: `upstream_peer` and nothing else; Pingora streams the request through.
+//! - `--mode replay`: also reads the whole request body in `request_filter` and forwards it
+//!   through tollgate's body replay (`tollgate::body_replay`), unchanged. A gateway that routes
+//!   on the body's `model` cannot avoid that step on Pingora 0.9 (pingora notes, section 2).
+//!
+//! Usage: `tollgate-bench-floor --listen 127.0.0.1:19314 --upstream 127.0.0.1:19310 [--mode pass|replay]`
+use async_trait::async_trait;
+use bytes::BytesMut;
+use pingora::prelude::*;
+use pingora::server::configuration::ServerConf;
+use tollgate::body_replay::replace_request_body;
+use tollgate::held_output::OutputHold;
+
+struct Floor {
+    upstream: String,
+    replay: bool,
+}
+
+#[async_trait]
+impl ProxyHttp for Floor {
+    type CTX = ();
+
+    fn new_ctx(&self) {}
+
+    async fn request_filter(&self, session: &mut Session, _cx: &mut ()) -> Result<bool> {
+        if !self.replay {
+            return Ok(false);
+        }
+        let keepalive = session.get_keepalive();
+        let mut body = BytesMut::new();
+        while let Some(chunk) = session.read_request_body().await? {
+            body.extend_from_slice(&chunk);
+        }
+        let hold = OutputHold::default();
+        replace_request_body(&mut session.downstream_session, body.freeze(), keepalive, &hold).await?;
+        Ok(false)
+    }
+
+    async fn upstream_peer(&self, _session: &mut Session, _cx: &mut ()) -> Result<Box<HttpPeer>> {
+        Ok(Box::new(HttpPeer::new(self.upstream.as_str(), false, String::new())))
+    }
+}
+
+fn main() {
+    let mut listen = String::from("127.0.0.1:19314");
+    let mut upstream = String::from("127.0.0.1:19310");
+    let mut replay = false;
+    let mut args = std::env::args().skip(1);
+    while let Some(flag) = args.next() {
+        let value = args.next().unwrap_or_default();
+        match flag.as_str() {
+            "--listen" => listen = value,
+            "--upstream" => upstream = value,
+            "--mode" if value == "pass" || value == "replay" => replay = value == "replay",
+            _ => {
+                eprintln!("usage: tollgate-bench-floor --listen ADDR --upstream ADDR [--mode pass|replay]");
+                std::process::exit(2);
+            }
+        }
+    }
+    let conf = ServerConf { threads: 1, ..ServerConf::default() };
+    let mut server = Server::new_with_opt_and_conf(None, conf);
+    server.bootstrap();
+    let mut proxy = http_proxy_service(&server.configuration, Floor { upstream, replay });
+    proxy.add_tcp(&listen);
+    server.add_service(proxy);
+    server.run_forever()
+}
