@@ -117,6 +117,8 @@ done
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 HELPERS=$ROOT/scripts/bench
+# shellcheck source=bench/identity_yaml.sh
+source "$HELPERS/identity_yaml.sh"
 cd "$ROOT"
 
 DURATION=${BENCH_SECONDS:-10}
@@ -520,13 +522,7 @@ upstreams_file: upstreams.yaml
 shutdown:
   grace_period_seconds: 1
   graceful_shutdown_timeout_seconds: 1
-identity:
-  store: $store
-  migrate_on_start: true
-  key_pepper: { file: $ID/secrets/key_pepper }
-  key_encryption_key: { file: $ID/secrets/key_encryption_key }
-admin:
-  token_file: $ID/secrets/admin_token
+$(identity_yaml "$store" "$ID/secrets")
 EOC
             case $t in
             gw-auth | gw-auth-pg)

@@ -35,6 +35,8 @@ done
 [[ $STORE == pg || $STORE == sqlite ]] || { echo "--store must be pg or sqlite" >&2; exit 2; }
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=bench/identity_yaml.sh
+source "$ROOT/scripts/bench/identity_yaml.sh"
 SECONDS_RUN=${LOAD_SECONDS:-60}
 CONNS=${LOAD_CONNECTIONS:-64}
 THREADS=${LOAD_THREADS:-1}
@@ -109,13 +111,7 @@ threads: $THREADS
 models_file: models.yaml
 upstreams_file: upstreams.yaml
 shutdown: { grace_period_seconds: 1, graceful_shutdown_timeout_seconds: 1 }
-identity:
-  store: $STORE_YAML
-  migrate_on_start: true
-  key_pepper: { file: $WORK/secrets/key_pepper }
-  key_encryption_key: { file: $WORK/secrets/key_encryption_key }
-admin:
-  token_file: $WORK/secrets/admin_token
+$(identity_yaml "$STORE_YAML" "$WORK/secrets")
 billing:
   topup_url: https://billing.example.com/top-up
   ledger_max_wait_ms: ${LOAD_LEDGER_MAX_WAIT_MS:-500}

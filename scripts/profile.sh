@@ -139,13 +139,9 @@ if [[ $CHAIN == full ]]; then
         PLUGINS+="  - name: $p"$'\n'
     done
     "$BIN" init-secrets --dir "$WORK/secrets" >/dev/null
-    STORES="identity:
-  store: { backend: sqlite, path: $WORK/tollgate.db }
-  migrate_on_start: true
-  key_pepper: { file: $WORK/secrets/key_pepper }
-  key_encryption_key: { file: $WORK/secrets/key_encryption_key }
-admin:
-  token_file: $WORK/secrets/admin_token
+    # shellcheck source=bench/identity_yaml.sh
+    source "$ROOT/scripts/bench/identity_yaml.sh"
+    STORES="$(identity_yaml "{ backend: sqlite, path: $WORK/tollgate.db }" "$WORK/secrets")
 billing:
   topup_url: https://billing.example.com/top-up
 limits:
