@@ -16,6 +16,10 @@ use pingora::server::configuration::ServerConf;
 use tollgate::body_replay::replace_request_body;
 use tollgate::held_output::OutputHold;
 
+/// The same allocator as the `tollgate` binary (decision 137).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 struct Floor {
     upstream: String,
     replay: bool,
