@@ -14,6 +14,8 @@
 #   BENCH_CONNECTIONS=32    wrk connections for the saturating runs
 #   BENCH_ROUNDS=1          repeat the whole set; the table shows the median of each cell
 #   BENCH_RATE=500          requests/s of the paced latency run (non-streaming)
+#   BENCH_C1=1              0: leave out the one-connection latency run (json16@c1: one
+#                           request at a time, the issue's "added p99 at c=1" target)
 #   BENCH_PACED_CONNECTIONS=5  connections of the paced run (each waits 1000*C/RATE ms
 #                           before every request)
 #   BENCH_PORT_BASE=19310   mock = base, nginx = base+1, gateway = base+2, its admin = base+3;
@@ -127,6 +129,7 @@ WARMUP=${BENCH_WARMUP_SECONDS:-1}
 CONNS=${BENCH_CONNECTIONS:-32}
 RATE=${BENCH_RATE:-500}
 PACED_CONNS=${BENCH_PACED_CONNECTIONS:-5}
+C1=${BENCH_C1:-1}
 ROUNDS=${BENCH_ROUNDS:-1}
 PORT_BASE=${BENCH_PORT_BASE:-19310}
 MOCK_PORT=$PORT_BASE
@@ -1088,6 +1091,9 @@ for ROUND in $(seq "$ROUNDS"); do
     for t in "${JSON_TARGETS[@]}"; do run json16 "$t" "$CONNS" 0; done
     for t in "${SSE_TARGETS[@]}"; do run sse64 "$t" "$CONNS" 0; done
     for t in "${JSON_TARGETS[@]}"; do run "json16@${RATE}rps" "$t" "$PACED_CONNS" "$PACED_DELAY"; done
+    if [[ $C1 == 1 ]]; then
+        for t in "${JSON_TARGETS[@]}"; do run "json16@c1" "$t" 1 0; done
+    fi
 done
 echo "loadavg after: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$OUT/env.txt"
 
@@ -1205,8 +1211,9 @@ report() {
             g = (P99[c, "gateway"] - P99[c, "direct"]) / 1000
             x = (P99[c, "nginx"] - P99[c, "direct"]) / 1000
             if (!((c, "nginx") in cnt)) continue
-            printf "added p99 at %s: gateway %+.3f ms (target < 1 ms: %s), nginx %+.3f ms\n",
-                substr(c, index(c, "@") + 1), g, (g < 1 ? "met" : "NOT met"), x
+            bound = (c ~ /@c1$/) ? 0.5 : 1
+            printf "added p99 at %s: gateway %+.3f ms (target < %s ms: %s), nginx %+.3f ms\n",
+                substr(c, index(c, "@") + 1), g, bound, (g < bound ? "met" : "NOT met"), x
         }
         # The rate-limit comparison (BENCH_LIMITS): each limits variant against gw-auth, and
         # Redis against the in-process store.
@@ -1374,8 +1381,11 @@ report() {
                     t = ft[j]
                     if (!((c, t) in cnt)) continue
                     g = (P99[c, t] - P99[c, "direct"]) / 1000
-                    printf "target: %s added p99 <= 1 ms: %+.3f ms %s (offered ~%s req/s here; the issue asks at 1,000)\n",
-                        t, g, (g <= 1 ? "met" : "NOT met"), rate
+                    if (c ~ /@c1$/)
+                        printf "target: %s added p99 at c=1 <= 0.5 ms: %+.3f ms %s\n", t, g, (g <= 0.5 ? "met" : "NOT met")
+                    else
+                        printf "target: %s added p99 <= 1 ms: %+.3f ms %s (offered ~%s req/s here; the issue asks at 1,000)\n",
+                            t, g, (g <= 1 ? "met" : "NOT met"), rate
                 }
             }
         }

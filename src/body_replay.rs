@@ -205,24 +205,28 @@ pub async fn replace_request_body(
     keepalive: Option<u64>,
     hold: &OutputHold,
 ) -> Result<()> {
-    let hdr = downstream.req_header().clone();
-    match rebuild(downstream, &hdr, body, keepalive, hold).await {
+    // Only the request line is kept for a failed rebuild: the header is cloned once, below.
+    let line = (downstream.req_header().method.clone(), path_of(downstream.req_header()).to_string());
+    match rebuild(downstream, body, keepalive, hold).await {
         Ok(()) => Ok(()),
         Err(e) => {
-            *downstream = stand_in(&hdr).await;
+            *downstream = stand_in(&line.0, &line.1).await;
             Err(e)
         }
     }
 }
 
+fn path_of(hdr: &pingora::http::RequestHeader) -> &str {
+    hdr.uri.path_and_query().map_or("/", |p| p.as_str())
+}
+
 async fn rebuild(
     downstream: &mut Box<ServerSession>,
-    hdr: &pingora::http::RequestHeader,
     body: Bytes,
     keepalive: Option<u64>,
     hold: &OutputHold,
 ) -> Result<()> {
-    let mut replayed = hdr.clone();
+    let mut replayed = downstream.req_header().clone();
     for h in ["content-length", "transfer-encoding", "expect"] {
         replayed.remove_header(h);
     }
@@ -275,11 +279,11 @@ async fn rebuild(
     Ok(())
 }
 
-/// A session with no connection that has read `hdr`'s request line, so that the phases after
-/// a failed rebuild can read the request header (Pingora panics on a session without one).
-async fn stand_in(hdr: &pingora::http::RequestHeader) -> Box<ServerSession> {
-    let path = hdr.uri.path_and_query().map_or("/", |p| p.as_str());
-    for line in [format!("{} {path} HTTP/1.1\r\n\r\n", hdr.method), "GET / HTTP/1.1\r\n\r\n".to_string()] {
+/// A session with no connection that has read the request line `method path`, so that the
+/// phases after a failed rebuild can read the request header (Pingora panics on a session
+/// without one).
+async fn stand_in(method: &http::Method, path: &str) -> Box<ServerSession> {
+    for line in [format!("{method} {path} HTTP/1.1\r\n\r\n"), "GET / HTTP/1.1\r\n\r\n".to_string()] {
         let mut s = ServerSession::new_http1(Box::new(std::io::Cursor::new(line.into_bytes())));
         if matches!(s.read_request().await, Ok(true)) {
             s.set_keepalive(None);

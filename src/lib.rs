@@ -15,6 +15,7 @@ pub mod config;
 pub mod ctx;
 pub mod envelope;
 pub mod error;
+pub mod fast_map;
 pub mod faults;
 pub mod health;
 pub mod heartbeat;

@@ -1,7 +1,6 @@
 //! The limit values in force for one caller on one model: read by the admission gates and
 //! by the model object of `GET /v1/models`, so what is published is what is enforced.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
@@ -88,7 +87,7 @@ pub fn in_force(settings: &LimitSettings, model: &ModelEntry, pool: &Pool, p: &P
 /// Models added by a reload get their reading at their first admission.
 #[derive(Default)]
 pub struct BusyReadings {
-    by_model: std::sync::RwLock<HashMap<String, Arc<Reading>>>,
+    by_model: std::sync::RwLock<tollgate::fast_map::FastMap<String, Arc<Reading>>>,
 }
 
 #[derive(Default)]

@@ -2,7 +2,6 @@
 //! per model; what is not declared is absent from `GET /v1/models` (never zero, never null
 //! for unlimited), except the fields clarifications 2 and 3 publish on every model.
 
-use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, RwLock};
 
@@ -118,7 +117,7 @@ impl ModelEntry {
 #[derive(Debug, Default)]
 pub struct Catalog {
     pub models: Vec<Arc<ModelEntry>>,
-    by_name: HashMap<String, usize>,
+    by_name: crate::fast_map::FastMap<String, usize>,
 }
 
 impl Catalog {

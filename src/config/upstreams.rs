@@ -1,7 +1,7 @@
 //! `upstreams.yaml`: per model a pool of replicas (OpenAI-compatible model servers such as
 //! vLLM or SGLang), each with its address and its own concurrency.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::Path;
 use std::sync::Arc;
@@ -230,7 +230,7 @@ impl Pool {
 /// Pools by catalog model id.
 #[derive(Debug, Default)]
 pub struct Pools {
-    by_model: HashMap<String, Arc<Pool>>,
+    by_model: crate::fast_map::FastMap<String, Arc<Pool>>,
 }
 
 impl Pools {

@@ -6,11 +6,11 @@
 //! does not reach the database. During a store outage a found key keeps answering from the
 //! cache for up to `stale_limit` (the spec's "about 30 seconds").
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
+use crate::fast_map::FastMap;
 use crate::identity::{KeyRecord, Workspace};
 use crate::store::StoreError;
 
@@ -23,7 +23,7 @@ struct Entry {
 }
 
 pub struct KeyCache {
-    map: RwLock<HashMap<String, Entry>>,
+    map: RwLock<FastMap<String, Entry>>,
     fresh: Duration,
     negative: Duration,
     stale_limit: Duration,
@@ -38,7 +38,7 @@ impl Default for KeyCache {
 
 impl KeyCache {
     pub fn new(fresh: Duration, negative: Duration, stale_limit: Duration, max_entries: usize) -> Self {
-        KeyCache { map: RwLock::new(HashMap::new()), fresh, negative, stale_limit, max_entries }
+        KeyCache { map: RwLock::new(FastMap::default()), fresh, negative, stale_limit, max_entries }
     }
 
     fn cached(&self, digest: &str) -> Option<Entry> {

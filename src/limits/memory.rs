@@ -7,7 +7,9 @@
 //! tests drive and the `X-RateLimit-Reset` header needs), cannot say when the oldest request
 //! leaves a window, and `Inflight` guards cannot express leases that expire or are renewed by id.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
+
+use crate::fast_map::FastMap;
 use std::sync::{Mutex, MutexGuard};
 
 use async_trait::async_trait;
@@ -25,16 +27,16 @@ pub struct InProcessLimiter {
 
 #[derive(Debug, Default)]
 struct State {
-    windows: HashMap<String, SecondBuckets>,
-    gates: HashMap<String, LeaseSet>,
-    tokens: HashMap<String, SecondBuckets>,
+    windows: FastMap<String, SecondBuckets>,
+    gates: FastMap<String, LeaseSet>,
+    tokens: FastMap<String, SecondBuckets>,
     last_sweep_ms: i64,
 }
 
 /// Live leases on one gate key, by id and by expiry.
 #[derive(Debug, Default)]
 struct LeaseSet {
-    by_id: HashMap<String, i64>,
+    by_id: FastMap<String, i64>,
     by_expiry: BTreeSet<(i64, String)>,
 }
 

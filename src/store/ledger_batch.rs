@@ -185,10 +185,20 @@ impl BatchedLedger {
             }
             self.queue.try_send(job).map_err(|_| StoreError::Unavailable("the ledger queue is full".into()))?;
         } else {
-            match tokio::time::timeout(ENQUEUE_WAIT, self.queue.send(job)).await {
-                Ok(Ok(())) => {}
-                Ok(Err(_)) => return Err(StoreError::Unavailable("the ledger writer stopped".into())),
-                Err(_) => return Err(StoreError::Unavailable("the ledger queue stayed full".into())),
+            // A free slot takes the job at once; only a full queue arms the wait's timer.
+            let job = match self.queue.try_send(job) {
+                Ok(()) => None,
+                Err(mpsc::error::TrySendError::Full(job)) => Some(job),
+                Err(mpsc::error::TrySendError::Closed(_)) => {
+                    return Err(StoreError::Unavailable("the ledger writer stopped".into()));
+                }
+            };
+            if let Some(job) = job {
+                match tokio::time::timeout(ENQUEUE_WAIT, self.queue.send(job)).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(_)) => return Err(StoreError::Unavailable("the ledger writer stopped".into())),
+                    Err(_) => return Err(StoreError::Unavailable("the ledger queue stayed full".into())),
+                }
             }
         }
         answer.await.map_err(|_| StoreError::Unavailable("the ledger writer stopped".into()))?
