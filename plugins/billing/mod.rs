@@ -326,22 +326,31 @@ impl Plugin for Billing {
         // The client has its answer: the connection does not wait for the commit (decision
         // 128). The write is queued at once for the next group commit; until it commits, the
         // request's hold still counts against the balance, so nothing can overspend meanwhile.
+        // Completed where the ledger commits it: no task on this runtime waits for the commit
+        // unless it fails (decision 139).
         let (ledger, request_id) = (self.ledger.clone(), cx.request_id.clone());
-        tokio::spawn(async move {
-            let recorded = match action.run(&*ledger).await {
-                Ok(()) => true,
-                Err(e) => {
-                    // Retried while the store is down: both steps are idempotent per request id,
-                    // so a retry never charges twice. If the process ends first, the sweeper
-                    // releases the hold after its expiry.
-                    log::warn!("{request_id}: settlement not recorded yet ({e}); retrying in the background");
-                    action.retry(&*ledger).await
+        let runtime = tokio::runtime::Handle::current();
+        let op = action.op();
+        let done = Box::new(move |r: tollgate::store::ledger_ops::OpResult| match action.outcome(r) {
+            Ok(()) => {
+                if had_hold {
+                    tollgate::metrics::holds_moved(-1);
                 }
-            };
-            if recorded && had_hold {
-                tollgate::metrics::holds_moved(-1);
+            }
+            Err(e) => {
+                // Retried while the store is down: both steps are idempotent per request id,
+                // so a retry never charges twice. If the process ends first, the sweeper
+                // releases the hold after its expiry.
+                log::warn!("{request_id}: settlement not recorded yet ({e}); retrying in the background");
+                let ledger = ledger.clone();
+                runtime.spawn(async move {
+                    if action.retry(&*ledger).await && had_hold {
+                        tollgate::metrics::holds_moved(-1);
+                    }
+                });
             }
         });
+        self.ledger.clone().submit_detached(op, done);
     }
 }
 
@@ -356,6 +365,23 @@ impl Finish {
         match self {
             Finish::Settle(s) => ledger.settle(s).await.map(|_| ()),
             Finish::Release(rid) => ledger.release_hold(rid, now_ms()).await.map(|_| ()),
+        }
+    }
+
+    /// The ledger op of the first attempt.
+    fn op(&self) -> tollgate::store::ledger_ops::LedgerOp {
+        use tollgate::store::ledger_ops::LedgerOp;
+        match self {
+            Finish::Settle(s) => LedgerOp::Settle(s.clone()),
+            Finish::Release(rid) => LedgerOp::Release { request_id: rid.clone(), now: now_ms() },
+        }
+    }
+
+    /// Whether the op's outcome recorded it, as [`Finish::run`] reads it.
+    fn outcome(&self, r: tollgate::store::ledger_ops::OpResult) -> Result<(), tollgate::store::StoreError> {
+        match self {
+            Finish::Settle(_) => tollgate::store::ledger::settle_outcome(r).map(|_| ()),
+            Finish::Release(_) => tollgate::store::ledger::release_outcome(r).map(|_| ()),
         }
     }
 

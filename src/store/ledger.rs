@@ -94,6 +94,16 @@ pub trait LedgerStore: Send + Sync {
     /// every backend writes money through one path (`ledger_ops::plan`).
     async fn submit(&self, op: LedgerOp) -> OpResult;
 
+    /// Queue `op` (a settlement or a release, which no request waits for) and return at
+    /// once; `done` gets its outcome on whichever thread completes it, so it must be quick.
+    /// Stores without a writer of their own run it on a task of the calling runtime.
+    fn submit_detached(self: std::sync::Arc<Self>, op: LedgerOp, done: Detached)
+    where
+        Self: 'static,
+    {
+        tokio::spawn(async move { done(self.submit(op).await) });
+    }
+
     /// Request ids of open holds whose expiry has passed.
     async fn expired_holds(&self, now: Millis) -> Result<Vec<String>, StoreError>;
 
@@ -197,6 +207,9 @@ pub fn hold_outcome(r: OpResult) -> Result<HoldOutcome, StoreError> {
         other => Err(StoreError::Unavailable(format!("unexpected ledger answer {other:?}"))),
     }
 }
+
+/// What runs when a detached op completes (see [`LedgerStore::submit_detached`]).
+pub type Detached = Box<dyn FnOnce(OpResult) + Send>;
 
 pub fn settle_outcome(r: OpResult) -> Result<SettleOutcome, StoreError> {
     match r? {

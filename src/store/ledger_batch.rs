@@ -74,8 +74,26 @@ pub async fn apply_one(w: &(impl LedgerWrites + ?Sized), op: LedgerOp) -> OpResu
 
 struct Job {
     op: LedgerOp,
-    reply: oneshot::Sender<OpResult>,
+    reply: Reply,
     queued: Instant,
+}
+
+/// Where a job's outcome goes: a caller waiting for it, or a continuation run on the writer's
+/// thread (a settlement nobody waits for: no task to wake on the request runtime).
+enum Reply {
+    Wait(oneshot::Sender<OpResult>),
+    Then(super::ledger::Detached),
+}
+
+impl Reply {
+    fn send(self, r: OpResult) {
+        match self {
+            Reply::Wait(tx) => {
+                let _ = tx.send(r); // the caller may have gone (client disconnected)
+            }
+            Reply::Then(done) => done(r),
+        }
+    }
 }
 
 impl Job {
@@ -171,7 +189,7 @@ impl BatchedLedger {
 
     async fn enqueue(&self, op: LedgerOp) -> OpResult {
         let (reply, answer) = oneshot::channel();
-        let job = Job { op, reply, queued: Instant::now() };
+        let job = Job { op, reply: Reply::Wait(reply), queued: Instant::now() };
         if job.holds() {
             if let Some(wait) = self.congested() {
                 return Err(StoreError::Busy(format!(
@@ -241,7 +259,7 @@ async fn writer(mut rx: mpsc::Receiver<Job>, writes: Arc<dyn LedgerWrites>, cong
             congestion.seen_wait_ms.store(0, Ordering::Relaxed);
         }
         for (reply, r) in replies.into_iter().zip(results) {
-            let _ = reply.send(r); // the caller may have gone (client disconnected)
+            reply.send(r);
         }
     }
 }
@@ -306,6 +324,26 @@ impl LedgerStore for BatchedLedger {
 
     async fn submit(&self, op: LedgerOp) -> OpResult {
         self.enqueue(op).await
+    }
+
+    fn submit_detached(self: Arc<Self>, op: LedgerOp, done: super::ledger::Detached) {
+        let job = Job { op, reply: Reply::Then(done), queued: Instant::now() };
+        match self.queue.try_send(job) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Closed(job)) => {
+                job.reply.send(Err(StoreError::Unavailable("the ledger writer stopped".into())));
+            }
+            // A full queue: wait for a slot on a task, as a waiting settlement would.
+            Err(mpsc::error::TrySendError::Full(job)) => {
+                tokio::spawn(async move {
+                    match tokio::time::timeout(ENQUEUE_WAIT, self.queue.reserve()).await {
+                        Ok(Ok(slot)) => slot.send(job),
+                        Ok(Err(_)) => job.reply.send(Err(StoreError::Unavailable("the ledger writer stopped".into()))),
+                        Err(_) => job.reply.send(Err(StoreError::Unavailable("the ledger queue stayed full".into()))),
+                    }
+                });
+            }
+        }
     }
 
     async fn expired_holds(&self, now: Millis) -> Result<Vec<String>, StoreError> {
