@@ -119,8 +119,8 @@ done
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 HELPERS=$ROOT/scripts/bench
-# shellcheck source=bench/identity_yaml.sh
-source "$HELPERS/identity_yaml.sh"
+# shellcheck source=bench/config_yaml.sh
+source "$HELPERS/config_yaml.sh"
 cd "$ROOT"
 
 DURATION=${BENCH_SECONDS:-10}
@@ -486,13 +486,7 @@ admin() {
 limits_section() {
     local lstore="{ backend: in_process }"
     if uses_redis "$1"; then lstore="{ backend: redis, url_env: REDIS_URL, prefix: $REDIS_PREFIX }"; fi
-    cat <<EOC
-limits:
-  store: $lstore
-  connection_gate: { per_address_per_minute: 100000000, service_per_minute: 100000000 }
-  requests_per_minute: { free: 100000000, core: 100000000, enterprise: 100000000 }
-  workspace_concurrency: { free: 100000, core: 100000, enterprise: 100000 }
-EOC
+    open_limits_yaml "$lstore"
 }
 if [[ ${#EXTRA_TARGETS[@]} -gt 0 ]]; then
     ID=$WORK/identity
@@ -562,18 +556,8 @@ EOC
                 off) printf 'metrics:\n  enabled: false\n' ;;
                 on) printf 'access_log:\n  format: json\n' ;;
                 esac
-                cat <<'EOC'
-billing:
-  topup_url: https://billing.example.com/top-up
-plugins:
-  - name: connection_gate
-  - name: auth
-  - name: dialects
-  - name: idempotency
-  - name: chat_completions
-  - name: limits
-  - name: billing
-EOC
+                printf 'billing:\n  topup_url: https://billing.example.com/top-up\n'
+                full_chain_plugins_yaml
                 ;;
             esac
         } >"$d/tollgate.yaml"

@@ -35,8 +35,8 @@ done
 [[ $STORE == pg || $STORE == sqlite ]] || { echo "--store must be pg or sqlite" >&2; exit 2; }
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-# shellcheck source=bench/identity_yaml.sh
-source "$ROOT/scripts/bench/identity_yaml.sh"
+# shellcheck source=bench/config_yaml.sh
+source "$ROOT/scripts/bench/config_yaml.sh"
 SECONDS_RUN=${LOAD_SECONDS:-60}
 CONNS=${LOAD_CONNECTIONS:-64}
 THREADS=${LOAD_THREADS:-1}
@@ -118,21 +118,7 @@ billing:
 EOF
     if [[ $CHAIN == full ]]; then
         # conf/tollgate.yaml's chain, with limits so high that they refuse nothing.
-        cat >>"$WORK/gw$i.yaml" <<EOF
-limits:
-  store: { backend: in_process }
-  connection_gate: { per_address_per_minute: 100000000, service_per_minute: 100000000 }
-  requests_per_minute: { free: 100000000, core: 100000000, enterprise: 100000000 }
-  workspace_concurrency: { free: 100000, core: 100000, enterprise: 100000 }
-plugins:
-  - name: connection_gate
-  - name: auth
-  - name: dialects
-  - name: idempotency
-  - name: chat_completions
-  - name: limits
-  - name: billing
-EOF
+        { open_limits_yaml "{ backend: in_process }"; full_chain_plugins_yaml; } >>"$WORK/gw$i.yaml"
     else
         printf 'plugins:\n  - name: auth\n  - name: chat_completions\n  - name: billing\n' >>"$WORK/gw$i.yaml"
     fi

@@ -134,21 +134,14 @@ if [[ $IDEM != off ]]; then PLUGINS+=$'\n  - name: idempotency'; fi
 STORES=""
 API_KEY=""
 if [[ $CHAIN == full ]]; then
-    PLUGINS=""
-    for p in connection_gate auth dialects idempotency chat_completions limits billing; do
-        PLUGINS+="  - name: $p"$'\n'
-    done
+    # shellcheck source=bench/config_yaml.sh
+    source "$ROOT/scripts/bench/config_yaml.sh"
+    PLUGINS=$(full_chain_plugins_yaml | tail -n +2)
     "$BIN" init-secrets --dir "$WORK/secrets" >/dev/null
-    # shellcheck source=bench/identity_yaml.sh
-    source "$ROOT/scripts/bench/identity_yaml.sh"
     STORES="$(identity_yaml "{ backend: sqlite, path: $WORK/tollgate.db }" "$WORK/secrets")
 billing:
   topup_url: https://billing.example.com/top-up
-limits:
-  store: { backend: in_process }
-  connection_gate: { per_address_per_minute: 100000000, service_per_minute: 100000000 }
-  requests_per_minute: { free: 100000000, core: 100000000, enterprise: 100000000 }
-  workspace_concurrency: { free: 100000, core: 100000, enterprise: 100000 }"
+$(open_limits_yaml "{ backend: in_process }")"
 fi
 
 # client PORT COUNT: COUNT identical POSTs on one keep-alive connection; fails on any non-200.

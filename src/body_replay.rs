@@ -205,19 +205,16 @@ pub async fn replace_request_body(
     keepalive: Option<u64>,
     hold: &OutputHold,
 ) -> Result<()> {
-    // Only the request line is kept for a failed rebuild: the header is cloned once, below.
-    let line = (downstream.req_header().method.clone(), path_of(downstream.req_header()).to_string());
+    // Only the request line is kept for a failed rebuild (the header is cloned once, below);
+    // both clones share their bytes.
+    let (method, uri) = (downstream.req_header().method.clone(), downstream.req_header().uri.clone());
     match rebuild(downstream, body, keepalive, hold).await {
         Ok(()) => Ok(()),
         Err(e) => {
-            *downstream = stand_in(&line.0, &line.1).await;
+            *downstream = stand_in(&method, &uri).await;
             Err(e)
         }
     }
-}
-
-fn path_of(hdr: &pingora::http::RequestHeader) -> &str {
-    hdr.uri.path_and_query().map_or("/", |p| p.as_str())
 }
 
 async fn rebuild(
@@ -279,10 +276,11 @@ async fn rebuild(
     Ok(())
 }
 
-/// A session with no connection that has read the request line `method path`, so that the
-/// phases after a failed rebuild can read the request header (Pingora panics on a session
+/// A session with no connection that has read the request line of `method` and `uri`, so that
+/// the phases after a failed rebuild can read the request header (Pingora panics on a session
 /// without one).
-async fn stand_in(method: &http::Method, path: &str) -> Box<ServerSession> {
+async fn stand_in(method: &http::Method, uri: &http::Uri) -> Box<ServerSession> {
+    let path = uri.path_and_query().map_or("/", |p| p.as_str());
     for line in [format!("{method} {path} HTTP/1.1\r\n\r\n"), "GET / HTTP/1.1\r\n\r\n".to_string()] {
         let mut s = ServerSession::new_http1(Box::new(std::io::Cursor::new(line.into_bytes())));
         if matches!(s.read_request().await, Ok(true)) {

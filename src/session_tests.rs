@@ -88,6 +88,8 @@ fn agent_ids_namespaces_and_the_parent_session() {
     assert_eq!(key("w", "generic", "p"), key("w", "generic", "p"));
     assert_ne!(key("w1", "generic", "p"), key("w2", "generic", "p"), "scoped to the workspace");
     assert_ne!(key("w", "generic", "ab"), key("w", "generica", "b"), "parts are length-framed");
+    // `user` is not an identity.
+    assert_eq!(named(&[], json!({"user": "alice"})), None);
 }
 
 #[test]
@@ -95,8 +97,6 @@ fn the_affinity_key_is_the_same_in_every_instance_and_version() {
     // Placements are shared between instances on Redis: the key must not depend on the
     // process (no random seed) nor change silently between releases.
     assert_eq!(key("ws_1", "generic", "session-42"), PINNED_KEY);
-    // `user` is not an identity.
-    assert_eq!(named(&[], json!({"user": "alice"})), None);
 }
 
 #[test]

@@ -81,7 +81,7 @@ fn with_free_window(err: GatewayError, cx: &RequestCtx) -> GatewayError {
 /// `Retry-After` is 1.
 fn ledger_shed(request_id: &str, why: &dyn std::fmt::Display) -> GatewayError {
     log::debug!("{request_id}: hold shed: {why}");
-    crate::shared::shed::congested("ledger", crate::shared::shed::jittered(1_000).min(1_000))
+    crate::shared::shed::congested("ledger", crate::shared::shed::jittered(1_000))
 }
 
 /// The hold could not be placed: shed, or a failed reservation.
@@ -326,8 +326,8 @@ impl Plugin for Billing {
         // The client has its answer: the connection does not wait for the commit (decision
         // 128). The write is queued at once for the next group commit; until it commits, the
         // request's hold still counts against the balance, so nothing can overspend meanwhile.
-        // Completed where the ledger commits it: no task on this runtime waits for the commit
-        // unless it fails (decision 139).
+        // Its outcome is read where the ledger commits it; only a failure starts a task here
+        // (decision 139).
         let (ledger, request_id) = (self.ledger.clone(), cx.request_id.clone());
         let runtime = tokio::runtime::Handle::current();
         let op = action.op();
@@ -362,13 +362,10 @@ enum Finish {
 
 impl Finish {
     async fn run(&self, ledger: &dyn LedgerStore) -> Result<(), tollgate::store::StoreError> {
-        match self {
-            Finish::Settle(s) => ledger.settle(s).await.map(|_| ()),
-            Finish::Release(rid) => ledger.release_hold(rid, now_ms()).await.map(|_| ()),
-        }
+        self.outcome(ledger.submit(self.op()).await)
     }
 
-    /// The ledger op of the first attempt.
+    /// The ledger op of one attempt.
     fn op(&self) -> tollgate::store::ledger_ops::LedgerOp {
         use tollgate::store::ledger_ops::LedgerOp;
         match self {
@@ -377,7 +374,7 @@ impl Finish {
         }
     }
 
-    /// Whether the op's outcome recorded it, as [`Finish::run`] reads it.
+    /// Whether the op's outcome recorded it.
     fn outcome(&self, r: tollgate::store::ledger_ops::OpResult) -> Result<(), tollgate::store::StoreError> {
         match self {
             Finish::Settle(_) => tollgate::store::ledger::settle_outcome(r).map(|_| ()),

@@ -8,14 +8,13 @@
 //! leaves a window, and `Inflight` guards cannot express leases that expire or are renewed by id.
 
 use std::collections::BTreeSet;
-
-use crate::fast_map::FastMap;
 use std::sync::{Mutex, MutexGuard};
 
 use async_trait::async_trait;
 
 use super::buckets::{SecondBuckets, leaves_at_ms, second_of};
 use super::{ADMISSION_RETRY_CAP_MS, Check, Lease, LimiterError, LimiterStore, Renewal, Verdict, WindowState, expiry};
+use crate::fast_map::FastMap;
 
 /// Idle keys are dropped by a sweep at most this often.
 const SWEEP_EVERY_MS: i64 = 10_000;
