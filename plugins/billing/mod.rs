@@ -81,7 +81,8 @@ fn with_free_window(err: GatewayError, cx: &RequestCtx) -> GatewayError {
 /// `Retry-After` is 1.
 fn ledger_shed(request_id: &str, why: &dyn std::fmt::Display) -> GatewayError {
     log::debug!("{request_id}: hold shed: {why}");
-    crate::shared::shed::congested("ledger", crate::shared::shed::jittered(1_000))
+    // `jittered` spreads 800..=1,200 ms; capped at a second so `Retry-After` stays 1.
+    crate::shared::shed::congested("ledger", crate::shared::shed::jittered(1_000).min(1_000))
 }
 
 /// The hold could not be placed: shed, or a failed reservation.
