@@ -41,5 +41,6 @@ pub mod session;
 pub mod sse;
 pub mod store;
 pub mod text;
+pub mod thread_policy;
 pub mod usage;
 pub mod watchdog;

@@ -15,6 +15,8 @@ use crate::identity::{KeyRecord, KeyScope, PlanBrief, RateTier, Workspace};
 
 pub struct SqliteStore {
     conn: Arc<Mutex<Connection>>,
+    /// The checkpoint thread fell behind the writes: the connection finishes a checkpoint.
+    lag: Arc<super::sqlite_checkpoint::Lag>,
 }
 
 fn unavailable(e: impl std::fmt::Display) -> StoreError {
@@ -126,11 +128,12 @@ impl SqliteStore {
         // the identity and ledger statements together).
         conn.set_prepared_statement_cache_capacity(128);
         let conn = Arc::new(Mutex::new(conn));
+        let lag = Arc::new(super::sqlite_checkpoint::Lag::default());
         {
             let main = conn.lock().unwrap_or_else(|e| e.into_inner());
-            super::sqlite_checkpoint::start(path, &main, Arc::downgrade(&conn)).map_err(unavailable)?;
+            super::sqlite_checkpoint::start(path, &main, Arc::downgrade(&conn), lag.clone()).map_err(unavailable)?;
         }
-        Ok(SqliteStore { conn })
+        Ok(SqliteStore { conn, lag })
     }
 
     /// Run `f` on the connection in a blocking task; on the ledger writer's own thread, inline.
@@ -140,12 +143,16 @@ impl SqliteStore {
     ) -> Result<T, KeyOpError> {
         if super::ledger_batch::on_writer_thread() {
             let mut c = self.conn.lock().unwrap_or_else(|e| e.into_inner());
-            return f(&mut c);
+            let out = f(&mut c);
+            self.lag.finish(&c);
+            return out;
         }
-        let conn = self.conn.clone();
+        let (conn, lag) = (self.conn.clone(), self.lag.clone());
         tokio::task::spawn_blocking(move || {
             let mut c = conn.lock().unwrap_or_else(|e| e.into_inner());
-            f(&mut c)
+            let out = f(&mut c);
+            lag.finish(&c);
+            out
         })
         .await
         .map_err(|e| KeyOpError::Store(format!("store task failed: {e}")))?
