@@ -65,7 +65,12 @@ fn passive_checkpoint(c: &Connection) -> rusqlite::Result<Progress> {
 
 /// Turn the automatic checkpoint off on `main` and start the checkpointer for `path`; it
 /// stops when the store (the last strong handle of `store`) is dropped.
-pub(super) fn start(path: &Path, main: &Connection, store: Weak<Mutex<Connection>>, lag: Arc<Lag>) -> rusqlite::Result<()> {
+pub(super) fn start(
+    path: &Path,
+    main: &Connection,
+    store: Weak<Mutex<Connection>>,
+    lag: Arc<Lag>,
+) -> rusqlite::Result<()> {
     let checkpointer = Connection::open(path)?;
     checkpointer.busy_timeout(Duration::from_secs(5))?;
     main.pragma_update(None, "wal_autocheckpoint", 0)?;

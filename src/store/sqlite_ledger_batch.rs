@@ -53,7 +53,11 @@ fn snapshot(tx: &rusqlite::Transaction<'_>, ops: &[LedgerOp]) -> rusqlite::Resul
             tx.prepare_cached("SELECT 1 FROM ledger_entries WHERE request_id = ?1 AND kind = 'settlement'")?;
         for op in ops {
             let rid = op.request_id();
-            if !snap.holds.contains_key(rid) {
+            // A hold or funding op names a request id this process just made: its row is not
+            // looked up (a duplicate still fails, on the primary key, and the batch is then
+            // retried op by op, so only that op fails).
+            let fresh = matches!(op, LedgerOp::Hold { .. } | LedgerOp::Fund(_));
+            if !fresh && !snap.holds.contains_key(rid) {
                 let row = hold
                     .query_row([rid], |r| {
                         Ok(HoldRow {
@@ -73,7 +77,11 @@ fn snapshot(tx: &rusqlite::Transaction<'_>, ops: &[LedgerOp]) -> rusqlite::Resul
                     snap.holds.insert(rid.to_string(), row);
                 }
             }
-            if matches!(op, LedgerOp::Settle(_)) && settled.query_row([rid], |_| Ok(())).optional()?.is_some() {
+            // A settlement turns its open hold into a settled one in the same transaction, so
+            // a request whose hold is still open has no settlement entry to look for.
+            let open = snap.holds.get(rid).is_some_and(|h| h.state == "open");
+            if matches!(op, LedgerOp::Settle(_)) && !open && settled.query_row([rid], |_| Ok(())).optional()?.is_some()
+            {
                 snap.settled.insert(rid.to_string());
             }
             if let Some(ws) = op.workspace_id() {
