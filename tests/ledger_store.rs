@@ -97,6 +97,7 @@ both_backends!(
     concurrent_holds_of_mixed_sizes_refuse_exactly_what_does_not_fit,
     concurrent_settlements_apply_once_each_and_the_audit_holds,
     plan_holds_meter_once_and_the_sweeper_frees_them,
+    a_second_hold_for_a_request_fails_alone_and_its_batch_commits,
 );
 
 fn fund_op(ws: &str, rid: &str, value_cents: i64, expires_at: i64) -> FundOp {
@@ -417,6 +418,44 @@ async fn concurrent_holds_never_overdraw(s: Stores) {
     assert_eq!(b.balance_cents, 1000 - 7 * placed);
     assert!(b.balance_cents >= 0);
     assert_eq!(l.derived_balance(&ws).await.unwrap(), b.balance_cents);
+}
+
+/// A request id holds once. The batched SQLite store does not look the id up before the
+/// insert (decision 142): the duplicate fails on the primary key and only that op fails; the
+/// holds queued beside it are placed, and the money counts each hold once.
+async fn a_second_hold_for_a_request_fails_alone_and_its_batch_commits(s: Stores) {
+    let ws = workspace(&s).await;
+    let l: Arc<dyn LedgerStore> = s.ledger.clone();
+    l.top_up(&ws, 1000, "purchase", None, now_ms()).await.unwrap();
+    let now = now_ms();
+    assert_eq!(
+        l.place_hold("d0", &ws, None, 10, now + 60_000, now).await.unwrap(),
+        HoldOutcome::Placed { balance_cents: 990 }
+    );
+    // Queued together, so the duplicate usually shares a transaction with the others.
+    let tasks: Vec<_> = ["d1", "d0", "d2", "d0", "d3"]
+        .into_iter()
+        .map(|rid| {
+            let (l, ws) = (l.clone(), ws.clone());
+            tokio::spawn(async move { (rid, l.place_hold(rid, &ws, None, 10, now + 60_000, now).await) })
+        })
+        .collect();
+    for t in tasks {
+        let (rid, r) = t.await.unwrap();
+        if rid == "d0" {
+            assert!(matches!(r, Err(tollgate::store::StoreError::Conflict(_))), "{rid}: {r:?}");
+        } else {
+            assert!(matches!(r, Ok(HoldOutcome::Placed { .. })), "{rid}: {r:?}");
+        }
+    }
+    let b = l.balance(&ws).await.unwrap().unwrap();
+    assert_eq!((b.balance_cents, b.held_cents), (960, 40), "four holds, each once");
+    // The first hold is still the one in force: releasing it gives back its 10 cents once.
+    assert!(l.release_hold("d0", now_ms()).await.unwrap());
+    assert!(!l.release_hold("d0", now_ms()).await.unwrap());
+    let b = l.balance(&ws).await.unwrap().unwrap();
+    assert_eq!((b.balance_cents, b.held_cents), (970, 30));
+    assert_eq!(l.derived_balance(&ws).await.unwrap(), 970, "entries minus open holds");
 }
 
 async fn freezing(s: Stores) {

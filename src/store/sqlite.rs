@@ -141,6 +141,24 @@ impl SqliteStore {
         &self,
         f: impl FnOnce(&mut Connection) -> Result<T, KeyOpError> + Send + 'static,
     ) -> Result<T, KeyOpError> {
+        self.run(f, |m| KeyOpError::Store(format!("store task failed: {m}"))).await
+    }
+
+    /// Run `f` on the connection (reads and write transactions alike), off the request's
+    /// thread, with store errors as `StoreError` (a constraint violation stays a `Conflict`,
+    /// which the ledger's group commit answers by retrying the batch op by op).
+    pub(super) async fn with_conn<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Connection) -> rusqlite::Result<T> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        self.run(move |c| f(c).map_err(db_err), |m| StoreError::Unavailable(format!("store task failed: {m}"))).await
+    }
+
+    async fn run<T: Send + 'static, E: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Connection) -> Result<T, E> + Send + 'static,
+        failed: impl FnOnce(String) -> E,
+    ) -> Result<T, E> {
         if super::ledger_batch::on_writer_thread() {
             let mut c = self.conn.lock().unwrap_or_else(|e| e.into_inner());
             let out = f(&mut c);
@@ -155,19 +173,7 @@ impl SqliteStore {
             out
         })
         .await
-        .map_err(|e| KeyOpError::Store(format!("store task failed: {e}")))?
-    }
-
-    /// Run `f` on the connection (reads and write transactions alike), off the request's
-    /// thread, with store errors as `StoreError`.
-    pub(super) async fn with_conn<T: Send + 'static>(
-        &self,
-        f: impl FnOnce(&mut Connection) -> rusqlite::Result<T> + Send + 'static,
-    ) -> Result<T, StoreError> {
-        self.with(move |c| f(c).map_err(|e| KeyOpError::from(db_err(e)))).await.map_err(|e| match e {
-            KeyOpError::Store(m) => StoreError::Unavailable(m),
-            other => StoreError::Unavailable(other.to_string()),
-        })
+        .map_err(|e| failed(e.to_string()))?
     }
 }
 
