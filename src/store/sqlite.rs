@@ -113,6 +113,11 @@ fn scope_keys(c: &Connection, ws: &str, scope: KeyScope) -> rusqlite::Result<Vec
 impl SqliteStore {
     /// Open (creating) the database file; its folder is created too.
     pub fn open(path: &Path) -> Result<SqliteStore, StoreError> {
+        SqliteStore::open_with(path, super::sqlite_checkpoint::Lag::default())
+    }
+
+    /// [`SqliteStore::open`] with the checkpoint thread's bounds given (tests).
+    pub(super) fn open_with(path: &Path, lag: super::sqlite_checkpoint::Lag) -> Result<SqliteStore, StoreError> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(unavailable)?;
         }
@@ -128,7 +133,7 @@ impl SqliteStore {
         // the identity and ledger statements together).
         conn.set_prepared_statement_cache_capacity(128);
         let conn = Arc::new(Mutex::new(conn));
-        let lag = Arc::new(super::sqlite_checkpoint::Lag::default());
+        let lag = Arc::new(lag);
         {
             let main = conn.lock().unwrap_or_else(|e| e.into_inner());
             super::sqlite_checkpoint::start(path, &main, Arc::downgrade(&conn), lag.clone()).map_err(unavailable)?;
