@@ -97,6 +97,8 @@ pub(super) fn start(
 ) -> rusqlite::Result<()> {
     let checkpointer = Connection::open(path)?;
     checkpointer.busy_timeout(Duration::from_secs(5))?;
+    // The RESTART runs on this connection: it truncates the WAL it starts over, too.
+    checkpointer.pragma_update(None, "journal_size_limit", WAL_SIZE_LIMIT)?;
     main.pragma_update(None, "wal_autocheckpoint", 0)?;
     main.pragma_update(None, "journal_size_limit", WAL_SIZE_LIMIT)?;
     let spawned = std::thread::Builder::new().name("sqlite-checkpoint".into()).spawn(move || {
