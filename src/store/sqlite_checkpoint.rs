@@ -199,7 +199,7 @@ mod tests {
         // Back-to-back writes: the thread's PASSIVE checkpoint alone never catches up with
         // them, so without the writer finishing it the WAL grows to the cap.
         let (commits, restarted) =
-            write_until_the_wal_starts_over(&db, &[store.clone()], 100 * super::LAG_FRAMES as u64).await;
+            write_until_the_wal_starts_over(&db, std::slice::from_ref(&store), 100 * super::LAG_FRAMES as u64).await;
         assert!(restarted, "the WAL was never started over ({commits} commits)");
         let rows: i64 = store.with_conn(|c| c.query_row("SELECT count(*) FROM t", [], |r| r.get(0))).await.unwrap();
         assert_eq!(rows as u64, commits, "every committed row is still there");
