@@ -16,8 +16,8 @@ use crate::clock::now_ms;
 pub struct LeaseKeeper {
     store: Arc<FallbackLimiter>,
     ttl: Duration,
-    live: Arc<Mutex<HashMap<String, Lease>>>,
-    releases: OnceLock<UnboundedSender<Lease>>,
+    live: Arc<Mutex<HashMap<String, Arc<Lease>>>>,
+    releases: OnceLock<UnboundedSender<Arc<Lease>>>,
 }
 
 impl LeaseKeeper {
@@ -32,6 +32,8 @@ impl LeaseKeeper {
     /// Keep `lease` alive until the returned guard is released or dropped.
     pub fn hold(self: &Arc<Self>, lease: Lease) -> Held {
         self.sender(); // the renewing thread starts with the first lease
+        // Shared with the renewing thread's map, not copied (a lease is four strings).
+        let lease = Arc::new(lease);
         self.live.lock().unwrap_or_else(|e| e.into_inner()).insert(lease.id.clone(), lease.clone());
         Held { lease: Some(lease), keeper: self.clone() }
     }
@@ -40,7 +42,7 @@ impl LeaseKeeper {
         self.live.lock().unwrap_or_else(|e| e.into_inner()).remove(id);
     }
 
-    fn sender(&self) -> &UnboundedSender<Lease> {
+    fn sender(&self) -> &UnboundedSender<Arc<Lease>> {
         self.releases.get_or_init(|| {
             let (tx, rx) = unbounded_channel();
             let (store, live, ttl) = (self.store.clone(), self.live.clone(), self.ttl);
@@ -61,7 +63,7 @@ impl LeaseKeeper {
 
 /// One request's lease.
 pub struct Held {
-    lease: Option<Lease>,
+    lease: Option<Arc<Lease>>,
     keeper: Arc<LeaseKeeper>,
 }
 
@@ -88,9 +90,9 @@ impl Drop for Held {
 
 fn keep(
     store: Arc<FallbackLimiter>,
-    live: Arc<Mutex<HashMap<String, Lease>>>,
+    live: Arc<Mutex<HashMap<String, Arc<Lease>>>>,
     ttl: Duration,
-    mut releases: UnboundedReceiver<Lease>,
+    mut releases: UnboundedReceiver<Arc<Lease>>,
 ) {
     let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
         log::error!("lease keeper runtime could not start; leases will expire by their TTL");
@@ -111,7 +113,7 @@ fn keep(
                     None => return,
                 },
                 _ = tick.tick() => {
-                    let leases: Vec<Lease> =
+                    let leases: Vec<Arc<Lease>> =
                         live.lock().unwrap_or_else(|e| e.into_inner()).values().cloned().collect();
                     for lease in leases {
                         match store.renew(&lease, ttl_ms, now_ms()).await {

@@ -7,7 +7,6 @@
 //! tests drive and the `X-RateLimit-Reset` header needs), cannot say when the oldest request
 //! leaves a window, and `Inflight` guards cannot express leases that expire or are renewed by id.
 
-use std::collections::BTreeSet;
 use std::sync::{Mutex, MutexGuard};
 
 use async_trait::async_trait;
@@ -33,23 +32,35 @@ struct State {
 }
 
 /// Live leases on one gate key, by id and by expiry.
-#[derive(Debug, Default)]
+/// The live leases of one gate. `earliest` is at most every lease's expiry, so while the clock
+/// is before it no lease has expired and a check needs no scan; once it passes, one scan
+/// purges the expired leases and makes it exact again. Leases are renewed long before they
+/// expire, so that is about once per lease TTL, where an ordered index paid a tree insert
+/// and a removal (and a string allocation each) on every admission and release.
+#[derive(Debug)]
 struct LeaseSet {
     by_id: FastMap<String, i64>,
-    by_expiry: BTreeSet<(i64, String)>,
+    earliest: i64,
+}
+
+impl Default for LeaseSet {
+    fn default() -> Self {
+        LeaseSet { by_id: FastMap::default(), earliest: i64::MAX }
+    }
 }
 
 impl LeaseSet {
-    /// Drop the leases expired at `now_ms` (alive while `now_ms < expiry`).
     fn purge(&mut self, now_ms: i64) {
-        while let Some((exp, _)) = self.by_expiry.first() {
-            if *exp > now_ms {
-                break;
-            }
-            if let Some((_, id)) = self.by_expiry.pop_first() {
-                self.by_id.remove(&id);
-            }
+        if now_ms < self.earliest {
+            return;
         }
+        self.by_id.retain(|_, exp| *exp > now_ms);
+        self.earliest = self.oldest().unwrap_or(i64::MAX);
+    }
+
+    /// The first expiry among the leases (a scan: only a refusal's `Retry-After` asks).
+    fn oldest(&self) -> Option<i64> {
+        self.by_id.values().copied().min()
     }
 
     fn live(&self, id: &str, now_ms: i64) -> bool {
@@ -57,16 +68,17 @@ impl LeaseSet {
     }
 
     fn put(&mut self, id: &str, exp: i64) {
-        if let Some(old) = self.by_id.insert(id.to_string(), exp) {
-            self.by_expiry.remove(&(old, id.to_string()));
+        match self.by_id.get_mut(id) {
+            Some(e) => *e = exp,
+            None => {
+                self.by_id.insert(id.to_string(), exp);
+            }
         }
-        self.by_expiry.insert((exp, id.to_string()));
+        self.earliest = self.earliest.min(exp);
     }
 
     fn remove(&mut self, id: &str) {
-        if let Some(old) = self.by_id.remove(id) {
-            self.by_expiry.remove(&(old, id.to_string()));
-        }
+        self.by_id.remove(id);
     }
 }
 
@@ -79,6 +91,15 @@ impl InProcessLimiter {
         // Every change below completes before the guard drops, so a poisoned lock still holds
         // consistent state.
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Count `n` at `now_ms` in the buckets of `key`, created on first use (looked up first, so
+/// the key is copied only then).
+fn add_to(map: &mut FastMap<String, SecondBuckets>, key: &str, now_ms: i64, n: u64) {
+    match map.get_mut(key) {
+        Some(b) => b.add(now_ms, n),
+        None => map.entry(key.to_string()).or_default().add(now_ms, n),
     }
 }
 
@@ -127,7 +148,7 @@ impl State {
             let (n, held, oldest) = match self.gates.get_mut(&g.key) {
                 Some(s) => {
                     s.purge(now);
-                    (s.by_id.len() as u64, s.live(&c.lease_id, now), s.by_expiry.first().map(|(e, _)| *e))
+                    (s.by_id.len() as u64, s.live(&c.lease_id, now), s.oldest())
                 }
                 None => (0, false, None),
             };
@@ -161,7 +182,7 @@ impl State {
         let cur = second_of(now);
         let mut windows = Vec::with_capacity(c.windows.len());
         for (w, (n, oldest)) in c.windows.iter().zip(counted) {
-            self.windows.entry(w.key.clone()).or_default().add(now, 1);
+            add_to(&mut self.windows, &w.key, now, 1);
             let oldest = oldest.map_or(cur, |o| o.min(cur));
             windows.push(WindowState {
                 limit: w.limit,
@@ -172,11 +193,14 @@ impl State {
         let lease = c.lease();
         if let Some(l) = &lease {
             for key in &l.keys {
-                self.gates.entry(key.clone()).or_default().put(&l.id, l.expires_at_ms);
+                match self.gates.get_mut(key.as_str()) {
+                    Some(set) => set.put(&l.id, l.expires_at_ms),
+                    None => self.gates.entry(key.clone()).or_default().put(&l.id, l.expires_at_ms),
+                }
             }
         }
         if let Some(t) = &c.tpm {
-            self.tokens.entry(t.key.clone()).or_default().add(now, t.tokens);
+            add_to(&mut self.tokens, &t.key, now, t.tokens);
         }
         Verdict::Admitted { windows, gates_in_use, lease }
     }
@@ -230,6 +254,29 @@ impl LimiterStore for InProcessLimiter {
 mod tests {
     use super::*;
     use crate::limits::{ConcurrencyGate, TokenBudget, WindowLimit};
+
+    #[test]
+    fn a_gate_counts_only_unexpired_leases_and_scans_only_past_its_bound() {
+        let mut s = LeaseSet::default();
+        s.put("a", 100);
+        s.put("b", 200);
+        s.put("c", 300);
+        s.remove("a");
+        assert_eq!(s.earliest, 100, "a removal leaves the bound stale (still below every expiry)");
+        s.purge(150);
+        assert_eq!((s.by_id.len(), s.earliest), (2, 200), "past the bound: one scan, nothing expired, bound exact");
+        s.put("b", 400);
+        assert_eq!(s.earliest, 200, "a renewal keeps the bound below every expiry");
+        s.purge(250);
+        assert_eq!((s.by_id.len(), s.earliest), (2, 300));
+        s.purge(300);
+        assert!(s.live("b", 300) && !s.live("c", 300), "c expired at 300");
+        assert_eq!((s.by_id.len(), s.oldest()), (1, Some(400)));
+        s.put("d", 50);
+        s.purge(60);
+        assert!(!s.by_id.contains_key("d"), "an earlier expiry lowers the bound, so it is purged on time");
+        assert_eq!(s.by_id.len(), 1);
+    }
 
     #[test]
     fn idle_keys_are_swept() {

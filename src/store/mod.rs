@@ -18,6 +18,7 @@ mod sqlite_checkpoint;
 mod sqlite_ledger;
 mod sqlite_ledger_batch;
 mod sqlite_plans;
+mod sqlite_rows;
 
 use std::sync::Arc;
 

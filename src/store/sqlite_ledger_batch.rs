@@ -6,7 +6,7 @@
 //! index and hold pages again) and the per-op balance read-modify-write: each workspace row
 //! is read and written once per batch.
 
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
 use async_trait::async_trait;
 use rusqlite::{OptionalExtension, TransactionBehavior, params};
@@ -16,6 +16,7 @@ use super::ledger_batch::LedgerWrites;
 use super::ledger_ops::{HoldRow, LedgerOp, Money, OpResult, Plan, Snapshot, plan};
 use super::sqlite::SqliteStore;
 use super::sqlite_plans::{plan_of, write_counters};
+use super::sqlite_rows::{Chunked, int, opt_int, opt_text, text};
 use crate::clock::Millis;
 use crate::plans::decide::Funding;
 
@@ -110,44 +111,55 @@ fn snapshot(tx: &rusqlite::Transaction<'_>, ops: &[LedgerOp]) -> rusqlite::Resul
     Ok(snap)
 }
 
+static HOLDS: LazyLock<Chunked> = LazyLock::new(|| {
+    Chunked::insert(
+        "INSERT INTO holds (request_id, workspace_id, key_id, amount_cents, state, expires_at, created_at, funding, value_microcents)",
+        9,
+    )
+});
+static HOLD_STATE: LazyLock<Chunked> =
+    LazyLock::new(|| Chunked::in_list("UPDATE holds SET state = ? WHERE request_id IN"));
+static ENTRIES: LazyLock<Chunked> = LazyLock::new(|| {
+    Chunked::insert(
+        "INSERT INTO ledger_entries (workspace_id, kind, amount_cents, request_id, key_id, cost_microcents, created_at)",
+        7,
+    )
+});
+
 fn write(tx: &rusqlite::Transaction<'_>, p: &Plan) -> rusqlite::Result<()> {
-    let mut insert_hold = tx.prepare_cached(
-        "INSERT INTO holds (request_id, workspace_id, key_id, amount_cents, state, expires_at, created_at, funding, value_microcents) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-    )?;
-    for h in &p.new_holds {
+    HOLDS.run(tx, &[], &p.new_holds, |h| {
         let r = &h.row;
-        insert_hold.execute(params![
-            h.request_id,
-            r.workspace_id,
-            r.key_id,
-            r.amount_cents,
-            r.state,
-            h.expires_at,
-            h.created_at,
-            r.funding.as_str(),
-            r.value_microcents
-        ])?;
+        [
+            text(&h.request_id),
+            text(&r.workspace_id),
+            opt_text(&r.key_id),
+            int(r.amount_cents),
+            text(&r.state),
+            int(h.expires_at),
+            int(h.created_at),
+            text(r.funding.as_str()),
+            int(r.value_microcents),
+        ]
+    })?;
+    // One statement per new state (a batch's changed holds are distinct).
+    let mut states: Vec<&'static str> = p.hold_states.iter().map(|(_, s)| *s).collect();
+    states.sort_unstable();
+    states.dedup();
+    for state in states {
+        let rids: Vec<&str> = p.hold_states.iter().filter(|(_, s)| *s == state).map(|(r, _)| r.as_str()).collect();
+        HOLD_STATE.run(tx, &[text(state)], &rids, |r| [text(r)])?;
     }
-    let mut hold_state = tx.prepare_cached("UPDATE holds SET state = ?2 WHERE request_id = ?1")?;
-    for (rid, state) in &p.hold_states {
-        hold_state.execute(params![rid, state])?;
-    }
-    let mut entry = tx.prepare_cached(
-        "INSERT INTO ledger_entries (workspace_id, kind, amount_cents, request_id, key_id, cost_microcents, created_at) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-    )?;
-    for e in &p.entries {
-        entry.execute(params![
-            e.workspace_id,
-            e.kind,
-            e.amount_cents,
-            e.request_id,
-            e.key_id,
-            e.cost_microcents,
-            e.created_at
-        ])?;
-    }
+    ENTRIES.run(tx, &[], &p.entries, |e| {
+        [
+            text(&e.workspace_id),
+            text(e.kind),
+            int(e.amount_cents),
+            text(&e.request_id),
+            opt_text(&e.key_id),
+            opt_int(e.cost_microcents),
+            int(e.created_at),
+        ]
+    })?;
     let mut ws = tx.prepare_cached(
         "UPDATE workspaces SET balance_cents = ?2, held_cents = ?3, carry_microcents = ?4 WHERE id = ?1",
     )?;

@@ -1,0 +1,111 @@
+//! A batch's rows in a few statements instead of one per row: multi-row `INSERT ... VALUES`
+//! and `UPDATE ... WHERE request_id IN (...)`, in chunks of 32, 8 or 1 rows. A statement's
+//! setup (binding, opening its table and index cursors, resetting) is then paid per chunk, and
+//! each kind of statement has at most three texts in the connection's statement cache whatever
+//! the batch size.
+
+use rusqlite::types::{ToSqlOutput, Value};
+
+const CHUNKS: [usize; 3] = [32, 8, 1];
+
+/// The texts of one statement for each chunk size.
+pub struct Chunked {
+    sql: [String; 3],
+}
+
+impl Chunked {
+    /// `INSERT INTO t (a, b) VALUES (?, ?), (?, ?), ...` for `head` = `INSERT INTO t (a, b)`.
+    pub fn insert(head: &str, columns: usize) -> Self {
+        let row = format!("({})", vec!["?"; columns].join(", "));
+        Chunked { sql: CHUNKS.map(|n| format!("{head} VALUES {}", vec![row.as_str(); n].join(", "))) }
+    }
+
+    /// `{head} (?, ?, ...)`, e.g. `UPDATE t SET s = ? WHERE id IN`: one `?` per row after the
+    /// head's own parameters.
+    pub fn in_list(head: &str) -> Self {
+        Chunked { sql: CHUNKS.map(|n| format!("{head} ({})", vec!["?"; n].join(", "))) }
+    }
+
+    /// Run the statement over `rows`, chunk by chunk, in order: `lead` binds the head's own
+    /// parameters (none for an insert), `values` each row's.
+    pub fn run<'r, T, I>(
+        &self,
+        tx: &rusqlite::Transaction<'_>,
+        lead: &[ToSqlOutput<'r>],
+        rows: &'r [T],
+        values: impl Fn(&'r T) -> I,
+    ) -> rusqlite::Result<()>
+    where
+        I: IntoIterator<Item = ToSqlOutput<'r>>,
+    {
+        let mut rest = rows;
+        while !rest.is_empty() {
+            let (i, n) = CHUNKS.iter().enumerate().find(|(_, n)| rest.len() >= **n).map_or((2, 1), |(i, n)| (i, *n));
+            let (chunk, tail) = rest.split_at(n);
+            let mut st = tx.prepare_cached(&self.sql[i])?;
+            let row_values: Vec<ToSqlOutput<'r>> = chunk.iter().flat_map(&values).collect();
+            st.execute(rusqlite::params_from_iter(lead.iter().chain(row_values.iter())))?;
+            rest = tail;
+        }
+        Ok(())
+    }
+}
+
+/// A text column's value, borrowed.
+pub fn text(s: &str) -> ToSqlOutput<'_> {
+    ToSqlOutput::from(s)
+}
+
+/// A nullable text column's value.
+pub fn opt_text(s: &Option<String>) -> ToSqlOutput<'_> {
+    s.as_deref().map_or(ToSqlOutput::Owned(Value::Null), ToSqlOutput::from)
+}
+
+pub fn int(v: i64) -> ToSqlOutput<'static> {
+    ToSqlOutput::Owned(Value::Integer(v))
+}
+
+pub fn opt_int(v: Option<i64>) -> ToSqlOutput<'static> {
+    ToSqlOutput::Owned(v.map_or(Value::Null, Value::Integer))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunks_cover_every_row_in_order() {
+        let mut c = rusqlite::Connection::open_in_memory().unwrap();
+        c.execute_batch("CREATE TABLE t (n INTEGER, s TEXT, o TEXT); CREATE TABLE log (n INTEGER)").unwrap();
+        let insert = Chunked::insert("INSERT INTO t (n, s, o)", 3);
+        let rows: Vec<(i64, String, Option<String>)> =
+            (0..77).map(|n| (n, format!("r{n}"), (n % 2 == 0).then(|| "even".to_string()))).collect();
+        let tx = c.transaction().unwrap();
+        insert.run(&tx, &[], &rows, |(n, s, o)| [int(*n), text(s), opt_text(o)]).unwrap();
+        // 77 rows = 2 x 32 + 1 x 8 + 5 x 1: every chunk size used.
+        let update = Chunked::in_list("UPDATE t SET o = ? WHERE s IN");
+        let picked: Vec<String> = (0..77).filter(|n| n % 3 == 0).map(|n| format!("r{n}")).collect();
+        update.run(&tx, &[text("third")], &picked, |s| [text(s)]).unwrap();
+        tx.commit().unwrap();
+        let got: Vec<(i64, String, Option<String>)> = c
+            .prepare("SELECT n, s, o FROM t ORDER BY rowid")
+            .unwrap()
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(got.len(), 77, "every row inserted once");
+        for (i, (n, s, o)) in got.iter().enumerate() {
+            assert_eq!(*n, i as i64, "rows keep their order");
+            assert_eq!(s, &format!("r{i}"));
+            let want = if i % 3 == 0 {
+                Some("third")
+            } else if i % 2 == 0 {
+                Some("even")
+            } else {
+                None
+            };
+            assert_eq!(o.as_deref(), want, "row {i}");
+        }
+    }
+}
