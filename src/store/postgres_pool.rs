@@ -6,7 +6,7 @@ use std::future::Future;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use deadpool_postgres::{Hook, Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio_postgres::NoTls;
 
 use super::{IdentityStore, StoreError};
@@ -47,6 +47,14 @@ pub(super) fn ko(e: tokio_postgres::Error) -> KeyOpError {
     KeyOpError::from(pg(e))
 }
 
+/// Set on every pooled connection. The store's statements are prepared once per connection
+/// and run thousands of times with array parameters (`= ANY($1)`, `unnest`). For those,
+/// PostgreSQL's estimate of a custom plan, which sees the arrays' lengths, nearly always beats
+/// the generic plan's, so it planned every execution again: about half of its CPU per
+/// gateway request (decision 143). A server that refuses the setting (before PostgreSQL 12)
+/// keeps its own choice; that is logged.
+const GENERIC_PLANS: &str = "SET plan_cache_mode = force_generic_plan";
+
 impl PostgresStore {
     pub async fn connect(url: &str) -> Result<PostgresStore, StoreError> {
         let cfg: tokio_postgres::Config =
@@ -56,6 +64,14 @@ impl PostgresStore {
             .spawn(async move {
                 let mgr = Manager::from_config(cfg, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
                 Pool::builder(mgr)
+                    .post_create(Hook::async_fn(|client, _| {
+                        Box::pin(async move {
+                            if let Err(e) = client.batch_execute(GENERIC_PLANS).await {
+                                log::warn!("PostgreSQL refused `{GENERIC_PLANS}` ({e}); statements are planned as the server decides");
+                            }
+                            Ok(())
+                        })
+                    }))
                     .max_size(16)
                     .runtime(Runtime::Tokio1)
                     .wait_timeout(Some(CALL_TIMEOUT))
@@ -105,5 +121,29 @@ impl PostgresStore {
             KeyOpError::Store(m) => StoreError::Unavailable(m),
             other => StoreError::Unavailable(other.to_string()),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Against the local server (`DATABASE_URL`), like `tests/ledger_store.rs`: never skipped.
+    #[test]
+    fn every_pooled_connection_plans_generically() {
+        let url =
+            std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let store = PostgresStore::connect(&url)
+                .await
+                .unwrap_or_else(|e| panic!("PostgreSQL at {url}: {e} (start it with scripts/services.sh)"));
+            // Two connections at once, so the second is a new one too.
+            let show = || store.with_client(|c| async move { c.query_one("SHOW plan_cache_mode", &[]).await });
+            let (a, b) = tokio::join!(show(), show());
+            for row in [a.unwrap(), b.unwrap()] {
+                assert_eq!(row.get::<_, String>(0), "force_generic_plan");
+            }
+        });
     }
 }
