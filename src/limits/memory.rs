@@ -50,6 +50,7 @@ impl Default for LeaseSet {
 }
 
 impl LeaseSet {
+    /// Drop the leases expired at `now_ms` (alive while `now_ms < expiry`).
     fn purge(&mut self, now_ms: i64) {
         if now_ms < self.earliest {
             return;
