@@ -61,19 +61,24 @@ const WRITE: &str = "WITH \
             FROM unnest($26::TEXT[], $27::BIGINT[], $28::BIGINT[], $29::BIGINT[], $30::BIGINT[], $31::BIGINT[], $32::BIGINT[], \
                         $33::BIGINT[], $34::BIGINT[], $35::BIGINT[], $36::BIGINT[], $37::BIGINT[], $38::BIGINT[], $39::BIGINT[], \
                         $40::BIGINT[], $41::BIGINT[]) AS u(ws, c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14) \
-            WHERE plans.workspace_id = u.ws), \
+            WHERE plans.workspace_id = ANY($26::TEXT[]) AND plans.workspace_id = u.ws), \
      hs AS (UPDATE holds SET state = u.state FROM unnest($8::TEXT[], $9::TEXT[]) AS u(rid, state) \
-            WHERE holds.request_id = u.rid), \
+            WHERE holds.request_id = ANY($8::TEXT[]) AND holds.request_id = u.rid), \
      le AS (INSERT INTO ledger_entries (workspace_id, kind, amount_cents, request_id, key_id, cost_microcents, created_at) \
             SELECT w, k, a, r, key, c, t \
             FROM unnest($10::TEXT[], $11::TEXT[], $12::BIGINT[], $13::TEXT[], $14::TEXT[], $15::BIGINT[], $16::BIGINT[]) \
             WITH ORDINALITY AS e(w, k, a, r, key, c, t, n) ORDER BY n), \
      ws AS (UPDATE workspaces SET balance_cents = u.b, held_cents = u.h, carry_microcents = u.c \
             FROM unnest($17::TEXT[], $18::BIGINT[], $19::BIGINT[], $20::BIGINT[]) AS u(id, b, h, c) \
-            WHERE workspaces.id = u.id) \
+            WHERE workspaces.id = ANY($17::TEXT[]) AND workspaces.id = u.id) \
      INSERT INTO key_month_spend (key_id, month, spent_microcents) \
      SELECT * FROM unnest($21::TEXT[], $22::TEXT[], $23::BIGINT[]) \
      ON CONFLICT (key_id, month) DO UPDATE SET spent_microcents = key_month_spend.spent_microcents + EXCLUDED.spent_microcents";
+
+// Each `UPDATE ... FROM unnest(...)` also names its rows with `= ANY(...)` on the key: joined
+// only to the unnested arrays, PostgreSQL hashed them and scanned the whole table for every
+// batch once it held some thousands of rows (most of its CPU per request, decision 146); with
+// the key condition it finds the rows through the primary key at any size.
 
 struct Statements {
     lock: tokio_postgres::Statement,
