@@ -51,6 +51,10 @@ fn plans_sql() -> &'static str {
 const HOLDS: &str = "SELECT request_id, workspace_id, key_id, amount_cents, state, funding, value_microcents, \
      created_at, entry_written FROM holds WHERE request_id = ANY($1)";
 const SETTLED: &str = "SELECT request_id FROM ledger_entries WHERE kind = 'settlement' AND request_id = ANY($1)";
+/// The batch's one write statement. Each `UPDATE ... FROM unnest(...)` also names its rows
+/// with `= ANY(...)` on the key: joined only to the unnested arrays, PostgreSQL could hash
+/// them and scan the whole table on every batch (decision 146); the key condition finds the
+/// rows through the primary key at any size.
 const WRITE: &str = "WITH \
      nh AS (INSERT INTO holds (request_id, workspace_id, key_id, amount_cents, state, expires_at, created_at, funding, value_microcents) \
             SELECT * FROM unnest($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::BIGINT[], $5::TEXT[], $6::BIGINT[], $7::BIGINT[], $24::TEXT[], $25::BIGINT[])), \
@@ -74,11 +78,6 @@ const WRITE: &str = "WITH \
      INSERT INTO key_month_spend (key_id, month, spent_microcents) \
      SELECT * FROM unnest($21::TEXT[], $22::TEXT[], $23::BIGINT[]) \
      ON CONFLICT (key_id, month) DO UPDATE SET spent_microcents = key_month_spend.spent_microcents + EXCLUDED.spent_microcents";
-
-// Each `UPDATE ... FROM unnest(...)` also names its rows with `= ANY(...)` on the key: joined
-// only to the unnested arrays, PostgreSQL hashed them and scanned the whole table for every
-// batch once it held some thousands of rows (most of its CPU per request, decision 146); with
-// the key condition it finds the rows through the primary key at any size.
 
 struct Statements {
     lock: tokio_postgres::Statement,
