@@ -51,9 +51,18 @@ pub(super) fn ko(e: tokio_postgres::Error) -> KeyOpError {
 /// and run thousands of times with array parameters (`= ANY($1)`, `unnest`). For those,
 /// PostgreSQL's estimate of a custom plan, which sees the arrays' lengths, nearly always beats
 /// the generic plan's, so it planned every execution again: about half of its CPU per
-/// gateway request (decision 143). A server that refuses the setting (before PostgreSQL 12)
-/// keeps its own choice; that is logged.
-const GENERIC_PLANS: &str = "SET plan_cache_mode = force_generic_plan";
+/// gateway request (decision 143).
+///
+/// A generic plan is made on the statistics of that moment and kept until they change. Autovacuum
+/// analyses a new table once it has about 50 rows; a plan made on those statistics scans the
+/// table, and goes on scanning it while it grows by thousands of rows a second, until the next
+/// analysis a minute or more later. Every hold lookup then compared each array element with
+/// every row (decision 147). Every statement of the store finds its rows by an index, so
+/// sequential scans are off for its connections; a statement with no index to use still scans.
+///
+/// A server that refuses a setting (plan caching before PostgreSQL 12) keeps its own choice;
+/// that is logged.
+const PLANNING: [&str; 2] = ["SET plan_cache_mode = force_generic_plan", "SET enable_seqscan = off"];
 
 impl PostgresStore {
     pub async fn connect(url: &str) -> Result<PostgresStore, StoreError> {
@@ -66,8 +75,10 @@ impl PostgresStore {
                 Pool::builder(mgr)
                     .post_create(Hook::async_fn(|client, _| {
                         Box::pin(async move {
-                            if let Err(e) = client.batch_execute(GENERIC_PLANS).await {
-                                log::warn!("PostgreSQL refused `{GENERIC_PLANS}` ({e}); statements are planned as the server decides");
+                            for setting in PLANNING {
+                                if let Err(e) = client.batch_execute(setting).await {
+                                    log::warn!("PostgreSQL refused `{setting}` ({e}); statements are planned as the server decides");
+                                }
                             }
                             Ok(())
                         })
@@ -139,11 +150,48 @@ mod tests {
                 .await
                 .unwrap_or_else(|e| panic!("PostgreSQL at {url}: {e} (start it with scripts/services.sh)"));
             // Two connections at once, so the second is a new one too.
-            let show = || store.with_client(|c| async move { c.query_one("SHOW plan_cache_mode", &[]).await });
+            let show = || {
+                store.with_client(|c| async move {
+                    let mode = c.query_one("SHOW plan_cache_mode", &[]).await?.get::<_, String>(0);
+                    let seqscan = c.query_one("SHOW enable_seqscan", &[]).await?.get::<_, String>(0);
+                    Ok((mode, seqscan))
+                })
+            };
             let (a, b) = tokio::join!(show(), show());
-            for row in [a.unwrap(), b.unwrap()] {
-                assert_eq!(row.get::<_, String>(0), "force_generic_plan");
+            for settings in [a.unwrap(), b.unwrap()] {
+                assert_eq!(settings, ("force_generic_plan".to_string(), "off".to_string()));
             }
         });
+    }
+
+    /// Decision 147: a generic plan made on a small table's statistics still finds rows by the
+    /// key (without the setting it is a sequential scan, kept as the table grows).
+    #[test]
+    fn a_plan_made_on_a_small_tables_statistics_looks_rows_up_by_key() {
+        let url =
+            std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let plan = rt.block_on(async {
+            let store = PostgresStore::connect(&url)
+                .await
+                .unwrap_or_else(|e| panic!("PostgreSQL at {url}: {e} (start it with scripts/services.sh)"));
+            store
+                .with_client(|c| async move {
+                    // A temporary table is the connection's own: nothing else sees or plans it.
+                    c.batch_execute(
+                        "CREATE TEMP TABLE plan_probe (request_id TEXT PRIMARY KEY, state TEXT NOT NULL);
+                         INSERT INTO plan_probe SELECT 'r' || g, 'open' FROM generate_series(1, 60) g;
+                         ANALYZE plan_probe;
+                         PREPARE plan_probe_q(TEXT[]) AS SELECT state FROM plan_probe WHERE request_id = ANY($1)",
+                    )
+                    .await?;
+                    let rows = c.query("EXPLAIN EXECUTE plan_probe_q(ARRAY['a', 'b'])", &[]).await?;
+                    c.batch_execute("DEALLOCATE plan_probe_q; DROP TABLE plan_probe").await?;
+                    Ok(rows.iter().map(|r| r.get::<_, String>(0)).collect::<Vec<_>>().join("\n"))
+                })
+                .await
+                .unwrap()
+        });
+        assert!(plan.contains("plan_probe_pkey") && !plan.contains("Seq Scan"), "plan:\n{plan}");
     }
 }

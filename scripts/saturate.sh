@@ -1,0 +1,167 @@
+#!/usr/bin/env bash
+# Saturation harness: the gateway's CPU per request at a fixed connection count, for
+# comparing builds or chains side by side. Narrower than scripts/bench.sh (no nginx, no
+# ladder, no latency cases) and quicker, so builds can be alternated many times in a noisy
+# machine's quiet stretch. Not a headline figure: scripts/bench.sh is.
+#
+#   scripts/saturate.sh BIN_DIR [BIN_DIR...]
+#
+# Each BIN_DIR holds tollgate and tollgate-mock-replica (copy them out of target/release).
+# Rounds alternate the directories: A B A B ... Every run starts a fresh gateway on a fresh
+# store (a new SQLite file, or a new PostgreSQL database) with one funded workspace.
+#
+# Environment (all optional):
+#   SAT_SECONDS=8        measured seconds per run (after a 2 s warm-up)
+#   SAT_CONNECTIONS=32   wrk connections
+#   SAT_ROUNDS=2         how many times each directory runs
+#   SAT_STORE=sqlite     sqlite or pg (identity and ledger; pg uses DATABASE_URL's server)
+#   SAT_LIMITER=         in_process or redis (default: in_process on sqlite, redis on pg)
+#   SAT_PLUGINS=         space-separated plugin chain (default: conf/tollgate.yaml's chain)
+#   SAT_PERF=            a directory: each run's `perf record -g` of the gateway is kept there
+#   SAT_PERF_POSTGRES=1  record every postgres process instead of the gateway
+#   DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres   REDIS_URL=redis://127.0.0.1:6379
+#
+# Output, one line per run: requests/s, the gateway's CPU per request (us, every thread,
+# from schedstat) and, on pg, PostgreSQL's CPU per request (every postgres process).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/bench/config_yaml.sh
+
+[[ $# -ge 1 ]] || { sed -n '2,22p' "$0"; exit 2; }
+SECS=${SAT_SECONDS:-8}
+CONNS=${SAT_CONNECTIONS:-32}
+ROUNDS=${SAT_ROUNDS:-2}
+STORE=${SAT_STORE:-sqlite}
+LIMITER=${SAT_LIMITER:-$([[ $STORE == pg ]] && echo redis || echo in_process)}
+PLUGINS=${SAT_PLUGINS:-connection_gate auth dialects idempotency chat_completions limits billing}
+DATABASE_URL=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}
+REDIS_URL=${REDIS_URL:-redis://127.0.0.1:6379}
+MOCK_PORT=19380 GW_PORT=19381 ADMIN_PORT=19382
+for d in "$@"; do [[ -x $d/tollgate && -x $d/tollgate-mock-replica ]] || { echo "no binaries in $d" >&2; exit 2; }; done
+command -v wrk >/dev/null || { echo "wrk is needed (apt-get install wrk)" >&2; exit 2; }
+
+WORK=$(mktemp -d /tmp/tollgate-sat.XXXXXX)
+PIDS=()
+cleanup() {
+    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+listening() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+wait_port() {
+    for _ in $(seq 200); do listening "$1" && return 0; sleep 0.1; done
+    echo "nothing listens on $1; logs in $WORK" >&2
+    exit 1
+}
+# Every thread's CPU (ns) of the processes given.
+cpu_ns() {
+    local total=0 v t
+    for p in "$@"; do
+        for t in /proc/"$p"/task/*/schedstat; do read -r v _ <"$t" 2>/dev/null && total=$((total + v)); done
+    done
+    echo "$total"
+}
+pg_ns() { if [[ $STORE == pg ]]; then cpu_ns $(pgrep -x postgres || pgrep postgres); else echo 0; fi; }
+
+taskset -c 0 "$1/tollgate-mock-replica" --listen "127.0.0.1:$MOCK_PORT" --threads 1 >"$WORK/mock.log" 2>&1 &
+PIDS+=($!)
+wait_port $MOCK_PORT
+cat >"$WORK/models.yaml" <<'EOF'
+models:
+  - id: llama-3.1-8b-instruct
+    display_name: Llama 3.1 8B Instruct
+    created: 1721692800
+    supported_endpoints: [chat_completions]
+    max_output_tokens: 8192
+    context_window: 131072
+    pricing: { input: 0.10, output: 0.30 }
+EOF
+cat >"$WORK/upstreams.yaml" <<EOF
+pools:
+  llama-3.1-8b-instruct:
+    upstream_model: meta-llama/Llama-3.1-8B-Instruct
+    replicas:
+      - { address: "127.0.0.1:$MOCK_PORT", max_concurrency: 4096 }
+EOF
+printf '{"model":"llama-3.1-8b-instruct","messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"Write one short sentence about gateways."}],"max_tokens":512}' >"$WORK/body.json"
+
+admin() {
+    curl -sS --max-time 10 -H "authorization: Bearer $(<"$RUN/secrets/admin_token")" \
+        -H 'content-type: application/json' --data-binary "$2" "http://127.0.0.1:$ADMIN_PORT$1"
+}
+
+# run_one BIN_DIR N: one fresh gateway, warm-up, measured run; prints the result line.
+run_one() {
+    local bin=$1 n=$2 store db="" gw
+    RUN=$WORK/run$n
+    mkdir -p "$RUN"
+    cp "$WORK/models.yaml" "$WORK/upstreams.yaml" "$RUN/"
+    "$bin/tollgate" init-secrets --dir "$RUN/secrets" >/dev/null
+    if [[ $STORE == pg ]]; then
+        db=tollgate_sat_$$_$n
+        psql "$DATABASE_URL" -qtAX -c "CREATE DATABASE $db" >/dev/null
+        store="{ backend: postgres, url_env: DATABASE_URL }"
+    else
+        store="{ backend: sqlite, path: $RUN/tollgate.db }"
+    fi
+    local lstore="{ backend: in_process }"
+    [[ $LIMITER == redis ]] && lstore="{ backend: redis, url_env: REDIS_URL, prefix: tgsat-$$-$n }"
+    {
+        printf 'listen: 127.0.0.1:%s\nadmin_listen: 127.0.0.1:%s\nthreads: 1\n' $GW_PORT $ADMIN_PORT
+        printf 'models_file: models.yaml\nupstreams_file: upstreams.yaml\n'
+        printf 'shutdown: { grace_period_seconds: 1, graceful_shutdown_timeout_seconds: 1 }\n'
+        identity_yaml "$store" "$RUN/secrets"
+        open_limits_yaml "$lstore"
+        printf 'billing:\n  topup_url: https://billing.example.com/top-up\nplugins:\n'
+        for p in $PLUGINS; do printf '  - name: %s\n' "$p"; done
+    } >"$RUN/tollgate.yaml"
+    (cd "$RUN" && exec env RUST_LOG=warn TMPDIR="$RUN" REDIS_URL="$REDIS_URL" \
+        DATABASE_URL="${DATABASE_URL%/*}/${db:-unused}" taskset -c 1 "$bin/tollgate" serve --config tollgate.yaml) \
+        >"$RUN/gateway.log" 2>&1 &
+    gw=$!
+    wait_port $GW_PORT
+    wait_port $ADMIN_PORT
+    local ws key
+    ws=$(admin /admin/v1/workspaces '{"name":"sat"}' | jq -r .id)
+    key=$(admin "/admin/v1/workspaces/$ws/keys" '{"name":"sat"}' | jq -r .key)
+    admin "/admin/v1/workspaces/$ws/credits" '{"amount_cents":100000000,"source":"purchase"}' >/dev/null
+    local -a wrk=(taskset -c 0 wrk -t1 "-c$CONNS" --timeout 10s -s scripts/bench/wrk_post.lua
+        "http://127.0.0.1:$GW_PORT/v1/chat/completions")
+    BENCH_BODY_FILE=$WORK/body.json BENCH_API_KEY=$key "${wrk[@]}" -d2s >/dev/null 2>&1
+    local g0 p0 g1 p1 out req
+    g0=$(cpu_ns "$gw") p0=$(pg_ns)
+    local perf=""
+    if [[ -n ${SAT_PERF:-} ]]; then
+        mkdir -p "$SAT_PERF"
+        local who=$gw
+        [[ ${SAT_PERF_POSTGRES:-0} == 1 ]] && who=$(pgrep -d, -x postgres || pgrep -d, postgres)
+        perf record -q -g -p "$who" -o "$SAT_PERF/run$n.data" -- sleep "$SECS" >/dev/null 2>&1 &
+        perf=$!
+    fi
+    out=$(BENCH_BODY_FILE=$WORK/body.json BENCH_API_KEY=$key "${wrk[@]}" "-d${SECS}s" 2>&1)
+    [[ -n $perf ]] && wait "$perf"
+    g1=$(cpu_ns "$gw") p1=$(pg_ns)
+    req=$(sed -n 's/.*requests=\([0-9]*\).*/\1/p' <<<"$out" | head -1)
+    [[ -n $req && $req -gt 0 ]] || { echo "no requests counted: $out" >&2; exit 1; }
+    # A run with refusals or errors measured something else (a refusal is cheap): stop.
+    grep -q "err_connect=0 err_read=0 err_write=0 err_status=0 err_timeout=0" <<<"$out" ||
+        { echo "errors or non-2xx answers, logs in $RUN: $(grep '^BENCH' <<<"$out")" >&2; exit 1; }
+    kill "$gw"
+    wait "$gw" 2>/dev/null || true
+    [[ -n $db ]] && psql "$DATABASE_URL" -qtAX -c "DROP DATABASE $db" >/dev/null
+    awk -v b="$bin" -v r="$req" -v s="$SECS" -v g=$((g1 - g0)) -v p=$((p1 - p0)) 'BEGIN {
+        printf "%-24s %7.0f req/s  gateway %6.1f us/req", b, r / s, g / r / 1000
+        if (p > 0) printf "  postgres %6.1f us/req", p / r / 1000
+        printf "\n" }'
+}
+
+echo "store $STORE, limiter $LIMITER, c=$CONNS, ${SECS}s, chain: $PLUGINS"
+n=0
+for _ in $(seq "$ROUNDS"); do
+    for d in "$@"; do
+        n=$((n + 1))
+        run_one "$d" "$n"
+    done
+done
