@@ -17,7 +17,10 @@
 #   LOAD_HONOR_RETRY_AFTER=1  a connection refused with 429/503 waits its Retry-After before
 #                           sending again, as the official clients do (0: at once, as plain wrk)
 #   LOAD_CHAIN=billing      billing: auth, chat_completions, billing; full: conf/tollgate.yaml's
-#                           whole chain (limits in this process, set too high to refuse)
+#                           whole chain (limits set too high to refuse)
+#   LOAD_LIMITER=in_process the full chain's limiter: in_process, or redis (REDIS_URL, default
+#                           redis://127.0.0.1:6379, a fresh key prefix per run), the production
+#                           setting, where both instances count on one Redis
 #   LOAD_LEDGER_MAX_WAIT_MS=500  billing.ledger_max_wait_ms (decision 131)
 #   LOAD_PORT_BASE=19510    mock = base, instance i = base+2i+1 (admin base+2i+2)
 #   DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres   server for --store pg: a
@@ -42,6 +45,13 @@ CONNS=${LOAD_CONNECTIONS:-64}
 THREADS=${LOAD_THREADS:-1}
 CHAIN=${LOAD_CHAIN:-billing}
 [[ $CHAIN == billing || $CHAIN == full ]] || { echo "LOAD_CHAIN must be billing or full" >&2; exit 2; }
+LIMITER=${LOAD_LIMITER:-in_process}
+case $LIMITER in
+in_process) LIMITER_YAML="{ backend: in_process }" ;;
+redis) LIMITER_YAML="{ backend: redis, url_env: REDIS_URL, prefix: tgload-$$-$(date +%s) }" ;;
+*) echo "LOAD_LIMITER must be in_process or redis" >&2; exit 2 ;;
+esac
+export REDIS_URL=${REDIS_URL:-redis://127.0.0.1:6379}
 BASE=${LOAD_PORT_BASE:-19510}
 BIN_DIR=${LOAD_BIN_DIR:-${CARGO_TARGET_DIR:-$ROOT/target}/release}
 DATABASE_URL=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}
@@ -118,7 +128,7 @@ billing:
 EOF
     if [[ $CHAIN == full ]]; then
         # conf/tollgate.yaml's chain, with limits so high that they refuse nothing.
-        { open_limits_yaml "{ backend: in_process }"; full_chain_plugins_yaml; } >>"$WORK/gw$i.yaml"
+        { open_limits_yaml "$LIMITER_YAML"; full_chain_plugins_yaml; } >>"$WORK/gw$i.yaml"
     else
         printf 'plugins:\n  - name: auth\n  - name: chat_completions\n  - name: billing\n' >>"$WORK/gw$i.yaml"
     fi
@@ -177,7 +187,7 @@ unmatched=$(sql "SELECT count(*) FROM ledger_entries s WHERE s.workspace_id = '$
     AND NOT EXISTS (SELECT 1 FROM holds h WHERE h.request_id = s.request_id)")
 audit=$(admin "/admin/v1/workspaces/$WS/ledger")
 consistent=$(jq -r '.check.consistent' <<<"$audit")
-echo "store=$STORE chain=$CHAIN instances=2 threads=$THREADS connections=$((2 * CONNS)) seconds=$SECONDS_RUN"
+echo "store=$STORE chain=$CHAIN limiter=$([[ $CHAIN == full ]] && echo "$LIMITER" || echo none) instances=2 threads=$THREADS connections=$((2 * CONNS)) seconds=$SECONDS_RUN"
 echo "requests=$total served_2xx=$ok non_2xx=$errors settled=$settled settled_per_s=$((settled / SECONDS_RUN))"
 echo "audit: balance_equals_entries=$consistent balance=$(jq -r .balance_cents <<<"$audit") derived=$(jq -r .check.derived_balance_cents <<<"$audit") held=$(jq -r .held_cents <<<"$audit") open_holds=$open hold_rows=$holds closed_hold_rows=$closed settled_holds_without_entry=$settled_unbooked settlements_without_hold=$unmatched"
 pass=1

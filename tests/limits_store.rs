@@ -69,6 +69,7 @@ both_backends!(
     a_key_in_two_gates_sheds_large_prompts_first,
     a_lease_not_renewed_frees_after_its_ttl,
     release_is_idempotent,
+    a_deferred_release_frees_the_slot_here_at_once_and_elsewhere_soon,
     tokens_per_minute_refuse_above_the_remaining_budget,
     two_gateways_admit_exactly_the_window_and_never_exceed_a_gate,
     malformed_checks_are_refused,
@@ -261,6 +262,54 @@ async fn release_is_idempotent(s: Pair) {
     let (_, in_use) = admitted_lease(s.b.check(&two("b")).await.unwrap());
     assert_eq!(in_use, vec![1, 1]);
     assert_eq!(s.a.renew(&a, 10_000, t + 1).await.unwrap(), Renewal::Lost);
+}
+
+/// Decision 148: the log phase's release. This instance's next check must count the slot free
+/// (on Redis the release rides in front of that check); another instance sees it once the
+/// queued release is flushed, within milliseconds.
+async fn a_deferred_release_frees_the_slot_here_at_once_and_elsewhere_soon(s: Pair) {
+    let g = uniq("ws");
+    let t = t0();
+    let one = |id: &str| gates(t, id, vec![gate("workspace", &g, 1)]);
+    let (x, _) = admitted_lease(s.a.check(&one("x")).await.unwrap());
+    s.a.release_deferred(&x).await.unwrap();
+    let (y, in_use) = admitted_lease(s.a.check(&one("y")).await.unwrap());
+    assert_eq!(in_use, vec![1]);
+    s.a.release_deferred(&y).await.unwrap();
+    let started = Instant::now();
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        match s.b.check(&one(&format!("z{attempt}"))).await.unwrap() {
+            Verdict::Admitted { gates_in_use, .. } => {
+                assert_eq!(gates_in_use, vec![1]);
+                break;
+            }
+            Verdict::GateRefused { in_use: 1, .. } if started.elapsed() < Duration::from_secs(2) => {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            other => {
+                panic!("the released slot was not free for another instance after {:?}: {other:?}", started.elapsed())
+            }
+        }
+    }
+}
+
+/// On Redis a check sends the releases queued before it and clears them once Redis answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_check_carries_the_queued_releases() {
+    let r = RedisLimiter::new(
+        &redis_url(),
+        RedisOptions { prefix: "tollgate-test".into(), timeout: Duration::from_secs(5) },
+    )
+    .unwrap();
+    let (g1, g2) = (uniq("key"), uniq("ws"));
+    let t = t0();
+    let two = |id: &str| gates(t, id, vec![gate("per_key", &g1, 1), gate("workspace", &g2, 1)]);
+    let (x, _) = admitted_lease(r.check(&two("x")).await.unwrap());
+    r.release_deferred(&x).await.unwrap();
+    let (_, in_use) = admitted_lease(r.check(&two("y")).await.unwrap());
+    assert_eq!((in_use, r.queued_releases()), (vec![1, 1], 0));
 }
 
 async fn tokens_per_minute_refuse_above_the_remaining_budget(s: Pair) {

@@ -170,6 +170,11 @@ impl FallbackLimiter {
     pub async fn release(&self, lease: &Lease) -> Result<(), LimiterError> {
         timed(&RELEASE, self.primary.release(lease)).await
     }
+
+    /// [`LimiterStore::release_deferred`] of the shared store.
+    pub async fn release_deferred(&self, lease: &Lease) -> Result<(), LimiterError> {
+        timed(&RELEASE, self.primary.release_deferred(lease)).await
+    }
 }
 
 type OpMetric = std::sync::LazyLock<Option<crate::metrics::StoreOp>>;

@@ -68,11 +68,13 @@ pub struct Held {
 }
 
 impl Held {
-    /// Free the slots now (the log phase). A failure is logged; the lease then expires by TTL.
+    /// Free the slots (the log phase): at once for this instance's next check, without waiting
+    /// for a shared store ([`super::LimiterStore::release_deferred`]). A failure is logged; the
+    /// lease then expires by TTL.
     pub async fn release(mut self) {
         if let Some(lease) = self.lease.take() {
             self.keeper.forget(&lease.id);
-            if let Err(e) = self.keeper.store.release(&lease).await {
+            if let Err(e) = self.keeper.store.release_deferred(&lease).await {
                 log::warn!("lease {} not released ({e}); it expires by its TTL", lease.id);
             }
         }

@@ -27,6 +27,7 @@ pub mod fallback;
 pub mod leases;
 pub mod memory;
 pub mod redis;
+mod redis_releases;
 
 use std::sync::Arc;
 
@@ -180,6 +181,12 @@ pub trait LimiterStore: Send + Sync {
     async fn renew(&self, lease: &Lease, ttl_ms: u64, now_ms: i64) -> Result<Renewal, LimiterError>;
     /// Free the lease's slots. Idempotent: releasing twice, or after expiry, is `Ok`.
     async fn release(&self, lease: &Lease) -> Result<(), LimiterError>;
+    /// Free the lease's slots without waiting for the store (a request's log phase). This
+    /// instance's next check counts them free; other instances may count them a few
+    /// milliseconds longer (Redis: decision 148). The default frees them at once.
+    async fn release_deferred(&self, lease: &Lease) -> Result<(), LimiterError> {
+        self.release(lease).await
+    }
 }
 
 /// "Off": every call errors, so the caller answers `503 limiter_unavailable` rather than

@@ -19,6 +19,7 @@
 //! leave the window within 61 s.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -27,6 +28,7 @@ use redis::aio::ConnectionManager;
 use crate::redis_conn::LazyRedis;
 
 use super::buckets::leaves_at_ms;
+use super::redis_releases::{CARRY_MAX, Releases};
 use super::{Check, Lease, LimiterError, LimiterStore, Renewal, Verdict, WindowState, redact};
 
 /// The check script's versioned name; see `tollgate_check_v1.lua`.
@@ -54,11 +56,12 @@ impl Default for RedisOptions {
 }
 
 pub struct RedisLimiter {
-    redis: LazyRedis,
+    redis: Arc<LazyRedis>,
     opts: RedisOptions,
     tag: String,
     check_script: redis::Script,
     renew_script: redis::Script,
+    releases: Arc<Releases>,
 }
 
 impl std::fmt::Debug for RedisLimiter {
@@ -87,14 +90,16 @@ impl RedisLimiter {
         if opts.timeout.is_zero() {
             return Err(LimiterError::Invalid("redis timeout must be above zero".into()));
         }
-        let redis =
-            LazyRedis::open(url, opts.timeout).map_err(|e| LimiterError::Invalid(format!("{} ({e})", redact(url))))?;
+        let redis = Arc::new(
+            LazyRedis::open(url, opts.timeout).map_err(|e| LimiterError::Invalid(format!("{} ({e})", redact(url))))?,
+        );
         Ok(Self {
             redis,
             tag: format!("{{{}}}", opts.prefix),
             opts,
             check_script: redis::Script::new(CHECK_LUA),
             renew_script: redis::Script::new(RENEW_LUA),
+            releases: Arc::default(),
         })
     }
 
@@ -132,34 +137,68 @@ impl RedisLimiter {
         }
     }
 
+    /// The check's `EVALSHA`, behind the queued releases' `ZREM`s in one pipeline
+    /// (`redis_releases` on the order this keeps). A failed pipeline's releases are queued
+    /// again. A check that times out is dropped: its releases are then lost and expire by TTL.
     async fn run_check(&self, c: &Check) -> Result<Vec<i64>, LimiterError> {
         let mut conn = self.conn().await?;
-        let mut inv = self.check_script.prepare_invoke();
+        let mut pipe = redis::pipe();
+        let carried = self.releases.carry(&mut pipe, CARRY_MAX);
+        pipe.add_command(self.check_command(c));
+        let sent = match pipe.query_async::<(Vec<i64>,)>(&mut conn).await {
+            Err(e) if e.kind() == redis::ErrorKind::NoScriptError => {
+                // Redis restarted or flushed its scripts: load it, then send the pipeline again
+                // (the releases in it are idempotent).
+                self.check_script.load_async(&mut conn).await.map_err(unavailable)?;
+                pipe.query_async::<(Vec<i64>,)>(&mut conn).await
+            }
+            other => other,
+        };
+        match sent {
+            Ok(reply) => Ok(reply.0),
+            Err(e) => {
+                if let Some(carried) = carried {
+                    self.releases.put_back(carried);
+                }
+                Err(unavailable(e))
+            }
+        }
+    }
+
+    fn check_command(&self, c: &Check) -> redis::Cmd {
+        let keys = c.windows.len() + c.gates.len() + usize::from(c.tpm.is_some());
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(self.check_script.get_hash()).arg(keys);
         for w in &c.windows {
-            inv.key(self.window_key(&w.key));
+            cmd.arg(self.window_key(&w.key));
         }
         for g in &c.gates {
-            inv.key(self.gate_key(&g.key));
+            cmd.arg(self.gate_key(&g.key));
         }
         if let Some(t) = &c.tpm {
-            inv.key(self.tokens_key(&t.key));
+            cmd.arg(self.tokens_key(&t.key));
         }
-        inv.arg(c.now_ms)
+        cmd.arg(c.now_ms)
             .arg(c.windows.len())
             .arg(c.gates.len())
             .arg(u8::from(c.tpm.is_some()))
             .arg(&c.lease_id)
             .arg(c.lease_ttl_ms);
         for w in &c.windows {
-            inv.arg(w.limit);
+            cmd.arg(w.limit);
         }
         for g in &c.gates {
-            inv.arg(g.limit);
+            cmd.arg(g.limit);
         }
         if let Some(t) = &c.tpm {
-            inv.arg(t.tokens).arg(t.limit);
+            cmd.arg(t.tokens).arg(t.limit);
         }
-        inv.invoke_async::<Vec<i64>>(&mut conn).await.map_err(unavailable)
+        cmd
+    }
+
+    /// Releases queued and not yet answered by Redis (for tests).
+    pub fn queued_releases(&self) -> usize {
+        self.releases.len()
     }
 
     /// After a failed check with gates: release its lease behind it, in the background.
@@ -265,5 +304,38 @@ impl LimiterStore for RedisLimiter {
             pipe.query_async::<()>(&mut conn).await.map_err(unavailable)
         })
         .await
+    }
+
+    async fn release_deferred(&self, lease: &Lease) -> Result<(), LimiterError> {
+        if lease.keys.is_empty() {
+            return Ok(());
+        }
+        let keys = lease.keys.iter().map(|k| self.gate_key(k)).collect();
+        if self.releases.push(keys, lease.id.clone()) {
+            // The first release starts the flusher on this runtime; it lives as long as it.
+            let (releases, redis, timeout) = (self.releases.clone(), self.redis.clone(), self.opts.timeout);
+            let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+                log::warn!("limiter: no runtime for the release flusher; queued releases wait for the next check");
+                return Ok(());
+            };
+            runtime.spawn(releases.flush_loop(move |pipe| {
+                let redis = redis.clone();
+                async move {
+                    let sent = async {
+                        let mut conn = redis.get().await.map_err(|e| e.to_string())?;
+                        pipe.query_async::<()>(&mut conn).await.map_err(|e| e.to_string())
+                    };
+                    match tokio::time::timeout(timeout, sent).await {
+                        Ok(Ok(())) => true,
+                        Ok(Err(e)) => {
+                            log::debug!("limiter: queued lease releases not sent ({e}); they wait for the next check");
+                            false
+                        }
+                        Err(_) => false,
+                    }
+                }
+            }));
+        }
+        Ok(())
     }
 }
