@@ -131,10 +131,6 @@ impl Releases {
 mod tests {
     use super::*;
 
-    fn zrems(pipe: &redis::Pipeline) -> usize {
-        pipe.cmd_iter().count()
-    }
-
     #[test]
     fn a_pipeline_takes_the_oldest_releases_and_a_failed_one_puts_them_back() {
         let r = Releases::default();
