@@ -401,23 +401,8 @@ MOCK_PID=$LAST_PID
 wait_listening mock "$MOCK_PID" "$MOCK_PORT"
 
 mkdir -p "$WORK/gw"
-cat >"$WORK/gw/models.yaml" <<'EOF'
-models:
-  - id: llama-3.1-8b-instruct
-    display_name: Llama 3.1 8B Instruct
-    created: 1721692800
-    supported_endpoints: [chat_completions]
-    max_output_tokens: 8192
-    context_window: 131072
-    pricing: { input: 0.10, output: 0.30 }
-EOF
-cat >"$WORK/gw/upstreams.yaml" <<EOF
-pools:
-  llama-3.1-8b-instruct:
-    upstream_model: meta-llama/Llama-3.1-8B-Instruct
-    replicas:
-      - { address: "127.0.0.1:$MOCK_PORT", max_concurrency: 4096 }
-EOF
+bench_models_yaml >"$WORK/gw/models.yaml"
+bench_upstreams_yaml "$MOCK_PORT" 4096 >"$WORK/gw/upstreams.yaml"
 cat >"$WORK/gw/tollgate.yaml" <<EOF
 listen: 127.0.0.1:$GW_PORT
 admin_listen: 127.0.0.1:$ADMIN_PORT

@@ -96,23 +96,8 @@ else
     STORE_YAML="{ backend: sqlite, path: $WORK/tollgate.db }"
     sql() { sqlite3 -cmd '.timeout 5000' "$WORK/tollgate.db" "$1"; }
 fi
-cat >"$WORK/models.yaml" <<'EOF'
-models:
-  - id: llama-3.1-8b-instruct
-    display_name: Llama 3.1 8B Instruct
-    created: 1721692800
-    supported_endpoints: [chat_completions]
-    max_output_tokens: 8192
-    context_window: 131072
-    pricing: { input: 0.10, output: 0.30 }
-EOF
-cat >"$WORK/upstreams.yaml" <<EOF
-pools:
-  llama-3.1-8b-instruct:
-    upstream_model: meta-llama/Llama-3.1-8B-Instruct
-    replicas:
-      - { address: "127.0.0.1:$BASE", max_concurrency: 100000 }
-EOF
+bench_models_yaml >"$WORK/models.yaml"
+bench_upstreams_yaml "$BASE" 100000 >"$WORK/upstreams.yaml"
 for i in 1 2; do
     cat >"$WORK/gw$i.yaml" <<EOF
 listen: 127.0.0.1:$((BASE + 2 * i - 1))

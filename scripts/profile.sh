@@ -92,23 +92,10 @@ PIDS+=($!)
 wait_port "$MOCK_PORT" "${PIDS[0]}"
 
 mkdir -p "$WORK/gw"
-cat >"$WORK/gw/models.yaml" <<'EOF'
-models:
-  - id: llama-3.1-8b-instruct
-    display_name: Llama 3.1 8B Instruct
-    created: 1721692800
-    supported_endpoints: [chat_completions, messages]
-    max_output_tokens: 8192
-    context_window: 131072
-    pricing: { input: 0.10, output: 0.30 }
-EOF
-cat >"$WORK/gw/upstreams.yaml" <<EOF
-pools:
-  llama-3.1-8b-instruct:
-    upstream_model: meta-llama/Llama-3.1-8B-Instruct
-    replicas:
-      - { address: "127.0.0.1:$MOCK_PORT", max_concurrency: 4096 }
-EOF
+# shellcheck source=bench/config_yaml.sh
+source "$ROOT/scripts/bench/config_yaml.sh"
+bench_models_yaml "chat_completions, messages" >"$WORK/gw/models.yaml"
+bench_upstreams_yaml "$MOCK_PORT" 4096 >"$WORK/gw/upstreams.yaml"
 
 MESSAGES='[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"Write one short sentence about gateways."}]'
 if [[ $CASE == json ]]; then
@@ -134,8 +121,6 @@ if [[ $IDEM != off ]]; then PLUGINS+=$'\n  - name: idempotency'; fi
 STORES=""
 API_KEY=""
 if [[ $CHAIN == full ]]; then
-    # shellcheck source=bench/config_yaml.sh
-    source "$ROOT/scripts/bench/config_yaml.sh"
     PLUGINS=$(full_chain_plugins_yaml | tail -n +2)
     "$BIN" init-secrets --dir "$WORK/secrets" >/dev/null
     STORES="$(identity_yaml "{ backend: sqlite, path: $WORK/tollgate.db }" "$WORK/secrets")

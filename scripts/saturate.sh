@@ -68,23 +68,8 @@ pg_ns() { if [[ $STORE == pg ]]; then cpu_ns $(pgrep -x postgres || pgrep postgr
 taskset -c 0 "$1/tollgate-mock-replica" --listen "127.0.0.1:$MOCK_PORT" --threads 1 >"$WORK/mock.log" 2>&1 &
 PIDS+=($!)
 wait_port $MOCK_PORT
-cat >"$WORK/models.yaml" <<'EOF'
-models:
-  - id: llama-3.1-8b-instruct
-    display_name: Llama 3.1 8B Instruct
-    created: 1721692800
-    supported_endpoints: [chat_completions]
-    max_output_tokens: 8192
-    context_window: 131072
-    pricing: { input: 0.10, output: 0.30 }
-EOF
-cat >"$WORK/upstreams.yaml" <<EOF
-pools:
-  llama-3.1-8b-instruct:
-    upstream_model: meta-llama/Llama-3.1-8B-Instruct
-    replicas:
-      - { address: "127.0.0.1:$MOCK_PORT", max_concurrency: 4096 }
-EOF
+bench_models_yaml >"$WORK/models.yaml"
+bench_upstreams_yaml $MOCK_PORT 4096 >"$WORK/upstreams.yaml"
 printf '{"model":"llama-3.1-8b-instruct","messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"Write one short sentence about gateways."}],"max_tokens":512}' >"$WORK/body.json"
 
 admin() {

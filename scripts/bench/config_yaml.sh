@@ -42,3 +42,29 @@ plugins:
   - name: billing
 EOY
 }
+
+# bench_models_yaml [ENDPOINTS]: the one priced model every bench serves (ENDPOINTS defaults
+# to "chat_completions").
+bench_models_yaml() {
+    cat <<EOY
+models:
+  - id: llama-3.1-8b-instruct
+    display_name: Llama 3.1 8B Instruct
+    created: 1721692800
+    supported_endpoints: [${1:-chat_completions}]
+    max_output_tokens: 8192
+    context_window: 131072
+    pricing: { input: 0.10, output: 0.30 }
+EOY
+}
+
+# bench_upstreams_yaml PORT MAX_CONCURRENCY: that model's pool, one mock replica on PORT.
+bench_upstreams_yaml() {
+    cat <<EOY
+pools:
+  llama-3.1-8b-instruct:
+    upstream_model: meta-llama/Llama-3.1-8B-Instruct
+    replicas:
+      - { address: "127.0.0.1:$1", max_concurrency: $2 }
+EOY
+}
