@@ -196,7 +196,7 @@ impl RedisLimiter {
         cmd
     }
 
-    /// Releases queued and not yet answered by Redis (for tests).
+    /// Releases queued and not yet taken by a pipeline (for tests).
     pub fn queued_releases(&self) -> usize {
         self.releases.len()
     }

@@ -8,7 +8,7 @@
 //! poll, with no await in between, and Redis runs one connection's commands in the order they
 //! were handed over. So when Redis runs a check, every release queued before the check began
 //! has been applied, just ahead of it or earlier; on a runtime with one thread (the shipped
-//! `threads: 1`) that holds without exception. With several threads, a pipeline built on
+//! `threads: 1`) and a connection that is up, that holds without exception. With several threads, a pipeline built on
 //! another thread in the same instant could reach the connection a moment after the check:
 //! the check then counts that lease for one more check, which can refuse only a gate that is
 //! exactly full. A client's request already races its previous request's release today when
@@ -18,7 +18,7 @@
 //! member does nothing, so sending one twice is harmless.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -46,6 +46,7 @@ pub struct Releases {
     queue: Mutex<VecDeque<Entry>>,
     wake: Notify,
     flusher_started: AtomicBool,
+    dropped: AtomicU64,
 }
 
 impl Releases {
@@ -55,13 +56,13 @@ impl Releases {
         {
             let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
             q.push_back(Entry { gate_keys, lease_id });
-            if q.len() > QUEUE_MAX {
-                if let Some(dropped) = q.pop_front() {
-                    log::warn!(
-                        "limiter: {QUEUE_MAX} lease releases queued; lease {} is left to expire by its TTL",
-                        dropped.lease_id
-                    );
-                }
+            if q.len() > QUEUE_MAX
+                && q.pop_front().is_some()
+                && self.dropped.fetch_add(1, Ordering::Relaxed) % 1000 == 0
+            {
+                log::warn!(
+                    "limiter: {QUEUE_MAX} lease releases queued and Redis not taking them; the oldest are left to expire by their TTL"
+                );
             }
         }
         self.wake.notify_one();
@@ -150,5 +151,17 @@ mod tests {
         let order: Vec<&str> = all.0.iter().map(|e| e.lease_id.as_str()).collect();
         assert_eq!((order, r.len()), (vec!["a", "b", "c"], 0));
         assert!(r.carry(&mut redis::pipe(), CARRY_MAX).is_none());
+    }
+
+    #[test]
+    fn the_queue_is_bounded_and_drops_its_oldest() {
+        let r = Releases::default();
+        for i in 0..QUEUE_MAX + 5 {
+            r.push(vec!["g".into()], format!("l{i}"));
+        }
+        assert_eq!(r.len(), QUEUE_MAX);
+        let mut pipe = redis::pipe();
+        let taken = r.carry(&mut pipe, 1).unwrap();
+        assert_eq!(taken.0[0].lease_id, "l5");
     }
 }
