@@ -1,10 +1,13 @@
 //! The Redis limiter: shared by every gateway pointed at the same Redis. A check is one
-//! `EVALSHA` of `tollgate_check_v1` (a cold script cache adds one `SCRIPT LOAD`, once per
-//! connection after a Redis restart); renew is one `EVALSHA` of `tollgate_renew_v1`; release is
-//! one pipelined round of `ZREM`s.
+//! `EVALSHA` of `tollgate_check_v2` (a cold script cache adds one `SCRIPT LOAD`, once per
+//! connection after a Redis restart), sent behind the `ZREM`s of the releases queued since the
+//! last check (`redis_releases`, decision 148); renew is one `EVALSHA` of `tollgate_renew_v1`;
+//! an immediate release is one pipelined round of `ZREM`s.
 //!
 //! Keys are `{<prefix>}:<kind>:<logical key>` with kind `w` (window hash), `g` (gate sorted
 //! set) or `t` (tokens hash), so a logical key reused across kinds never meets a wrong type.
+//! v2 of the check keeps a summary in each bucket hash that v1 deletes when it meets it, so
+//! both versions share the keys and count exactly during a rolling upgrade (decision 149).
 //! Every key carries the same hash tag, `{<prefix>}`: a check touches the per-key window, the
 //! workspace gate and the shared-model gate (which belongs to no workspace) in one atomic script,
 //! and Redis Cluster runs a script only on keys of one slot. The limitation: on a cluster all
@@ -31,11 +34,11 @@ use super::buckets::leaves_at_ms;
 use super::redis_releases::{CARRY_MAX, Releases};
 use super::{Check, Lease, LimiterError, LimiterStore, Renewal, Verdict, WindowState, redact};
 
-/// The check script's versioned name; see `tollgate_check_v1.lua`.
-pub const CHECK_SCRIPT: &str = "tollgate_check_v1";
+/// The check script's versioned name; see `tollgate_check_v2.lua`.
+pub const CHECK_SCRIPT: &str = "tollgate_check_v2";
 /// The renew script's versioned name; see `tollgate_renew_v1.lua`.
 pub const RENEW_SCRIPT: &str = "tollgate_renew_v1";
-const CHECK_LUA: &str = include_str!("tollgate_check_v1.lua");
+const CHECK_LUA: &str = include_str!("tollgate_check_v2.lua");
 const RENEW_LUA: &str = include_str!("tollgate_renew_v1.lua");
 
 /// How long a compensating release may wait behind a stalled check.
