@@ -27,7 +27,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/bench/config_yaml.sh
 
-[[ $# -ge 1 ]] || { sed -n '2,22p' "$0"; exit 2; }
+[[ $# -ge 1 ]] || { sed -n '2,25p' "$0"; exit 2; }
 SECS=${SAT_SECONDS:-8}
 CONNS=${SAT_CONNECTIONS:-32}
 ROUNDS=${SAT_ROUNDS:-2}

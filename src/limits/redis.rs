@@ -321,24 +321,24 @@ impl LimiterStore for RedisLimiter {
                 log::warn!("limiter: no runtime for the release flusher; queued releases wait for the next check");
                 return Ok(());
             };
-            runtime.spawn(releases.flush_loop(move |pipe| {
-                let redis = redis.clone();
-                async move {
-                    let sent = async {
-                        let mut conn = redis.get().await.map_err(|e| e.to_string())?;
-                        pipe.query_async::<()>(&mut conn).await.map_err(|e| e.to_string())
-                    };
-                    match tokio::time::timeout(timeout, sent).await {
-                        Ok(Ok(())) => true,
-                        Ok(Err(e)) => {
-                            log::debug!("limiter: queued lease releases not sent ({e}); they wait for the next check");
-                            false
-                        }
-                        Err(_) => false,
-                    }
-                }
-            }));
+            runtime.spawn(releases.flush_loop(move |pipe| send_releases(redis.clone(), timeout, pipe)));
         }
         Ok(())
+    }
+}
+
+/// The flusher's pipeline of queued releases, bounded by `timeout`: whether Redis answered.
+async fn send_releases(redis: Arc<LazyRedis>, timeout: Duration, pipe: redis::Pipeline) -> bool {
+    let sent = async {
+        let mut conn = redis.get().await?;
+        pipe.query_async::<()>(&mut conn).await.map_err(|e| e.to_string())
+    };
+    match tokio::time::timeout(timeout, sent).await {
+        Ok(Ok(())) => true,
+        Ok(Err(e)) => {
+            log::debug!("limiter: queued lease releases not sent ({e}); they wait for the next check");
+            false
+        }
+        Err(_) => false,
     }
 }

@@ -8,14 +8,14 @@
 //! poll, with no await in between, and Redis runs one connection's commands in the order they
 //! were handed over. So when Redis runs a check, every release queued before the check began
 //! has been applied, just ahead of it or earlier; on a runtime with one thread (the shipped
-//! `threads: 1`) and a connection that is up, that holds without exception. With several threads, a pipeline built on
-//! another thread in the same instant could reach the connection a moment after the check:
-//! the check then counts that lease for one more check, which can refuse only a gate that is
-//! exactly full. A client's request already races its previous request's release today when
-//! it uses a new connection (the answer is sent before the log phase runs). Another gateway
-//! sees a release up to [`FLUSH_AFTER`] plus a round trip later than if it were sent alone. A
-//! pipeline that fails puts its releases back at the front of the queue; `ZREM` of a missing
-//! member does nothing, so sending one twice is harmless.
+//! `threads: 1`) and a connection that is up, that holds without exception. With several
+//! threads, a pipeline built on another thread in the same instant could reach the connection
+//! a moment after the check: the check then counts that lease for one more check, which can
+//! refuse only a gate that is exactly full. A client's request already races its previous
+//! request's release when it uses a new connection (the answer is sent before the log phase
+//! runs). Another gateway sees a release up to [`FLUSH_AFTER`] plus a round trip later than if
+//! it were sent alone. A pipeline that fails puts its releases back at the front of the queue;
+//! `ZREM` of a missing member does nothing, so sending one twice is harmless.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -1,6 +1,7 @@
 -- tollgate_check_v2: one admission check, atomically. Windows, then concurrency gates, then
 -- tokens per minute; nothing is recorded unless every part passes. A changed script gets a new
--- name (v2, ...) so gateways of two versions never share keys with different meanings.
+-- name (v3, ...); gateways of two versions share keys only when each counts the other's writes
+-- exactly, as v1 and v2 do (below).
 --
 -- KEYS: nw window hashes, ng gate sorted sets, then the tokens hash when has_tpm = 1.
 -- ARGV: now_ms, nw, ng, has_tpm, lease_id, lease_ttl_ms,
