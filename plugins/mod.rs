@@ -25,6 +25,9 @@ use tollgate::store::ledger::LedgerStore;
 pub struct Services {
     pub identity: Option<Arc<Identity>>,
     pub ledger: Option<Arc<dyn LedgerStore>>,
+    /// The limiter store's Redis connection, shared by the limiter, the idempotency records and
+    /// the session placements (`tollgate::limits::shared_connection`).
+    pub redis: Option<Arc<tollgate::redis_conn::LazyRedis>>,
 }
 
 /// The chain in the order its request phases run (response phases run it backwards), with
@@ -66,7 +69,7 @@ pub fn build(config: &Config, services: &Services) -> Result<Chain, ConfigErrors
     let mut limiter: Option<Arc<FallbackLimiter>> = None;
     let mut open_limiter = |problems: &mut Vec<ConfigProblem>| -> Option<Arc<FallbackLimiter>> {
         if limiter.is_none() {
-            match tollgate::limits::open_limiter(&config.gateway.limits.store) {
+            match tollgate::limits::open_limiter(&config.gateway.limits.store, services.redis.clone()) {
                 Ok(store) => limiter = Some(Arc::new(FallbackLimiter::new(store, FallbackOptions::default()))),
                 Err(e) => problems.push(ConfigProblem {
                     file: config.source.clone(),
@@ -102,7 +105,7 @@ pub fn build(config: &Config, services: &Services) -> Result<Chain, ConfigErrors
                 }
             }
             "idempotency" => plugins.push(Arc::new(idempotency::Idempotency::new(
-                idempotency_store(&config.gateway.limits.store),
+                idempotency_store(&config.gateway.limits.store, services.redis.clone()),
                 u64::try_from(config.gateway.limits.lease_ttl.as_millis()).unwrap_or(u64::MAX),
             ))),
             "dialects" => {
@@ -140,17 +143,23 @@ pub fn build(config: &Config, services: &Services) -> Result<Chain, ConfigErrors
 }
 
 /// The idempotency records live in the limiter's store: in process, or on the same Redis.
-fn idempotency_store(cfg: &tollgate::limits::LimiterConfig) -> Arc<dyn tollgate::idempotency::IdempotencyStore> {
+fn idempotency_store(
+    cfg: &tollgate::limits::LimiterConfig,
+    shared: Option<Arc<tollgate::redis_conn::LazyRedis>>,
+) -> Arc<dyn tollgate::idempotency::IdempotencyStore> {
     use tollgate::idempotency::{DisabledRecords, InProcessRecords, RedisRecords};
     use tollgate::limits::LimiterConfig;
     match cfg {
         LimiterConfig::InProcess => Arc::new(InProcessRecords::new()),
-        LimiterConfig::Redis { url, options } => match RedisRecords::new(url, &options.prefix, options.timeout) {
-            Ok(r) => Arc::new(r),
-            Err(e) => {
-                log::error!("idempotency store: {e}");
-                Arc::new(DisabledRecords)
-            }
+        LimiterConfig::Redis { url, options } => match shared {
+            Some(redis) => Arc::new(RedisRecords::on(redis, &options.prefix, options.timeout)),
+            None => match RedisRecords::new(url, &options.prefix, options.timeout) {
+                Ok(r) => Arc::new(r),
+                Err(e) => {
+                    log::error!("idempotency store: {e}");
+                    Arc::new(DisabledRecords)
+                }
+            },
         },
         LimiterConfig::Disabled => Arc::new(DisabledRecords),
     }

@@ -19,10 +19,12 @@
 #   SAT_PLUGINS=         space-separated plugin chain (default: conf/tollgate.yaml's chain)
 #   SAT_PERF=            a directory: each run's `perf record -g` of the gateway is kept there
 #   SAT_PERF_POSTGRES=1  record every postgres process instead of the gateway
+#   SAT_SYSCALLS=1       also count the gateway's system calls per request (perf stat)
 #   DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres   REDIS_URL=redis://127.0.0.1:6379
 #
 # Output, one line per run: requests/s, the gateway's CPU per request (us, every thread,
-# from schedstat) and, on pg, PostgreSQL's CPU per request (every postgres process).
+# from schedstat), its context switches per request (every thread) and, on pg, PostgreSQL's
+# CPU per request (every postgres process).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/bench/config_yaml.sh
@@ -63,6 +65,8 @@ cpu_ns() {
     done
     echo "$total"
 }
+# Every thread's context switches (voluntary and not) of the process given.
+switches() { cat /proc/"$1"/task/*/status 2>/dev/null | awk '/ctxt_switches/ { n += $2 } END { print n + 0 }'; }
 pg_ns() { if [[ $STORE == pg ]]; then cpu_ns $(pgrep -x postgres || pgrep postgres); else echo 0; fi; }
 
 taskset -c 0 "$1/tollgate-mock-replica" --listen "127.0.0.1:$MOCK_PORT" --threads 1 >"$WORK/mock.log" 2>&1 &
@@ -115,9 +119,13 @@ run_one() {
     local -a wrk=(taskset -c 0 wrk -t1 "-c$CONNS" --timeout 10s -s scripts/bench/wrk_post.lua
         "http://127.0.0.1:$GW_PORT/v1/chat/completions")
     BENCH_BODY_FILE=$WORK/body.json BENCH_API_KEY=$key "${wrk[@]}" -d2s >/dev/null 2>&1
-    local g0 p0 g1 p1 out req
-    g0=$(cpu_ns "$gw") p0=$(pg_ns)
-    local perf=""
+    local g0 p0 g1 p1 s0 s1 out req sc=0
+    g0=$(cpu_ns "$gw") p0=$(pg_ns) s0=$(switches "$gw")
+    local perf="" calls=""
+    if [[ ${SAT_SYSCALLS:-0} == 1 ]]; then
+        perf stat -x, -e raw_syscalls:sys_enter -p "$gw" -o "$RUN/syscalls.csv" -- sleep "$SECS" >/dev/null 2>&1 &
+        calls=$!
+    fi
     if [[ -n ${SAT_PERF:-} ]]; then
         mkdir -p "$SAT_PERF"
         local who=$gw
@@ -127,7 +135,8 @@ run_one() {
     fi
     out=$(BENCH_BODY_FILE=$WORK/body.json BENCH_API_KEY=$key "${wrk[@]}" "-d${SECS}s" 2>&1)
     [[ -n $perf ]] && wait "$perf"
-    g1=$(cpu_ns "$gw") p1=$(pg_ns)
+    [[ -n $calls ]] && wait "$calls"
+    g1=$(cpu_ns "$gw") p1=$(pg_ns) s1=$(switches "$gw")
     req=$(sed -n 's/.*requests=\([0-9]*\).*/\1/p' <<<"$out" | head -1)
     [[ -n $req && $req -gt 0 ]] || { echo "no requests counted: $out" >&2; exit 1; }
     # A run with refusals or errors measured something else (a refusal is cheap): stop.
@@ -136,8 +145,10 @@ run_one() {
     kill "$gw"
     wait "$gw" 2>/dev/null || true
     [[ -n $db ]] && psql "$DATABASE_URL" -qtAX -c "DROP DATABASE $db" >/dev/null
-    awk -v b="$bin" -v r="$req" -v s="$SECS" -v g=$((g1 - g0)) -v p=$((p1 - p0)) 'BEGIN {
-        printf "%-24s %7.0f req/s  gateway %6.1f us/req", b, r / s, g / r / 1000
+    [[ -n $calls ]] && sc=$(awk -F, '/sys_enter/ { print $1 }' "$RUN/syscalls.csv")
+    awk -v b="$bin" -v r="$req" -v s="$SECS" -v g=$((g1 - g0)) -v p=$((p1 - p0)) -v w=$((s1 - s0)) -v sc="$sc" 'BEGIN {
+        printf "%-24s %7.0f req/s  gateway %6.1f us/req  %5.2f switches/req", b, r / s, g / r / 1000, w / r
+        if (sc > 0) printf "  %5.2f syscalls/req", sc * s / r / s
         if (p > 0) printf "  postgres %6.1f us/req", p / r / 1000
         printf "\n" }'
 }

@@ -175,3 +175,30 @@ async fn admissions_piling_up_on_a_stalled_store_are_shed_as_congested() {
         r.assert_error(503, "hosted_admission_unavailable");
     }
 }
+
+/// Decision 150: one gateway's limiter, idempotency records and session placements share one
+/// Redis connection, so a request's check and placement read leave in one write. A Redis of
+/// the test's own, so every other client on it is this gateway's.
+#[tokio::test]
+async fn the_limiter_the_records_and_the_placements_share_one_connection() {
+    let redis = RedisChild::start(RedisChild::free_port()).await;
+    let mock = Mock::start();
+    let prefix = prefix();
+    let opts = Opts { limits: Some(redis_limits(&redis.url(), &prefix, "")), ..Opts::default() };
+    let gw = Gateway::start_with(&mock, opts);
+    for i in 0..3 {
+        let key = format!("shared-connection-{i}");
+        let r = gw.post("/v1/chat/completions", &chat_body("chat-model", false), &[("idempotency-key", &key)]).await;
+        assert_eq!(r.status, 200, "{}", r.text);
+    }
+
+    let mut c = redis::Client::open(redis.url()).unwrap().get_multiplexed_async_connection().await.unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS").arg(format!("{{{prefix}}}:*")).query_async(&mut c).await.unwrap();
+    for kind in [":w:", ":i:", ":p:"] {
+        assert!(keys.iter().any(|k| k.contains(kind)), "no {kind} key: each store was used ({keys:?})");
+    }
+    let mine: i64 = redis::cmd("CLIENT").arg("ID").query_async(&mut c).await.unwrap();
+    let list: String = redis::cmd("CLIENT").arg("LIST").query_async(&mut c).await.unwrap();
+    let gateway_clients: Vec<&str> = list.lines().filter(|l| !l.starts_with(&format!("id={mine} "))).collect();
+    assert_eq!(gateway_clients.len(), 1, "the gateway's connections: {gateway_clients:#?}");
+}

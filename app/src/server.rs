@@ -63,7 +63,8 @@ pub fn run(config: Config, chain: Chain, services: Services, start: Start<'_>) -
         identity: services.identity.clone(),
         ledger: services.ledger.clone(),
     };
-    let gateway = Gateway::new(live.clone(), chain, placement_store(&config.gateway.limits.store));
+    let gateway =
+        Gateway::new(live.clone(), chain, placement_store(&config.gateway.limits.store, services.redis.clone()));
     let mut proxy = pingora::proxy::http_proxy_service(&server.configuration, gateway);
     match &config.gateway.tls {
         Some(tls) => {
@@ -137,17 +138,23 @@ fn spawn_reload_on_hangup(live: Arc<LiveConfig>) {
 }
 
 /// Session placements live in the limiter's store: in process, or on the same Redis (so every
-/// instance keeps a session on one replica).
-fn placement_store(cfg: &tollgate::limits::LimiterConfig) -> Arc<dyn tollgate::placements::PlacementStore> {
+/// instance keeps a session on one replica), over its connection (decision 150).
+fn placement_store(
+    cfg: &tollgate::limits::LimiterConfig,
+    shared: Option<Arc<tollgate::redis_conn::LazyRedis>>,
+) -> Arc<dyn tollgate::placements::PlacementStore> {
     use tollgate::limits::LimiterConfig;
     use tollgate::placements::{InProcessPlacements, RedisPlacements};
     match cfg {
-        LimiterConfig::Redis { url, options } => match RedisPlacements::new(url, &options.prefix, options.timeout) {
-            Ok(store) => Arc::new(store),
-            Err(e) => {
-                log::warn!("{e}; session placements are kept in this process");
-                Arc::new(InProcessPlacements::new())
-            }
+        LimiterConfig::Redis { url, options } => match shared {
+            Some(redis) => Arc::new(RedisPlacements::on(redis, &options.prefix, options.timeout)),
+            None => match RedisPlacements::new(url, &options.prefix, options.timeout) {
+                Ok(store) => Arc::new(store),
+                Err(e) => {
+                    log::warn!("{e}; session placements are kept in this process");
+                    Arc::new(InProcessPlacements::new())
+                }
+            },
         },
         _ => Arc::new(InProcessPlacements::new()),
     }

@@ -5,6 +5,7 @@
 //! Every call is bounded by the limiter's timeout; any failure is `Unavailable` (the plugin
 //! answers `503 idempotency_unavailable` before inference or charge).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -23,7 +24,7 @@ const RELEASE_LUA: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then \
     return redis.call('DEL', KEYS[1]) end return 0";
 
 pub struct RedisRecords {
-    redis: LazyRedis,
+    redis: Arc<LazyRedis>,
     tag: String,
     timeout: Duration,
     scripts: [redis::Script; 4],
@@ -36,12 +37,17 @@ fn unavailable(e: impl std::fmt::Display) -> RecordsError {
 impl RedisRecords {
     /// Parses the URL; does not connect (the first call does). `prefix` is the limiter's.
     pub fn new(url: &str, prefix: &str, timeout: Duration) -> Result<Self, RecordsError> {
-        Ok(Self {
-            redis: LazyRedis::open(url, timeout).map_err(unavailable)?,
+        Ok(Self::on(Arc::new(LazyRedis::open(url, timeout).map_err(unavailable)?), prefix, timeout))
+    }
+
+    /// On the limiter store's connection (decision 150).
+    pub fn on(redis: Arc<LazyRedis>, prefix: &str, timeout: Duration) -> Self {
+        Self {
+            redis,
             tag: format!("{{{prefix}}}"),
             timeout,
             scripts: [BEGIN_LUA, RENEW_LUA, SETTLE_LUA, RELEASE_LUA].map(redis::Script::new),
-        })
+        }
     }
 
     async fn conn(&self) -> Result<ConnectionManager, RecordsError> {

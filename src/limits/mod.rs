@@ -223,9 +223,27 @@ pub enum LimiterConfig {
     },
 }
 
-/// The one factory. Never connects (a Redis store connects on first use, so a gateway can start
-/// during an outage); never logs credentials.
-pub fn open_limiter(cfg: &LimiterConfig) -> Result<Arc<dyn LimiterStore>, LimiterError> {
+/// The connection a Redis limiter store shares with the idempotency records and the session
+/// placements kept under its prefix: one multiplexed connection, so a request's commands sent
+/// in the same instant leave in one write and come back in one read (decision 150). `None`
+/// for the other stores, and for a URL that does not parse (`open_limiter` reports it).
+/// Never connects.
+pub fn shared_connection(cfg: &LimiterConfig) -> Option<Arc<crate::redis_conn::LazyRedis>> {
+    match cfg {
+        LimiterConfig::Redis { url, options } => {
+            crate::redis_conn::LazyRedis::open(url, options.timeout).ok().map(Arc::new)
+        }
+        _ => None,
+    }
+}
+
+/// The one factory, on `shared` when given (see [`shared_connection`]). Never connects (a
+/// Redis store connects on first use, so a gateway can start during an outage); never logs
+/// credentials.
+pub fn open_limiter(
+    cfg: &LimiterConfig,
+    shared: Option<Arc<crate::redis_conn::LazyRedis>>,
+) -> Result<Arc<dyn LimiterStore>, LimiterError> {
     Ok(match cfg {
         LimiterConfig::Disabled => {
             log::warn!("limiter store: disabled; rate-limited routes answer 503 limiter_unavailable");
@@ -236,7 +254,10 @@ pub fn open_limiter(cfg: &LimiterConfig) -> Result<Arc<dyn LimiterStore>, Limite
             Arc::new(InProcessLimiter::new())
         }
         LimiterConfig::Redis { url, options } => {
-            let store = RedisLimiter::new(url, options.clone())?;
+            let store = match shared {
+                Some(redis) => RedisLimiter::on(redis, options.clone())?,
+                None => RedisLimiter::new(url, options.clone())?,
+            };
             log::info!("limiter store: redis at {}", redact(url));
             Arc::new(store)
         }

@@ -84,6 +84,27 @@ fn malformed(reply: &[i64]) -> LimiterError {
 impl RedisLimiter {
     /// Parses the URL; does not connect (the first call does).
     pub fn new(url: &str, opts: RedisOptions) -> Result<Self, LimiterError> {
+        Self::valid(&opts)?;
+        let redis =
+            LazyRedis::open(url, opts.timeout).map_err(|e| LimiterError::Invalid(format!("{} ({e})", redact(url))))?;
+        Self::on(Arc::new(redis), opts)
+    }
+
+    /// On a connection opened already: the one the gateway shares between the limiter, the
+    /// idempotency records and the session placements (decision 150).
+    pub fn on(redis: Arc<LazyRedis>, opts: RedisOptions) -> Result<Self, LimiterError> {
+        Self::valid(&opts)?;
+        Ok(Self {
+            redis,
+            tag: format!("{{{}}}", opts.prefix),
+            opts,
+            check_script: redis::Script::new(CHECK_LUA),
+            renew_script: redis::Script::new(RENEW_LUA),
+            releases: Arc::default(),
+        })
+    }
+
+    fn valid(opts: &RedisOptions) -> Result<(), LimiterError> {
         if opts.prefix.is_empty() || opts.prefix.contains(['{', '}']) {
             return Err(LimiterError::Invalid(format!(
                 "redis key prefix {:?} must be non-empty, no braces",
@@ -93,17 +114,7 @@ impl RedisLimiter {
         if opts.timeout.is_zero() {
             return Err(LimiterError::Invalid("redis timeout must be above zero".into()));
         }
-        let redis = Arc::new(
-            LazyRedis::open(url, opts.timeout).map_err(|e| LimiterError::Invalid(format!("{} ({e})", redact(url))))?,
-        );
-        Ok(Self {
-            redis,
-            tag: format!("{{{}}}", opts.prefix),
-            opts,
-            check_script: redis::Script::new(CHECK_LUA),
-            renew_script: redis::Script::new(RENEW_LUA),
-            releases: Arc::default(),
-        })
+        Ok(())
     }
 
     /// Round-trips a `PING` (readiness).

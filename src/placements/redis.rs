@@ -1,7 +1,9 @@
 //! Session placements on Redis, shared by every gateway using it: `GETEX` (the read resets
-//! the idle time) and `SET ... PX`, one round trip each, under the limiter's hash tag
-//! (`{<prefix>}:p:<key>`), bounded by the limiter's timeout.
+//! the idle time) and `SET ... PX` under the limiter's hash tag (`{<prefix>}:p:<key>`),
+//! bounded by the limiter's timeout, on the limiter's connection when the gateway composes
+//! them (decision 150).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -10,7 +12,7 @@ use super::{Placed, PlacementStore, StoreDown};
 use crate::redis_conn::LazyRedis;
 
 pub struct RedisPlacements {
-    redis: LazyRedis,
+    redis: Arc<LazyRedis>,
     tag: String,
     timeout: Duration,
 }
@@ -22,7 +24,13 @@ fn down(e: impl std::fmt::Display) -> StoreDown {
 impl RedisPlacements {
     /// Parses the URL; does not connect (the first call does). `prefix` is the limiter's.
     pub fn new(url: &str, prefix: &str, timeout: Duration) -> Result<Self, StoreDown> {
-        Ok(Self { redis: LazyRedis::open(url, timeout).map_err(down)?, tag: format!("{{{prefix}}}"), timeout })
+        Ok(Self::on(Arc::new(LazyRedis::open(url, timeout).map_err(down)?), prefix, timeout))
+    }
+
+    /// On the limiter store's connection, so a `GETEX` sent while the chain's check is in
+    /// flight leaves in the same write (decision 150).
+    pub fn on(redis: Arc<LazyRedis>, prefix: &str, timeout: Duration) -> Self {
+        Self { redis, tag: format!("{{{prefix}}}"), timeout }
     }
 
     fn key(&self, key: u64) -> String {

@@ -9,7 +9,7 @@ use prometheus::{IntCounterVec, register_int_counter_vec};
 
 use crate::ctx::RequestCtx;
 use crate::error::GatewayError;
-use crate::placements::{self, Placed, PlacementStore};
+use crate::placements::{self, Placed, PlacementStore, StoreDown};
 use crate::request;
 
 static PLACEMENTS: LazyLock<Option<IntCounterVec>> = LazyLock::new(|| {
@@ -28,15 +28,38 @@ pub(super) fn identify(headers: &http::HeaderMap, cx: &mut RequestCtx) {
     }
 }
 
-/// Place `cx` on a replica (`hosted_model_at_capacity` when the replicas offered are full).
-pub(super) async fn place(store: &dyn PlacementStore, cx: &mut RequestCtx) -> Result<(), GatewayError> {
+/// The stored placement of `cx`'s session, read while the plugins run (`None`: no session
+/// key, nothing to read). The future owns what it needs, so the chain can borrow `cx`
+/// meanwhile; on Redis its `GETEX` leaves with the chain's first round trip (decision 150).
+pub(super) fn lookup<'s>(
+    store: &'s dyn PlacementStore,
+    cx: &RequestCtx,
+) -> impl std::future::Future<Output = Option<Result<Option<Placed>, StoreDown>>> + Send + use<'s> {
     let ttl_ms = cx.config.gateway.budgets.session_affinity_idle_ttl_seconds.saturating_mul(1000);
     let key = cx.placement.as_ref().and_then(|p| p.affinity).map(|a| a.key);
-    let stored = match key {
-        Some(k) => store.get(k, ttl_ms).await.unwrap_or_else(|e| {
+    async move {
+        match key {
+            Some(k) => Some(store.get(k, ttl_ms).await),
+            None => None,
+        }
+    }
+}
+
+/// Place `cx` on a replica given its session's `looked_up` placement
+/// (`hosted_model_at_capacity` when the replicas offered are full).
+pub(super) async fn place(
+    store: &dyn PlacementStore,
+    cx: &mut RequestCtx,
+    looked_up: Option<Result<Option<Placed>, StoreDown>>,
+) -> Result<(), GatewayError> {
+    let ttl_ms = cx.config.gateway.budgets.session_affinity_idle_ttl_seconds.saturating_mul(1000);
+    let key = cx.placement.as_ref().and_then(|p| p.affinity).map(|a| a.key);
+    let stored = match looked_up {
+        Some(Ok(stored)) => stored,
+        Some(Err(e)) => {
             log::warn!("{}: {e}; placing by hashing", cx.request_id);
             None
-        }),
+        }
         None => None,
     };
     if let Some(p) = cx.placement.as_mut() {

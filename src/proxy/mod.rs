@@ -76,7 +76,9 @@ impl Gateway {
         request::resolve_model(cx, route)?;
         affinity::identify(&s.req_header().headers, cx);
         crate::faults::panic_point("request");
-        let rewritten = match self.chain.on_request(s, cx).await? {
+        let lookup = affinity::lookup(&*self.placements, cx);
+        let (flow, looked_up) = tokio::join!(self.chain.on_request(s, cx), lookup);
+        let rewritten = match flow? {
             Flow::Handled => return Ok(Flow::Handled),
             Flow::Forward(body) => Some(body),
             Flow::Continue => None,
@@ -90,7 +92,7 @@ impl Gateway {
                 "This endpoint's dialect is not enabled on this gateway.",
             ));
         }
-        affinity::place(&*self.placements, cx).await?;
+        affinity::place(&*self.placements, cx, looked_up).await?;
         let body = match rewritten {
             Some(b) => b,
             None => request::forwarded_body(cx, raw)?,
