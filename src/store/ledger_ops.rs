@@ -10,7 +10,7 @@
 //! recorded by its row alone (decision 133), so the balance stays the sum of the entries less
 //! the open holds' amounts.
 
-use std::collections::{HashMap, HashSet};
+use crate::fast_map::{FastMap, FastSet};
 
 use super::StoreError;
 use super::ledger::{HoldOutcome, SettleOutcome, Settlement};
@@ -111,13 +111,13 @@ pub struct HoldRow {
 /// What the batch reads under the workspace locks.
 #[derive(Debug, Clone, Default)]
 pub struct Snapshot {
-    pub workspaces: HashMap<String, Money>,
+    pub workspaces: FastMap<String, Money>,
     /// The hold rows of the batch's request ids (any state).
-    pub holds: HashMap<String, HoldRow>,
+    pub holds: FastMap<String, HoldRow>,
     /// Request ids of the batch that already have a settlement entry.
-    pub settled: HashSet<String>,
+    pub settled: FastSet<String>,
     /// The plans of the locked workspaces.
-    pub plans: HashMap<String, PlanRecord>,
+    pub plans: FastMap<String, PlanRecord>,
 }
 
 /// A hold row to insert (in its final state: a hold placed and settled in one batch is
@@ -164,7 +164,7 @@ pub fn plan(ops: &[LedgerOp], snap: Snapshot) -> Plan {
     let mut p = Planner {
         snap,
         plan: Plan::default(),
-        new_holds: HashSet::new(),
+        new_holds: FastSet::default(),
         changed_holds: Vec::new(),
         changed_ws: Vec::new(),
         changed_plans: Vec::new(),
@@ -190,7 +190,7 @@ pub fn plan(ops: &[LedgerOp], snap: Snapshot) -> Plan {
 struct Planner {
     snap: Snapshot,
     plan: Plan,
-    new_holds: HashSet<String>,
+    new_holds: FastSet<String>,
     changed_holds: Vec<String>,
     changed_ws: Vec<String>,
     changed_plans: Vec<String>,
