@@ -20,6 +20,7 @@
 #   SAT_PERF=            a directory: each run's `perf record -g` of the gateway is kept there
 #   SAT_PERF_POSTGRES=1  record every postgres process instead of the gateway
 #   SAT_SYSCALLS=1       also count the gateway's system calls per request (perf stat)
+#   SAT_STREAM=1         streamed requests (the mock's 64-token SSE answer, usage included)
 #   DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres   REDIS_URL=redis://127.0.0.1:6379
 #
 # Output, one line per run: requests/s, the gateway's CPU per request (us, every thread,
@@ -74,7 +75,9 @@ PIDS+=($!)
 wait_port $MOCK_PORT
 bench_models_yaml >"$WORK/models.yaml"
 bench_upstreams_yaml $MOCK_PORT 4096 >"$WORK/upstreams.yaml"
-printf '{"model":"llama-3.1-8b-instruct","messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"Write one short sentence about gateways."}],"max_tokens":512}' >"$WORK/body.json"
+STREAM=""
+[[ ${SAT_STREAM:-0} == 1 ]] && STREAM=',"stream":true,"stream_options":{"include_usage":true}'
+printf '{"model":"llama-3.1-8b-instruct","messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"Write one short sentence about gateways."}],"max_tokens":512%s}' "$STREAM" >"$WORK/body.json"
 
 admin() {
     curl -sS --max-time 10 -H "authorization: Bearer $(<"$RUN/secrets/admin_token")" \
@@ -153,7 +156,7 @@ run_one() {
         printf "\n" }'
 }
 
-echo "store $STORE, limiter $LIMITER, c=$CONNS, ${SECS}s, chain: $PLUGINS"
+echo "store $STORE, limiter $LIMITER, c=$CONNS, ${SECS}s, stream ${SAT_STREAM:-0}, chain: $PLUGINS"
 n=0
 for _ in $(seq "$ROUNDS"); do
     for d in "$@"; do

@@ -61,6 +61,13 @@ pub trait LedgerWrites: Send + Sync {
 
     /// Request ids of open holds whose expiry has passed.
     async fn expired_holds(&self, now: Millis) -> Result<Vec<String>, StoreError>;
+
+    /// Whether the writer's runtime needs an I/O driver: a store whose connections the writer
+    /// drives itself (PostgreSQL, decision 151). Without one, waking the writer is a futex
+    /// wake (decision 134).
+    fn needs_io(&self) -> bool {
+        false
+    }
 }
 
 /// Apply one op through `w` (the unbatched backends use this, so there is one write path).
@@ -167,13 +174,16 @@ impl BatchedLedger {
         queue: usize,
     ) -> Result<BatchedLedger, StoreError> {
         let (tx, rx) = mpsc::channel(queue.max(1));
-        // Timers only (the settlement linger): SQLite runs inline and PostgreSQL on the store
-        // runtime, so the writer needs no IO driver, and waking it from a request thread is a
-        // futex wake instead of an eventfd write and an epoll return (decision 134).
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .build()
-            .map_err(|e| StoreError::Unavailable(format!("ledger writer runtime: {e}")))?;
+        // SQLite runs inline and needs timers only (the settlement linger): waking the writer
+        // from a request thread is then a futex wake instead of an eventfd write and an epoll
+        // return (decision 134). PostgreSQL's batches run on connections the writer drives
+        // itself, which need the I/O driver (decision 151).
+        let mut rt = tokio::runtime::Builder::new_current_thread();
+        if writes.needs_io() {
+            rt.enable_io();
+        }
+        let rt =
+            rt.enable_time().build().map_err(|e| StoreError::Unavailable(format!("ledger writer runtime: {e}")))?;
         let w = writes.clone();
         let congestion = Arc::new(Congestion::new());
         let seen = congestion.clone();

@@ -177,29 +177,40 @@ impl Drop for InTransaction {
     }
 }
 
+/// One batch in one transaction on `c`.
+async fn apply_on(c: deadpool_postgres::Object, ops: Arc<[LedgerOp]>) -> Result<Vec<OpResult>, tokio_postgres::Error> {
+    let (lock, holds, settled, plans, write) = tokio::try_join!(
+        c.prepare_cached(lock_sql()),
+        c.prepare_cached(HOLDS),
+        c.prepare_cached(SETTLED),
+        c.prepare_cached(plans_sql()),
+        c.prepare_cached(WRITE)
+    )?;
+    let statements = Statements { lock, holds, settled, plans, write };
+    let conn = InTransaction(Some(c));
+    let Some(c) = conn.0.as_ref() else { return Ok(Vec::new()) };
+    let outcome = apply_in_transaction(c, &statements, &ops).await;
+    if outcome.is_err() {
+        // An aborted or half-sent transaction must not go back to the pool open.
+        let _ = c.batch_execute("ROLLBACK").await;
+    }
+    conn.done();
+    outcome
+}
+
 #[async_trait]
 impl LedgerWrites for PostgresStore {
+    /// On the writer's thread, with its own connections (decision 151); elsewhere on the store
+    /// runtime.
     async fn apply(&self, ops: Arc<[LedgerOp]>) -> Result<Vec<OpResult>, StoreError> {
-        self.with_client(move |c| async move {
-            let (lock, holds, settled, plans, write) = tokio::try_join!(
-                c.prepare_cached(lock_sql()),
-                c.prepare_cached(HOLDS),
-                c.prepare_cached(SETTLED),
-                c.prepare_cached(plans_sql()),
-                c.prepare_cached(WRITE)
-            )?;
-            let statements = Statements { lock, holds, settled, plans, write };
-            let conn = InTransaction(Some(c));
-            let Some(c) = conn.0.as_ref() else { return Ok(Vec::new()) };
-            let outcome = apply_in_transaction(c, &statements, &ops).await;
-            if outcome.is_err() {
-                // An aborted or half-sent transaction must not go back to the pool open.
-                let _ = c.batch_execute("ROLLBACK").await;
-            }
-            conn.done();
-            outcome
-        })
-        .await
+        if crate::store::ledger_batch::on_writer_thread() {
+            return self.on_writer(|c| apply_on(c, ops)).await;
+        }
+        self.with_client(move |c| apply_on(c, ops)).await
+    }
+
+    fn needs_io(&self) -> bool {
+        true
     }
 
     async fn expired_holds(&self, now: Millis) -> Result<Vec<String>, StoreError> {

@@ -32,6 +32,9 @@ fn store_runtime() -> Result<&'static tokio::runtime::Runtime, StoreError> {
 pub struct PostgresStore {
     pub(super) pool: Pool,
     pub(super) rt: tokio::runtime::Handle,
+    /// The ledger writer's own connections, used only on its thread, so their I/O runs there
+    /// and a batch needs no other thread (decision 151). They connect on first use.
+    pub(super) writer: Pool,
 }
 
 pub(super) fn pg(e: tokio_postgres::Error) -> StoreError {
@@ -64,36 +67,44 @@ pub(super) fn ko(e: tokio_postgres::Error) -> KeyOpError {
 /// that is logged.
 const PLANNING: [&str; 2] = ["SET plan_cache_mode = force_generic_plan", "SET enable_seqscan = off"];
 
+/// The writer runs one batch at a time; a second connection stands by for a broken one.
+const WRITER_CONNECTIONS: usize = 2;
+
+/// A pool of at most `max` connections, each set up with [`PLANNING`]. Connects on first use,
+/// and a connection's I/O task runs on the runtime that opened it.
+fn new_pool(cfg: tokio_postgres::Config, max: usize) -> Result<Pool, StoreError> {
+    let mgr = Manager::from_config(cfg, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
+    Pool::builder(mgr)
+        .post_create(Hook::async_fn(|client, _| {
+            Box::pin(async move {
+                for setting in PLANNING {
+                    if let Err(e) = client.batch_execute(setting).await {
+                        log::warn!(
+                            "PostgreSQL refused `{setting}` ({e}); statements are planned as the server decides"
+                        );
+                    }
+                }
+                Ok(())
+            })
+        }))
+        .max_size(max)
+        .runtime(Runtime::Tokio1)
+        .wait_timeout(Some(CALL_TIMEOUT))
+        .create_timeout(Some(CALL_TIMEOUT))
+        .recycle_timeout(Some(CALL_TIMEOUT))
+        .build()
+        .map_err(|e| StoreError::Unavailable(format!("pool: {e}")))
+}
+
 impl PostgresStore {
     pub async fn connect(url: &str) -> Result<PostgresStore, StoreError> {
         let cfg: tokio_postgres::Config =
             url.parse().map_err(|e| StoreError::Unavailable(format!("bad PostgreSQL URL: {e}")))?;
         let rt = store_runtime()?.handle().clone();
-        let pool = rt
-            .spawn(async move {
-                let mgr = Manager::from_config(cfg, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
-                Pool::builder(mgr)
-                    .post_create(Hook::async_fn(|client, _| {
-                        Box::pin(async move {
-                            for setting in PLANNING {
-                                if let Err(e) = client.batch_execute(setting).await {
-                                    log::warn!("PostgreSQL refused `{setting}` ({e}); statements are planned as the server decides");
-                                }
-                            }
-                            Ok(())
-                        })
-                    }))
-                    .max_size(16)
-                    .runtime(Runtime::Tokio1)
-                    .wait_timeout(Some(CALL_TIMEOUT))
-                    .create_timeout(Some(CALL_TIMEOUT))
-                    .recycle_timeout(Some(CALL_TIMEOUT))
-                    .build()
-            })
-            .await
-            .map_err(|e| StoreError::Unavailable(e.to_string()))?
-            .map_err(|e| StoreError::Unavailable(format!("pool: {e}")))?;
-        let store = PostgresStore { pool, rt };
+        let writer = new_pool(cfg.clone(), WRITER_CONNECTIONS)?;
+        let pool =
+            rt.spawn(async move { new_pool(cfg, 16) }).await.map_err(|e| StoreError::Unavailable(e.to_string()))??;
+        let store = PostgresStore { pool, rt, writer };
         store.ping().await?;
         Ok(store)
     }
@@ -118,6 +129,22 @@ impl PostgresStore {
             })
             .await
             .map_err(|e| KeyOpError::Store(format!("store task failed: {e}")))?
+    }
+
+    /// Run `f` with one of the ledger writer's own clients, here on the writer's thread,
+    /// bounded by `CALL_TIMEOUT` (decision 151).
+    pub(super) async fn on_writer<T, F, Fut>(&self, f: F) -> Result<T, StoreError>
+    where
+        F: FnOnce(deadpool_postgres::Object) -> Fut,
+        Fut: Future<Output = Result<T, tokio_postgres::Error>>,
+    {
+        let work = async {
+            let client = self.writer.get().await.map_err(|e| StoreError::Unavailable(format!("pool: {e}")))?;
+            f(client).await.map_err(pg)
+        };
+        tokio::time::timeout(CALL_TIMEOUT, work)
+            .await
+            .unwrap_or_else(|_| Err(StoreError::Unavailable("PostgreSQL did not answer in time".into())))
     }
 
     /// Run `f` with a pooled client (reads and write transactions alike), with store errors
@@ -193,5 +220,31 @@ mod tests {
                 .unwrap()
         });
         assert!(plan.contains("plan_probe_pkey") && !plan.contains("Seq Scan"), "plan:\n{plan}");
+    }
+
+    /// Decision 151: the ledger writer's batches run on its own connections, opened on its
+    /// thread (none of the store's pool is needed for them).
+    #[test]
+    fn the_ledger_writer_runs_its_batches_on_its_own_connections() {
+        use crate::store::IdentityStore;
+        use crate::store::ledger::LedgerStore;
+        let url =
+            std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+        let db = format!("tollgate_t_writer_{}_{}", std::process::id(), crate::clock::now_ms());
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let server = PostgresStore::connect(&url)
+                .await
+                .unwrap_or_else(|e| panic!("PostgreSQL at {url}: {e} (start it with scripts/services.sh)"));
+            let create = format!("CREATE DATABASE {db}");
+            server.with_client(move |c| async move { c.batch_execute(&create).await }).await.unwrap();
+            let base = url.rsplit_once('/').map_or(url.as_str(), |(b, _)| b);
+            let store = std::sync::Arc::new(PostgresStore::connect(&format!("{base}/{db}")).await.unwrap());
+            store.migrate().await.unwrap();
+            assert_eq!(store.writer.status().size, 0, "nothing opened the writer's connections yet");
+            let ledger = crate::store::ledger_batch::BatchedLedger::new(store.clone()).unwrap();
+            assert!(!ledger.release_hold("no-such-request", crate::clock::now_ms()).await.unwrap());
+            assert_eq!(store.writer.status().size, 1, "the batch ran on the writer's own connection");
+        });
     }
 }
