@@ -26,7 +26,7 @@
 //! undercharge whose hold the sweeper releases (decision 100).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -34,6 +34,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::StoreError;
 use super::ledger::{Balance, LedgerEntry, LedgerStore};
+use super::ledger_congestion::Congestion;
 use super::ledger_ops::{LedgerOp, OpResult};
 use crate::clock::Millis;
 use crate::plans::{PlanRecord, PlanTerms};
@@ -107,36 +108,6 @@ impl Job {
     /// A hold or funding decision: a request waits for it before going upstream.
     fn holds(&self) -> bool {
         matches!(self.op, LedgerOp::Hold { .. } | LedgerOp::Fund(_))
-    }
-}
-
-/// How long ops wait for the writer, as the writer sees it. Read by every hold, written once
-/// per batch: two atomics, no lock.
-struct Congestion {
-    epoch: Instant,
-    /// Queue wait of the oldest op of the batch being applied or last applied (ms); 0 once
-    /// the writer finds the queue empty.
-    seen_wait_ms: AtomicU64,
-    /// 1 + the ms (since `epoch`) at which the batch being applied started; 0 when none is.
-    applying_since: AtomicU64,
-}
-
-impl Congestion {
-    fn new() -> Congestion {
-        Congestion { epoch: Instant::now(), seen_wait_ms: AtomicU64::new(0), applying_since: AtomicU64::new(0) }
-    }
-
-    fn ms(&self) -> u64 {
-        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX - 1)
-    }
-
-    /// The longer of the last queue wait seen and how long the running batch has taken: a
-    /// store stalled mid-batch sheds holds too, before the queue shows it.
-    fn wait(&self) -> Duration {
-        let seen = self.seen_wait_ms.load(Ordering::Relaxed);
-        let since = self.applying_since.load(Ordering::Relaxed);
-        let running = if since == 0 { 0 } else { self.ms().saturating_sub(since - 1) };
-        Duration::from_millis(seen.max(running))
     }
 }
 
