@@ -1,6 +1,6 @@
 //! The Redis connection every shared store uses (limiter, idempotency records, session
-//! placements): parsed at start, connected on first use, one multiplexed connection per
-//! store. No retries inside the manager: a failed attempt surfaces at once (each store bounds
+//! placements): parsed at start, connected on first use, one multiplexed connection that the
+//! gateway shares between the three (decision 150). No retries inside the manager: a failed attempt surfaces at once (each store bounds
 //! its calls by its own timeout and says what a failure means for a request), and the next
 //! call tries again.
 

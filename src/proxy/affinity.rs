@@ -28,6 +28,13 @@ pub(super) fn identify(headers: &http::HeaderMap, cx: &mut RequestCtx) {
     }
 }
 
+/// The session key of `cx` (none without a conversation to keep together) and how long its
+/// placement is kept idle.
+fn session(cx: &RequestCtx) -> (Option<u64>, u64) {
+    let ttl_ms = cx.config.gateway.budgets.session_affinity_idle_ttl_seconds.saturating_mul(1000);
+    (cx.placement.as_ref().and_then(|p| p.affinity).map(|a| a.key), ttl_ms)
+}
+
 /// The stored placement of `cx`'s session, read while the plugins run (`None`: no session
 /// key, nothing to read). The future owns what it needs, so the chain can borrow `cx`
 /// meanwhile; on Redis its `GETEX` leaves with the chain's first round trip (decision 150).
@@ -35,8 +42,7 @@ pub(super) fn lookup<'s>(
     store: &'s dyn PlacementStore,
     cx: &RequestCtx,
 ) -> impl std::future::Future<Output = Option<Result<Option<Placed>, StoreDown>>> + Send + use<'s> {
-    let ttl_ms = cx.config.gateway.budgets.session_affinity_idle_ttl_seconds.saturating_mul(1000);
-    let key = cx.placement.as_ref().and_then(|p| p.affinity).map(|a| a.key);
+    let (key, ttl_ms) = session(cx);
     async move {
         match key {
             Some(k) => Some(store.get(k, ttl_ms).await),
@@ -52,8 +58,7 @@ pub(super) async fn place(
     cx: &mut RequestCtx,
     looked_up: Option<Result<Option<Placed>, StoreDown>>,
 ) -> Result<(), GatewayError> {
-    let ttl_ms = cx.config.gateway.budgets.session_affinity_idle_ttl_seconds.saturating_mul(1000);
-    let key = cx.placement.as_ref().and_then(|p| p.affinity).map(|a| a.key);
+    let (key, ttl_ms) = session(cx);
     let stored = match looked_up {
         Some(Ok(stored)) => stored,
         Some(Err(e)) => {

@@ -1,6 +1,7 @@
-//! The PostgreSQL connection pool and the one way every store call runs: on a dedicated
-//! store runtime (Pingora gives each service its own tokio runtime, and a pooled connection's
-//! I/O task lives on the runtime that opened it), bounded by `CALL_TIMEOUT`.
+//! The PostgreSQL connection pools and how a store call runs, bounded by `CALL_TIMEOUT`: on a
+//! dedicated store runtime (Pingora gives each service its own tokio runtime, and a pooled
+//! connection's I/O task lives on the runtime that opened it), except the ledger writer's
+//! batches, which run on its own thread with connections of its own (decision 151).
 
 use std::future::Future;
 use std::sync::OnceLock;

@@ -52,11 +52,9 @@ fn no_more(rest: &[String]) -> Result<(), String> {
 
 /// Open the stores and services the config names (migrating when configured to).
 pub fn open_services(config: &Config, force_migrate: bool) -> Result<Services, String> {
+    let redis = tollgate::limits::shared_connection(&config.gateway.limits.store);
     let Some(id) = &config.gateway.identity else {
-        return Ok(Services {
-            redis: tollgate::limits::shared_connection(&config.gateway.limits.store),
-            ..Services::default()
-        });
+        return Ok(Services { redis, ..Services::default() });
     };
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
     let stores = rt.block_on(async {
@@ -72,7 +70,7 @@ pub fn open_services(config: &Config, force_migrate: bool) -> Result<Services, S
     Ok(Services {
         identity: Some(Arc::new(Identity::new(stores.identity, secrets, KeyCache::default()))),
         ledger: Some(stores.ledger),
-        redis: tollgate::limits::shared_connection(&config.gateway.limits.store),
+        redis,
     })
 }
 
