@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use bytes::Bytes;
+use futures_util::FutureExt;
 use pingora::http::ResponseHeader;
 use pingora::proxy::Session;
 use serde_json::{Map, Value};
@@ -140,9 +141,18 @@ impl Chain {
         Value::Object(object)
     }
 
+    /// Every plugin's log hook, in order. A panic in one is logged and the others still run:
+    /// a later hook settles the request (billing), and that must not depend on an earlier one.
     pub async fn on_log(&self, cx: &mut RequestCtx) {
         for p in &self.plugins {
-            p.on_log(cx).await;
+            let hook = async {
+                crate::faults::panic_point_in("log", p.name());
+                p.on_log(cx).await
+            };
+            if let Err(payload) = std::panic::AssertUnwindSafe(hook).catch_unwind().await {
+                let what = crate::faults::panic_text(&*payload);
+                log::error!("{}: panic in the {} plugin's log hook: {what}", cx.request_id, p.name());
+            }
         }
     }
 }

@@ -17,6 +17,8 @@ pub enum UsageBasis {
     ProviderReported,
     /// Counted from delivered frames because no usage report arrived (clarification 13).
     DeliveredFrames,
+    /// A forwarded answer without a usage report: the request's input estimate (decision 153).
+    RequestEstimate,
 }
 
 /// Who paid for a response when it was not credits (the usage's `service.paid_from`).
@@ -128,6 +130,33 @@ pub fn figures(
         total_tokens: total,
         cached_tokens: cached,
         cost,
+        basis,
+        paid: None,
+    }
+}
+
+/// Figures of a forwarded answer (embeddings, rerank, audio, images; decision 153): its
+/// `usage` read with the names replicas use (`prompt_tokens` or `input_tokens`,
+/// `completion_tokens` or `output_tokens`, else `total_tokens` as input), or, without one,
+/// `input_estimate` input tokens. The input is charged even without output tokens: for these
+/// routes the answer is the output (the chat rule "no billable output settles at zero" is
+/// about generated text).
+pub fn from_forwarded(model: &ModelEntry, usage: Option<&Value>, input_estimate: u64) -> UsageFigures {
+    let count = |names: &[&str]| usage.and_then(|u| names.iter().find_map(|n| u.get(*n)?.as_u64()));
+    let completion = count(&["completion_tokens", "output_tokens"]);
+    let prompt = count(&["prompt_tokens", "input_tokens"])
+        .or_else(|| count(&["total_tokens"]).map(|t| t.saturating_sub(completion.unwrap_or(0))));
+    let (prompt, completion, basis) = match (prompt, completion) {
+        (None, None) => (input_estimate, 0, UsageBasis::RequestEstimate),
+        (p, c) => (p.unwrap_or(0), c.unwrap_or(0), UsageBasis::ProviderReported),
+    };
+    let pricing = model.pricing_at(jiff::Timestamp::now().as_millisecond());
+    UsageFigures {
+        prompt_tokens: prompt,
+        completion_tokens: completion,
+        total_tokens: prompt.saturating_add(completion),
+        cached_tokens: 0,
+        cost: cost_microcents(pricing.as_ref(), prompt, 0, completion),
         basis,
         paid: None,
     }

@@ -202,3 +202,26 @@ async fn a_silent_messages_stream_gets_pings_between_whole_events() {
     let r = gw.post_as("/v1/messages", &msg_body(true), &quick).await;
     assert!(!r.text.contains("event: ping"), "{}", r.text);
 }
+
+#[tokio::test]
+async fn forcing_any_of_several_tools_is_refused_on_a_limited_model() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&mock);
+    let headers = [("x-api-key", gw.key.as_str()), ("anthropic-version", "2023-06-01")];
+    let tool = |name: &str| json!({"name": name, "input_schema": {"type": "object"}});
+    let ask = |model: &str, tools: Value| {
+        json!({"model": model, "max_tokens": 8, "tools": tools, "tool_choice": {"type": "any"},
+               "messages": [{"role": "user", "content": "hi"}]})
+    };
+    // vision-model declares `forced_tool_calling: limited`.
+    let r = gw.post_as("/v1/messages", &ask("vision-model", json!([tool("a"), tool("b")])), &headers).await;
+    assert_eq!(r.status, 400, "{}", r.text);
+    let v = r.json();
+    assert_eq!((v["type"].as_str(), v["error"]["type"].as_str()), (Some("error"), Some("invalid_request_error")));
+    assert!(v["error"]["message"].as_str().unwrap().contains("several tools"), "{v}");
+    assert_eq!(mock.stats().await["requests"], 0, "refused before the replica");
+    // A single tool can still be forced there.
+    let r = gw.post_as("/v1/messages", &ask("vision-model", json!([tool("a")])), &headers).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(mock.last_request().await["body"]["tool_choice"], "required");
+}

@@ -60,6 +60,7 @@ both_backends!(
     patch_copy_rules_and_audit,
     migrations_are_idempotent,
     no_plaintext_key_is_stored,
+    a_key_of_an_older_format_is_flagged_until_rotated,
 );
 
 async fn keys_round_trip_by_digest(store: Arc<dyn IdentityStore>) {
@@ -180,6 +181,26 @@ async fn rotation_over_twenty_live_keys_changes_nothing(store: Arc<dyn IdentityS
     // Revoking the previous key at once keeps the scope at twenty: allowed.
     let ok = id.rotate_key(&target.id, RotateOpts { revoke_previous_immediately: true, grace_ms: None }).await;
     assert!(ok.is_ok());
+}
+
+async fn a_key_of_an_older_format_is_flagged_until_rotated(store: Arc<dyn IdentityStore>) {
+    // Spec, API key: "a key older than the current format is flagged and must be rotated to
+    // get the current format".
+    let id = identity(store.clone());
+    let ws = id.create_workspace("legacy", RateTier::Free).await.unwrap();
+    let current = tollgate::identity::keys::CURRENT_FORMAT;
+    let old = tollgate::identity::KeyRecord { format_version: current - 1, ..raw_key(&ws.id, None) };
+    store.create_key(&old, now_ms()).await.unwrap();
+    let stored = store.key(&old.id).await.unwrap().unwrap();
+    assert_eq!(stored.format_version, current - 1, "the format is stored as written");
+    assert!(stored.legacy_format(), "an older format is flagged");
+    let (fresh, _) = id.create_key(&ws.id, NewKey::default()).await.unwrap();
+    assert!(!fresh.legacy_format(), "a new key has the current format");
+    let (successor, _, previous) = id.rotate_key(&old.id, RotateOpts::default()).await.unwrap();
+    assert!(previous.legacy_format(), "the rotated key keeps its flag through its grace");
+    let stored = store.key(&successor.id).await.unwrap().unwrap();
+    assert_eq!(stored.format_version, current);
+    assert!(!stored.legacy_format(), "rotation gives the current format");
 }
 
 async fn revoke_erases_the_copy_and_delete_forgets(store: Arc<dyn IdentityStore>) {

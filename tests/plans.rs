@@ -468,7 +468,10 @@ async fn the_model_object_shows_plan_concurrency_and_the_pro_token_floor_only_wh
     assert_eq!(m["max_concurrent_plan_requests_per_workspace"], 3, "{m}");
     assert_eq!(m["max_concurrent_standby_requests_per_workspace"], 1);
     assert_eq!(m["max_tokens_per_minute_per_workspace"], 1_000_000, "starter has no token floor");
-    assert!(model(&list, "embed-model").get("max_concurrent_plan_requests_per_workspace").is_none(), "not covered");
+    assert!(model(&list, "embed-model").get("max_concurrent_plan_requests_per_workspace").is_none(), "unpriced");
+    let embed = model(&list, "priced-embed-model");
+    assert_eq!(embed["max_concurrent_plan_requests_per_workspace"], 3, "embeddings are covered: {embed}");
+    assert!(embed.get("max_concurrent_standby_requests_per_workspace").is_none(), "Standby's field: chat models");
     assert!(model(&list, "dead-model").get("max_concurrent_plan_requests_per_workspace").is_none(), "unpriced");
 
     set_plan(&gw, &gw.workspace, json!({"tier": "pro", "status": "active"}));
@@ -482,6 +485,22 @@ async fn the_model_object_shows_plan_concurrency_and_the_pro_token_floor_only_wh
     let m = gw.get("/v1/models/chat-model").await.json();
     assert!(m.get("max_concurrent_plan_requests_per_workspace").is_none(), "a plan that does not serve: {m}");
     assert_eq!(m["max_tokens_per_minute_per_workspace"], 1_000_000);
+}
+
+#[tokio::test]
+async fn a_serving_plan_pays_for_embeddings_and_meters_their_usage() {
+    let mock = Mock::start();
+    let gw = Gateway::start_with(&mock, opts(false, None, plans_yaml(0.2, 4, 1)));
+    set_plan(&gw, &gw.workspace, json!({"tier": "starter", "status": "active"}));
+    // priced-embed-model: input a cent a token; the replica reports 6 tokens.
+    let b = json!({"model": "priced-embed-model", "input": "hello"});
+    let r = gw.post("/v1/embeddings", &b, &[("x-mock-prompt-tokens", "6")]).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(funding(&r).as_deref(), Some("plan"), "embeddings are a covered category");
+    assert_eq!(r.json()["object"], "list", "the answer is forwarded as the replica wrote it");
+    let p = plan_state(&gw, &gw.workspace);
+    assert_eq!(p["five_hour"]["used_microcents"], 6 * M, "the reported usage is metered: {p}");
+    assert_eq!(ledger(&gw, &gw.workspace)["balance_cents"], 100, "the balance is untouched");
 }
 
 #[tokio::test]

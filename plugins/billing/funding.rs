@@ -12,10 +12,14 @@ use tollgate::routes::Route;
 use tollgate::store::ledger_ops::FundRefusal;
 use tollgate::usage::PaidFrom;
 
-/// Plans cover `chat`: chat completions, messages and Responses (spec "What the service
-/// does" item 4); the other covered categories are not served by this gateway yet.
+/// The covered operation categories (spec "What the service does" item 4): `chat` (chat
+/// completions, messages, Responses), `embeddings` and `rerank`. Images and audio stay
+/// pay-as-you-go on credits.
 pub fn covered(route: Option<Route>) -> bool {
-    matches!(route, Some(Route::ChatCompletions | Route::Messages | Route::Responses))
+    matches!(
+        route,
+        Some(Route::ChatCompletions | Route::Messages | Route::Responses | Route::Embeddings | Route::Rerank)
+    )
 }
 
 /// Record an admitted request's funding in the context: who pays (for the usage object) and

@@ -3,9 +3,14 @@
 //! coding plan, else pay-as-you-go credits), settlement of the delivered usage in the log
 //! phase (exactly once, per request id), and the reads `GET /v1/credits` and `GET /v1/usage`.
 
+mod finish;
+mod forwarded;
 mod funding;
 mod standby;
 mod usage_read;
+
+use finish::Finish;
+use forwarded::Forwarded;
 
 use std::sync::Arc;
 
@@ -128,10 +133,14 @@ impl Billing {
     /// credit hold in whole cents (rounded up: the hold must cover the cost).
     fn estimate(cx: &RequestCtx) -> (Microcents, i64) {
         let Some(pricing) = cx.model().and_then(|m| m.pricing_at(now_ms())) else { return (Microcents::ZERO, 0) };
-        let ceiling = crate::shared::ChatRequest::of(cx)
-            .output_ceiling
-            .or(cx.model().and_then(|m| m.max_output_tokens))
-            .unwrap_or(DEFAULT_OUTPUT_CEILING);
+        let ceiling = if forwarded::is_forwarded(cx.route) {
+            forwarded::output_ceiling(cx.route, cx.model().map(|m| &**m), DEFAULT_OUTPUT_CEILING)
+        } else {
+            crate::shared::ChatRequest::of(cx)
+                .output_ceiling
+                .or(cx.model().and_then(|m| m.max_output_tokens))
+                .unwrap_or(DEFAULT_OUTPUT_CEILING)
+        };
         let value = tollgate::usage::cost_microcents(Some(&pricing), cx.prompt_estimate, 0, ceiling);
         (value, value.ceil_cents().0)
     }
@@ -204,6 +213,9 @@ impl Plugin for Billing {
             };
             return Err(with_free_window(GatewayError::new(ErrorKind::AccountFrozen, why), cx));
         }
+        if forwarded::is_forwarded(cx.route) {
+            cx.prompt_estimate = forwarded::input_estimate(cx);
+        }
         let now = now_ms();
         let key_limit = self.key_limit(&p, now).await?;
         let (value, hold) = Self::estimate(cx);
@@ -273,8 +285,9 @@ impl Plugin for Billing {
         }
     }
 
-    /// While the caller's workspace plan serves, a covered (priced chat) model publishes the
-    /// plan and Standby concurrency per workspace (so `GET /v1/models` depends on the caller).
+    /// While the caller's workspace plan serves, a covered (priced chat, embeddings or rerank)
+    /// model publishes the plan concurrency per workspace, and a chat model the Standby
+    /// concurrency beside it (so `GET /v1/models` depends on the caller).
     fn describe_model(
         &self,
         model: &tollgate::config::ModelEntry,
@@ -284,14 +297,43 @@ impl Plugin for Billing {
         let now = now_ms();
         let Some(tier) = cx.principal.as_ref().and_then(|p| p.plan).and_then(|b| b.serving_tier(now)) else { return };
         let chat = ["chat_completions", "messages", "responses"].iter().any(|e| model.supports(e));
-        if !chat || model.pricing_at(now).is_none() {
+        let covered = chat || ["embeddings", "rerank"].iter().any(|e| model.supports(e));
+        if !covered || model.pricing_at(now).is_none() {
             return;
         }
         let limits = self.plans.limits(tier);
         object.insert("max_concurrent_plan_requests_per_workspace".into(), json!(limits.plan_concurrency));
+        if !chat {
+            return;
+        }
         let closed = cx.config.pools.get(&model.id).is_some_and(|pool| standby::capacity(model, pool) == 0);
         let standby = if closed { 0 } else { limits.standby_concurrency };
         object.insert("max_concurrent_standby_requests_per_workspace".into(), json!(standby));
+    }
+
+    fn on_response_header(
+        &self,
+        resp: &mut pingora::http::ResponseHeader,
+        cx: &mut RequestCtx,
+    ) -> Result<(), GatewayError> {
+        if forwarded::is_forwarded(cx.route) && resp.status.is_success() && cx.principal.is_some() {
+            cx.ext.insert(Forwarded::default());
+        }
+        Ok(())
+    }
+
+    fn on_response_chunk(&self, body: &mut Option<Bytes>, eos: bool, cx: &mut RequestCtx) -> Result<(), GatewayError> {
+        let Some(f) = cx.ext.get_mut::<Forwarded>() else { return Ok(()) };
+        f.push(body.as_ref(), eos);
+        if eos {
+            // The usage is known at the end of the answer, so every log hook sees it, as the
+            // chat pipeline's (decision 153).
+            let answer = std::mem::take(f);
+            if let Some(m) = cx.model() {
+                cx.usage = answer.figures(m, cx.prompt_estimate).map(|u| u.paid_by(cx.paid_from));
+            }
+        }
+        Ok(())
     }
 
     async fn on_log(&self, cx: &mut RequestCtx) {
@@ -352,53 +394,5 @@ impl Plugin for Billing {
             }
         });
         self.ledger.clone().submit_detached(op, done);
-    }
-}
-
-/// The last step of a billed request.
-enum Finish {
-    Settle(Settlement),
-    Release(String),
-}
-
-impl Finish {
-    async fn run(&self, ledger: &dyn LedgerStore) -> Result<(), tollgate::store::StoreError> {
-        self.outcome(ledger.submit(self.op()).await)
-    }
-
-    /// The ledger op of one attempt.
-    fn op(&self) -> tollgate::store::ledger_ops::LedgerOp {
-        use tollgate::store::ledger_ops::LedgerOp;
-        match self {
-            Finish::Settle(s) => LedgerOp::Settle(s.clone()),
-            Finish::Release(rid) => LedgerOp::Release { request_id: rid.clone(), now: now_ms() },
-        }
-    }
-
-    /// Whether the op's outcome recorded it.
-    fn outcome(&self, r: tollgate::store::ledger_ops::OpResult) -> Result<(), tollgate::store::StoreError> {
-        match self {
-            Finish::Settle(_) => tollgate::store::ledger::settle_outcome(r).map(|_| ()),
-            Finish::Release(_) => tollgate::store::ledger::release_outcome(r).map(|_| ()),
-        }
-    }
-
-    /// Retry with backoff (1 s doubling to 60 s) for about an hour; whether it was recorded.
-    async fn retry(self, ledger: &dyn LedgerStore) -> bool {
-        let mut wait = std::time::Duration::from_secs(1);
-        for _ in 0..70 {
-            tokio::time::sleep(wait).await;
-            tollgate::metrics::settlement_retried();
-            match self.run(ledger).await {
-                Ok(()) => {
-                    log::info!("settlement recorded after a retry");
-                    return true;
-                }
-                Err(e) => log::warn!("settlement retry failed: {e}"),
-            }
-            wait = (wait * 2).min(std::time::Duration::from_secs(60));
-        }
-        log::error!("settlement abandoned after an hour of retries; the hold expires and is released");
-        false
     }
 }

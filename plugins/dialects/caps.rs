@@ -34,6 +34,8 @@ pub struct ModelCaps {
     /// `input_modalities` includes `image`.
     pub image_input: bool,
     pub tool_calling: bool,
+    /// A call cannot be forced among several tools (`forced_tool_calling: limited`).
+    pub forced_tool_calling_limited: bool,
     pub json_mode: bool,
     /// Declared efforts, ascending and without repeats; empty when none are declared.
     pub reasoning_efforts: Vec<Effort>,
@@ -45,6 +47,7 @@ impl ModelCaps {
         ModelCaps {
             image_input: model.input_modalities.iter().any(|m| m == "image"),
             tool_calling: model.tool_calling,
+            forced_tool_calling_limited: model.chat.forced_tool_calling_limited,
             json_mode: model.json_mode,
             reasoning_efforts: efforts,
         }

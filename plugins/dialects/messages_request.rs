@@ -51,7 +51,7 @@ pub fn to_chat_with(body: &Value, caps: &ModelCaps, purpose: Purpose) -> Result<
         out.insert("stop".into(), stop);
     }
     let declared = tools(obj.get("tools"), caps)?;
-    let choice = tool_choice(obj.get("tool_choice"), &declared.names)?;
+    let choice = tool_choice(obj.get("tool_choice"), &declared.names, caps)?;
     if let Some(t) = declared.tools {
         out.insert("tools".into(), t);
     }

@@ -81,7 +81,7 @@ pub fn tools(v: Option<&Value>, caps: &ModelCaps) -> Result<Tools, GatewayError>
     Ok(Tools { tools: Some(Value::Array(out)), names })
 }
 
-pub fn tool_choice(v: Option<&Value>, names: &[String]) -> Result<Choice, GatewayError> {
+pub fn tool_choice(v: Option<&Value>, names: &[String], caps: &ModelCaps) -> Result<Choice, GatewayError> {
     let Some(v) = v.filter(|v| !v.is_null()) else {
         return Ok(Choice::default());
     };
@@ -123,6 +123,16 @@ pub fn tool_choice(v: Option<&Value>, names: &[String]) -> Result<Choice, Gatewa
             "tool_choice",
             "`tool_choice` forces a tool call but `tools` is empty.",
         ));
+    }
+    if choice == "required" && names.len() > 1 && caps.forced_tool_calling_limited {
+        // Spec (messages request table): `any` with several tools is refused on models
+        // limited in forced tool calling; one named tool, or a single tool, still works.
+        return Err(GatewayError::new(
+            ErrorKind::HostedCapabilityNotSupported,
+            "This model cannot be forced to choose among several tools; name one with \
+             `{\"type\": \"tool\", \"name\": ...}` or use `auto`.",
+        )
+        .with_param("tool_choice"));
     }
     Ok(Choice { tool_choice: Some(choice), parallel_tool_calls: parallel })
 }

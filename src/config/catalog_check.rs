@@ -62,6 +62,9 @@ pub(super) struct RawModel {
     // Chat request rules and token counting (`chat_rules.rs`); never published.
     /// `any` (default) or `first_only` (spec rule 6).
     system_message: Option<String>,
+    /// `full` (default) or `limited`: a messages `tool_choice {type: any}` beside several
+    /// tools is refused (the messages request table).
+    forced_tool_calling: Option<String>,
     /// Effort forwarded when a JSON format comes without `reasoning_effort` (rule 9).
     json_format_effort: Option<String>,
     #[serde(default)]
@@ -144,6 +147,7 @@ pub(super) fn check_model(
         &at,
         RawChatRules {
             system_message: m.system_message.as_deref(),
+            forced_tool_calling: m.forced_tool_calling.as_deref(),
             json_format_effort: m.json_format_effort.as_deref(),
             json_format_refused_efforts: &m.json_format_refused_efforts,
             refused_efforts: &m.refused_efforts,

@@ -1,7 +1,8 @@
 //! Per-model request rules of the chat serving path that `models.yaml` declares but
 //! `GET /v1/models` never shows (the spec's Model object has no such fields): the system
-//! message shape (rule 6), the JSON-format effort remedy (rule 9), refused efforts (rule 10)
-//! and the tokenizer used to count prompts (rule 11, `count_tokens`).
+//! message shape (rule 6), the JSON-format effort remedy (rule 9), refused efforts (rule 10),
+//! the tokenizer used to count prompts (rule 11, `count_tokens`) and whether a call can be
+//! forced among several tools (the messages request's `tool_choice`).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -23,6 +24,9 @@ pub enum SystemMessages {
 #[derive(Debug, Default)]
 pub struct ChatRules {
     pub system_messages: SystemMessages,
+    /// `forced_tool_calling: limited`: the model cannot be forced to call one of several
+    /// tools (`tool_choice {type: any}` with two or more tools is refused).
+    pub forced_tool_calling_limited: bool,
     /// Effort forwarded when a JSON format comes without `reasoning_effort` (rule 9);
     /// `None`: the model enforces JSON formats while reasoning, nothing is substituted.
     pub json_format_effort: Option<String>,
@@ -37,6 +41,7 @@ pub struct ChatRules {
 /// The raw fields, as `models.yaml` spells them.
 pub(super) struct RawChatRules<'a> {
     pub system_message: Option<&'a str>,
+    pub forced_tool_calling: Option<&'a str>,
     pub json_format_effort: Option<&'a str>,
     pub json_format_refused_efforts: &'a [String],
     pub refused_efforts: &'a [String],
@@ -58,6 +63,14 @@ pub(super) fn check(
         Some(other) => {
             p.add(at("system_message"), format!("`{other}` is not one of any, first_only"));
             SystemMessages::Any
+        }
+    };
+    let forced_tool_calling_limited = match raw.forced_tool_calling {
+        None | Some("full") => false,
+        Some("limited") => true,
+        Some(other) => {
+            p.add(at("forced_tool_calling"), format!("`{other}` is not one of full, limited"));
+            false
         }
     };
     let mut effort_ok = |path: String, e: &str| {
@@ -101,6 +114,7 @@ pub(super) fn check(
     });
     ChatRules {
         system_messages,
+        forced_tool_calling_limited,
         json_format_effort: raw.json_format_effort.map(str::to_string),
         json_format_refused_efforts: raw.json_format_refused_efforts.to_vec(),
         refused_efforts: raw.refused_efforts.to_vec(),
@@ -131,18 +145,24 @@ mod tests {
     #[test]
     fn rules_load_and_stay_out_of_the_model_object() {
         let yaml = format!(
-            "{BASE}    system_message: first_only\n    json_format_effort: low\n    json_format_refused_efforts: [high]\n    refused_efforts: [none]\n    tokenizer: tok.json\n"
+            "{BASE}    system_message: first_only\n    forced_tool_calling: limited\n    json_format_effort: low\n    json_format_refused_efforts: [high]\n    refused_efforts: [none]\n    tokenizer: tok.json\n"
         );
         let config = load(&yaml).unwrap_or_else(|e| panic!("{e}"));
         let m = &config.catalog.models[0];
         assert_eq!(m.chat.system_messages, SystemMessages::FirstOnly);
+        assert!(m.chat.forced_tool_calling_limited);
         assert_eq!(m.chat.json_format_effort.as_deref(), Some("low"));
         assert_eq!(m.chat.refused_efforts, ["none"]);
         assert!(m.chat.tokenizer.is_some(), "path relative to models.yaml");
         let published = m.to_json();
-        for field in
-            ["system_message", "json_format_effort", "json_format_refused_efforts", "refused_efforts", "tokenizer"]
-        {
+        for field in [
+            "system_message",
+            "forced_tool_calling",
+            "json_format_effort",
+            "json_format_refused_efforts",
+            "refused_efforts",
+            "tokenizer",
+        ] {
             assert!(published.get(field).is_none(), "{field} is not part of the Model object");
         }
     }
@@ -151,6 +171,7 @@ mod tests {
     fn bad_rules_are_config_problems_naming_the_field() {
         for (extra, path) in [
             ("system_message: last\n", "models[0].system_message"),
+            ("forced_tool_calling: partial\n", "models[0].forced_tool_calling"),
             ("refused_efforts: [extreme]\n", "models[0].refused_efforts[0]"),
             ("json_format_refused_efforts: [high]\n", "models[0].json_format_effort"),
             ("json_format_effort: high\n    json_format_refused_efforts: [high]\n", "models[0].json_format_effort"),

@@ -114,11 +114,7 @@ fn replace_held(cx: &mut RequestCtx, err: &GatewayError) -> bool {
 /// A panic caught in a phase: logged once with its message, answered as `500 internal_error`
 /// (never a dropped connection where a response can still be written).
 pub(super) fn panicked(phase: &str, payload: &(dyn std::any::Any + Send), request_id: &str) -> GatewayError {
-    let what = payload
-        .downcast_ref::<&str>()
-        .copied()
-        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
-        .unwrap_or("(no message)");
+    let what = crate::faults::panic_text(payload);
     log::error!("{request_id}: panic in the {phase} phase: {what}");
     GatewayError::internal("The gateway failed unexpectedly.")
 }

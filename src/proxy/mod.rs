@@ -383,9 +383,7 @@ impl ProxyHttp for Gateway {
                     .map(|f| f.paid_by(cx.paid_from));
             }
         }
-        if let Err(p) = AssertUnwindSafe(self.chain.on_log(cx)).catch_unwind().await {
-            panicked("log", &*p, &cx.request_id);
-        }
+        self.chain.on_log(cx).await; // each hook's panic is caught and logged there
         cx.logged = true;
         crate::metrics::record(cx, status, cx.started.elapsed());
         failure::access_log(s, cx, status, self.settings.access_log_json);

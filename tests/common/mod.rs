@@ -122,7 +122,7 @@ pub fn models_yaml() -> String {
 pub fn chat_rules_models_yaml() -> String {
     let tokenizer = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/tokenizers/tiny-bpe.json");
     format!(
-        "  - id: rules-model\n    supported_endpoints: [chat_completions, messages]\n    json_mode: true\n    reasoning_efforts: [none, low, medium, high]\n    context_window: 300\n    system_message: first_only\n    json_format_effort: none\n    json_format_refused_efforts: [low, medium, high]\n    refused_efforts: [minimal]\n  - id: vision-model\n    supported_endpoints: [chat_completions, messages]\n    tool_calling: true\n    json_mode: true\n    input_modalities: [text, image]\n    context_window: 4096\n    tokenizer: \"{tokenizer}\"\n"
+        "  - id: rules-model\n    supported_endpoints: [chat_completions, messages]\n    json_mode: true\n    reasoning_efforts: [none, low, medium, high]\n    context_window: 300\n    system_message: first_only\n    json_format_effort: none\n    json_format_refused_efforts: [low, medium, high]\n    refused_efforts: [minimal]\n  - id: vision-model\n    supported_endpoints: [chat_completions, messages]\n    tool_calling: true\n    forced_tool_calling: limited\n    json_mode: true\n    input_modalities: [text, image]\n    context_window: 4096\n    tokenizer: \"{tokenizer}\"\n"
     )
 }
 
@@ -152,6 +152,14 @@ models:
   - id: embed-model
     modality: embedding
     supported_endpoints: [embeddings]
+  - id: priced-embed-model
+    modality: embedding
+    supported_endpoints: [embeddings]
+    pricing: { input: 10000, output: 0 }
+  - id: priced-rerank-model
+    modality: rerank
+    supported_endpoints: [rerank]
+    pricing: { input: 10000, output: 0 }
   - id: paused-model
     supported_endpoints: [chat_completions]
     availability: paused
@@ -316,6 +324,8 @@ impl Gateway {
             ("chat-model", &chat_extra, &chat, opts.chat_concurrency),
             ("shared-cache-model", "", &m, 64),
             ("embed-model", "    upstream_model: org/embed\n", &m, 64),
+            ("priced-embed-model", "", &m, 64),
+            ("priced-rerank-model", "", &m, 64),
             ("paused-model", "", &m, 64),
             ("pricey-model", "", &m, 256),
             ("stream-model", "", &m, 256),

@@ -57,6 +57,7 @@ fn caps_are_read_from_a_real_catalog_entry() {
         "- id: vision\n",
         "  supported_endpoints: [chat_completions, messages]\n",
         "  tool_calling: true\n",
+        "  forced_tool_calling: limited\n",
         "  input_modalities: [text, image]\n",
         "  reasoning_efforts: [high, none, low, low]\n",
         "- id: plain\n",
@@ -67,6 +68,7 @@ fn caps_are_read_from_a_real_catalog_entry() {
         ModelCaps {
             image_input: true,
             tool_calling: true,
+            forced_tool_calling_limited: true,
             json_mode: false,
             reasoning_efforts: vec![Effort::None, Effort::Low, Effort::High],
         }

@@ -20,6 +20,7 @@ pub fn caps(image_input: bool, tool_calling: bool, json_mode: bool, efforts: &[&
     ModelCaps {
         image_input,
         tool_calling,
+        forced_tool_calling_limited: false,
         json_mode,
         reasoning_efforts: efforts.iter().filter_map(|e| Effort::parse(e)).collect(),
     }

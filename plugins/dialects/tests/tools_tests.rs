@@ -3,7 +3,7 @@
 use serde_json::{Value, json};
 
 use super::support::*;
-use crate::dialects::{Purpose, to_chat_with};
+use crate::dialects::{ModelCaps, Purpose, to_chat_with};
 use tollgate::error::ErrorKind;
 
 fn weather() -> Value {
@@ -139,4 +139,28 @@ fn tools_on_a_model_without_tool_calling_are_a_missing_capability() {
         ErrorKind::HostedCapabilityNotSupported,
         "tools",
     );
+}
+
+#[test]
+fn forcing_any_of_several_tools_is_refused_only_where_the_model_is_limited() {
+    let limited = ModelCaps { forced_tool_calling_limited: true, ..text_model() };
+    let noop = json!({ "name": "noop", "input_schema": { "type": "object" } });
+    let any = Some(json!({ "type": "any" }));
+    let run =
+        |tools: Value, choice: Option<Value>, c: &ModelCaps| to_chat_with(&body(tools, choice), c, Purpose::Generate);
+    refused(
+        run(json!([weather(), noop.clone()]), any.clone(), &limited),
+        ErrorKind::HostedCapabilityNotSupported,
+        "tool_choice",
+    );
+    // One tool, a named tool, `auto`, or a model without the limit: forwarded.
+    let one = run(json!([weather()]), any.clone(), &limited).unwrap().body;
+    assert_eq!(one["tool_choice"], "required");
+    let named = json!({ "type": "tool", "name": "noop" });
+    let b = run(json!([weather(), noop.clone()]), Some(named), &limited).unwrap().body;
+    assert_eq!(b["tool_choice"]["function"]["name"], "noop");
+    let b = run(json!([weather(), noop.clone()]), Some(json!({ "type": "auto" })), &limited).unwrap().body;
+    assert_eq!(b["tool_choice"], "auto");
+    let b = run(json!([weather(), noop]), any, &text_model()).unwrap().body;
+    assert_eq!(b["tool_choice"], "required");
 }

@@ -1,0 +1,53 @@
+//! The last step of a billed request, settle or release, and its retry while the store is
+//! down (both are idempotent per request id, so a retry never charges twice).
+
+use tollgate::clock::now_ms;
+use tollgate::store::ledger::{LedgerStore, Settlement};
+
+/// The last step of a billed request.
+pub(super) enum Finish {
+    Settle(Settlement),
+    Release(String),
+}
+
+impl Finish {
+    async fn run(&self, ledger: &dyn LedgerStore) -> Result<(), tollgate::store::StoreError> {
+        self.outcome(ledger.submit(self.op()).await)
+    }
+
+    /// The ledger op of one attempt.
+    pub(super) fn op(&self) -> tollgate::store::ledger_ops::LedgerOp {
+        use tollgate::store::ledger_ops::LedgerOp;
+        match self {
+            Finish::Settle(s) => LedgerOp::Settle(s.clone()),
+            Finish::Release(rid) => LedgerOp::Release { request_id: rid.clone(), now: now_ms() },
+        }
+    }
+
+    /// Whether the op's outcome recorded it.
+    pub(super) fn outcome(&self, r: tollgate::store::ledger_ops::OpResult) -> Result<(), tollgate::store::StoreError> {
+        match self {
+            Finish::Settle(_) => tollgate::store::ledger::settle_outcome(r).map(|_| ()),
+            Finish::Release(_) => tollgate::store::ledger::release_outcome(r).map(|_| ()),
+        }
+    }
+
+    /// Retry with backoff (1 s doubling to 60 s) for about an hour; whether it was recorded.
+    pub(super) async fn retry(self, ledger: &dyn LedgerStore) -> bool {
+        let mut wait = std::time::Duration::from_secs(1);
+        for _ in 0..70 {
+            tokio::time::sleep(wait).await;
+            tollgate::metrics::settlement_retried();
+            match self.run(ledger).await {
+                Ok(()) => {
+                    log::info!("settlement recorded after a retry");
+                    return true;
+                }
+                Err(e) => log::warn!("settlement retry failed: {e}"),
+            }
+            wait = (wait * 2).min(std::time::Duration::from_secs(60));
+        }
+        log::error!("settlement abandoned after an hour of retries; the hold expires and is released");
+        false
+    }
+}
