@@ -51,6 +51,21 @@ def admin_post(base: str, path: str, body: dict, method: str = "POST") -> dict:
 ADMIN: dict = {}
 
 
+def admin_get(path: str) -> dict:
+    req = urllib.request.Request(ADMIN["url"] + path, headers={"authorization": f"Bearer {ADMIN_TOKEN}"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.loads(r.read())
+
+
+@pytest.fixture()
+def fresh_workspace(gateway):
+    """A new workspace (its $1 grant) and a key of it: (base url, key, workspace id)."""
+    base, _ = gateway
+    ws = admin_post(ADMIN["url"], "/admin/v1/workspaces", {"name": "pytest-fresh"})
+    key = admin_post(ADMIN["url"], f"/admin/v1/workspaces/{ws['id']}/keys", {})
+    return base, key["key"], ws["id"]
+
+
 @pytest.fixture(scope="session")
 def plan_gateway(gateway):
     """The same gateway, with a key of a workspace on an active `pro` coding plan."""

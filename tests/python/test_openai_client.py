@@ -1,6 +1,10 @@
 """The official `openai` client, unchanged, pointed at {base}/v1."""
+import time
+
 import openai
 import pytest
+
+from conftest import admin_get
 
 MODEL = "llama-3.1-8b-instruct"
 
@@ -117,3 +121,21 @@ def test_plan_funding_headers_and_plan_paid_usage(plan_gateway):
     assert extra["service"]["cost_microcents"] == 0
     assert extra["service"]["paid_from"] == "plan"
     assert extra["service"]["plan_value_microcents"] > 0
+
+
+def test_embeddings_are_served_and_billed_from_the_reported_usage(fresh_workspace):
+    base, key, ws = fresh_workspace
+    c = openai.OpenAI(base_url=f"{base}/v1", api_key=key, max_retries=0)
+    r = c.embeddings.create(model="bge-m3", input=["hello world", "goodbye"])
+    assert [d.index for d in r.data] == [0, 1]
+    assert r.usage.prompt_tokens > 0
+    # bge-m3 costs $0.01 per million input tokens: one microcent a token (decision 153).
+    deadline = time.time() + 5
+    while True:
+        ledger = admin_get(f"/admin/v1/workspaces/{ws}/ledger")
+        settled = [e["cost_microcents"] for e in ledger["entries"] if e["kind"] == "settlement"]
+        if settled or time.time() > deadline:
+            break
+        time.sleep(0.05)
+    assert settled == [r.usage.prompt_tokens], ledger
+    assert ledger["held_cents"] == 0
