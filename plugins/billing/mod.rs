@@ -6,11 +6,13 @@
 mod finish;
 mod forwarded;
 mod funding;
+mod refusals;
 mod standby;
 mod usage_read;
 
 use finish::Finish;
 use forwarded::Forwarded;
+use refusals::{hold_failed, ledger_shed, store_down, with_free_window};
 
 use std::sync::Arc;
 
@@ -27,7 +29,6 @@ use tollgate::plans::PlanSettings;
 use tollgate::plans::decide::{FundAsk, Funding, Refusal};
 use tollgate::plugin::{Flow, Plugin};
 use tollgate::routes::Route;
-use tollgate::store::StoreError;
 use tollgate::store::ledger::{LedgerStore, Settlement};
 use tollgate::store::ledger_ops::{FundOp, FundRefusal};
 
@@ -70,38 +71,6 @@ impl Billing {
         self.standby = Some(standby::StandbyGate::new(store, lease_ttl));
         self
     }
-}
-
-/// `free_window_ended_at` only when the called model's free window closed within the last
-/// seven days; otherwise the field is absent (not null).
-fn with_free_window(err: GatewayError, cx: &RequestCtx) -> GatewayError {
-    match cx.model().and_then(|m| m.free_window_recently_ended(now_ms())) {
-        Some(end) => err.with_field("free_window_ended_at", iso(end)),
-        None => err,
-    }
-}
-
-/// The ledger sheds load (decision 131): the momentary capacity refusal, as the limits
-/// plugin's, with an estimate that varies between refusals and stays under a second, so
-/// `Retry-After` is 1.
-fn ledger_shed(request_id: &str, why: &dyn std::fmt::Display) -> GatewayError {
-    log::debug!("{request_id}: hold shed: {why}");
-    // `jittered` spreads 800..=1,200 ms; capped at a second so `Retry-After` stays 1.
-    crate::shared::shed::congested("ledger", crate::shared::shed::jittered(1_000).min(1_000))
-}
-
-/// The hold could not be placed: shed, or a failed reservation.
-fn hold_failed(request_id: &str, e: StoreError) -> GatewayError {
-    if let StoreError::Busy(why) = &e {
-        return ledger_shed(request_id, why);
-    }
-    log::warn!("{request_id}: hold not recorded: {e}");
-    GatewayError::new(ErrorKind::CreditReservationFailed, "The credit reservation could not be recorded; retry.")
-}
-
-fn store_down(e: impl std::fmt::Display) -> GatewayError {
-    log::warn!("ledger unavailable: {e}");
-    GatewayError::new(ErrorKind::DatastoreUnavailable, "The credits ledger cannot be read right now.")
 }
 
 impl Billing {
@@ -323,6 +292,9 @@ impl Plugin for Billing {
     }
 
     fn on_response_chunk(&self, body: &mut Option<Bytes>, eos: bool, cx: &mut RequestCtx) -> Result<(), GatewayError> {
+        if !forwarded::is_forwarded(cx.route) {
+            return Ok(()); // the chat pipeline reads the usage of generation routes
+        }
         let Some(f) = cx.ext.get_mut::<Forwarded>() else { return Ok(()) };
         f.push(body.as_ref(), eos);
         if eos {

@@ -6,7 +6,8 @@ use bytes::Bytes;
 use pingora::proxy::Session;
 use serde_json::{Value, json};
 
-use super::{Billing, store_down};
+use super::Billing;
+use super::refusals::store_down;
 use tollgate::clock::{iso, now_ms};
 use tollgate::ctx::RequestCtx;
 use tollgate::error::GatewayError;
