@@ -87,6 +87,9 @@ pub struct RequestCtx {
     pub config: Arc<Config>,
     pub request_id: String,
     pub started: Instant,
+    /// When the request arrived (Unix ms): the instant its usage is priced at, so a request
+    /// made inside a model's free window is free however late it ends (decision 155).
+    pub arrived_ms: crate::clock::Millis,
     /// `None` for a path that is not an endpoint.
     pub route: Option<Route>,
     pub envelope: Envelope,
@@ -187,6 +190,7 @@ impl RequestCtx {
             config,
             request_id: next_request_id(),
             started: Instant::now(),
+            arrived_ms: crate::clock::now_ms(),
             route: None,
             envelope: Envelope::Chat,
             principal: None,

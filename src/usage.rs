@@ -7,6 +7,7 @@
 
 use serde_json::Value;
 
+use crate::clock::Millis;
 use crate::config::{ModelEntry, Pricing};
 use crate::money::Microcents;
 
@@ -98,26 +99,29 @@ pub fn cost_microcents(pricing: Option<&Pricing>, prompt: u64, cached: u64, comp
     Microcents(u64::try_from(micro).unwrap_or(u64::MAX))
 }
 
-/// Figures from a replica's `usage` object; `None` when it is not one.
-pub fn from_provider(usage: &Value, model: &ModelEntry) -> Option<UsageFigures> {
+/// Figures from a replica's `usage` object, priced as at `priced_at` (the request's arrival);
+/// `None` when it is not one.
+pub fn from_provider(usage: &Value, model: &ModelEntry, priced_at: Millis) -> Option<UsageFigures> {
     let prompt = usage.get("prompt_tokens")?.as_u64()?;
     let completion = usage.get("completion_tokens").and_then(Value::as_u64).unwrap_or(0);
     let total = usage.get("total_tokens").and_then(Value::as_u64).unwrap_or(prompt + completion);
     let reported_cached = usage.pointer("/prompt_tokens_details/cached_tokens").and_then(Value::as_u64).unwrap_or(0);
-    Some(figures(model, prompt, reported_cached, completion, total, UsageBasis::ProviderReported))
+    Some(figures(model, priced_at, prompt, reported_cached, completion, total, UsageBasis::ProviderReported))
 }
 
-/// Price counts for `model`. Cached tokens count only where the model has an active cached
-/// tier on an isolated cache; otherwise they are billed (and reported) as uncached.
+/// Price counts for `model` as at `priced_at`. Cached tokens count only where the model has an
+/// active cached tier on an isolated cache; otherwise they are billed (and reported) as
+/// uncached.
 pub fn figures(
     model: &ModelEntry,
+    priced_at: Millis,
     prompt: u64,
     reported_cached: u64,
     completion: u64,
     total: u64,
     basis: UsageBasis,
 ) -> UsageFigures {
-    let pricing = model.pricing_at(jiff::Timestamp::now().as_millisecond());
+    let pricing = model.pricing_at(priced_at);
     let cached_tier = pricing.as_ref().is_some_and(|p| p.cached_input.is_some());
     let cached = if cached_tier { reported_cached.min(prompt) } else { 0 };
     // Spec, Usage object rules: a response with no billable output settles at zero (its
@@ -141,7 +145,12 @@ pub fn figures(
 /// `input_estimate` input tokens. The input is charged even without output tokens: for these
 /// routes the answer is the output (the chat rule "no billable output settles at zero" is
 /// about generated text).
-pub fn from_forwarded(model: &ModelEntry, usage: Option<&Value>, input_estimate: u64) -> UsageFigures {
+pub fn from_forwarded(
+    model: &ModelEntry,
+    priced_at: Millis,
+    usage: Option<&Value>,
+    input_estimate: u64,
+) -> UsageFigures {
     let count = |names: &[&str]| usage.and_then(|u| names.iter().find_map(|n| u.get(*n)?.as_u64()));
     let completion = count(&["completion_tokens", "output_tokens"]);
     let prompt = count(&["prompt_tokens", "input_tokens"])
@@ -150,7 +159,7 @@ pub fn from_forwarded(model: &ModelEntry, usage: Option<&Value>, input_estimate:
         (None, None) => (input_estimate, 0, UsageBasis::RequestEstimate),
         (p, c) => (p.unwrap_or(0), c.unwrap_or(0), UsageBasis::ProviderReported),
     };
-    let pricing = model.pricing_at(jiff::Timestamp::now().as_millisecond());
+    let pricing = model.pricing_at(priced_at);
     UsageFigures {
         prompt_tokens: prompt,
         completion_tokens: completion,
@@ -165,10 +174,16 @@ pub fn from_forwarded(model: &ModelEntry, usage: Option<&Value>, input_estimate:
 /// Usage of a response for which no usage report arrived but output was delivered (a stream
 /// cut short, clarification 13): the prompt estimate and the delivered output. `None` when
 /// nothing was delivered (nothing is billed).
-pub fn from_delivered(model: &ModelEntry, prompt_estimate: u64, delivered_tokens: u64) -> Option<UsageFigures> {
+pub fn from_delivered(
+    model: &ModelEntry,
+    priced_at: Millis,
+    prompt_estimate: u64,
+    delivered_tokens: u64,
+) -> Option<UsageFigures> {
     (delivered_tokens > 0).then(|| {
         figures(
             model,
+            priced_at,
             prompt_estimate,
             0,
             delivered_tokens,

@@ -278,6 +278,26 @@ async fn a_panic_in_an_earlier_log_hook_does_not_skip_the_settlement() {
 }
 
 #[tokio::test]
+async fn a_request_made_in_a_free_window_is_free_however_late_it_ends() {
+    let written = std::time::Instant::now(); // the catalog's window closes 6 s after this
+    let mock = Mock::start();
+    let gw = Gateway::start(&mock);
+    let ttft = CLOSING_FREE_WINDOW + std::time::Duration::from_secs(1);
+    assert!(written.elapsed() < CLOSING_FREE_WINDOW / 2, "the gateway took too long to start for this test");
+    let mut b = chat_body("closing-free-model", false);
+    b["max_tokens"] = json!(10);
+    let ttft_ms = ttft.as_millis().to_string();
+    let r = gw.post("/v1/chat/completions", &b, &[("x-mock-tokens", "5"), ("x-mock-ttft-ms", &ttft_ms)]).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert!(written.elapsed() > CLOSING_FREE_WINDOW, "the answer ended after the window closed");
+    assert_eq!(r.json()["usage"]["service"]["cost_microcents"], 0, "priced as when it was made: {}", r.text);
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let l = balance(&gw, &gw.workspace);
+    assert_eq!((l["balance_cents"].as_i64(), l["held_cents"].as_i64()), (Some(100), Some(0)), "{l}");
+    assert!(settled_costs(&l).is_empty(), "nothing charged: {l}");
+}
+
+#[tokio::test]
 async fn two_hundred_parallel_requests_never_overdraw_on_sqlite() {
     two_hundred_parallel_requests_never_overdraw(Opts::default()).await
 }

@@ -59,12 +59,12 @@ impl Forwarded {
 
     /// The usage to settle once the answer is whole; `None` before (a client gone before
     /// the end is billed nothing, as for a non-streamed chat answer).
-    pub(super) fn figures(&self, model: &ModelEntry, input_estimate: u64) -> Option<UsageFigures> {
+    pub(super) fn figures(&self, model: &ModelEntry, priced_at: i64, input_estimate: u64) -> Option<UsageFigures> {
         if !self.complete {
             return None;
         }
         let usage = if self.too_long { None } else { self.usage() };
-        Some(tollgate::usage::from_forwarded(model, usage.as_ref(), input_estimate))
+        Some(tollgate::usage::from_forwarded(model, priced_at, usage.as_ref(), input_estimate))
     }
 
     /// The answer's top-level `usage` object, if it is JSON and has one.

@@ -101,7 +101,7 @@ impl Billing {
     /// The most the request may cost (clarification 12): its value in microcents, and the
     /// credit hold in whole cents (rounded up: the hold must cover the cost).
     fn estimate(cx: &RequestCtx) -> (Microcents, i64) {
-        let Some(pricing) = cx.model().and_then(|m| m.pricing_at(now_ms())) else { return (Microcents::ZERO, 0) };
+        let Some(pricing) = cx.model().and_then(|m| m.pricing_at(cx.arrived_ms)) else { return (Microcents::ZERO, 0) };
         let ceiling = if forwarded::is_forwarded(cx.route) {
             forwarded::output_ceiling(cx.route, cx.model().map(|m| &**m), DEFAULT_OUTPUT_CEILING)
         } else {
@@ -302,7 +302,7 @@ impl Plugin for Billing {
             // chat pipeline's (decision 153).
             let answer = std::mem::take(f);
             if let Some(m) = cx.model() {
-                cx.usage = answer.figures(m, cx.prompt_estimate).map(|u| u.paid_by(cx.paid_from));
+                cx.usage = answer.figures(m, cx.arrived_ms, cx.prompt_estimate).map(|u| u.paid_by(cx.paid_from));
             }
         }
         Ok(())

@@ -86,7 +86,7 @@ pub fn body(raw: &[u8], cx: &mut RequestCtx) -> Result<Value, ()> {
     let figures = provider
         .as_ref()
         .zip(cx.model())
-        .and_then(|(u, m)| usage::from_provider(u, m))
+        .and_then(|(u, m)| usage::from_provider(u, m, cx.arrived_ms))
         .map(|f| f.paid_by(cx.paid_from));
     cx.response.delivered_tokens = (text_bytes as u64).div_ceil(4);
     cx.response.delivered_text_bytes = text_bytes as u64;
@@ -157,7 +157,8 @@ pub fn frame(frame: &[u8], data: &[u8], cx: &mut RequestCtx, out: &mut BytesMut)
         }
     }
     if let Some(u) = obj.remove("usage").filter(|u| !u.is_null()) {
-        let figures = cx.model().and_then(|m| usage::from_provider(&u, m)).map(|f| f.paid_by(cx.paid_from));
+        let figures =
+            cx.model().and_then(|m| usage::from_provider(&u, m, cx.arrived_ms)).map(|f| f.paid_by(cx.paid_from));
         let no_answer = !cx.response.answered.is_empty() && cx.response.answered.iter().all(|a| !a);
         if let Some(f) = figures {
             cx.usage = Some(f);

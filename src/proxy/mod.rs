@@ -379,8 +379,13 @@ impl ProxyHttp for Gateway {
         // from what was delivered.
         if cx.usage.is_none() {
             if let Some(model) = cx.model() {
-                cx.usage = crate::usage::from_delivered(model, cx.prompt_estimate, cx.response.delivered_tokens)
-                    .map(|f| f.paid_by(cx.paid_from));
+                cx.usage = crate::usage::from_delivered(
+                    model,
+                    cx.arrived_ms,
+                    cx.prompt_estimate,
+                    cx.response.delivered_tokens,
+                )
+                .map(|f| f.paid_by(cx.paid_from));
             }
         }
         self.chain.on_log(cx).await; // each hook's panic is caught and logged there

@@ -104,16 +104,21 @@ pub fn closed_port() -> u16 {
     free_port()
 }
 
+/// `closing-free-model`'s free window closes this long after the catalog is written.
+pub const CLOSING_FREE_WINDOW: std::time::Duration = std::time::Duration::from_secs(6);
+
 /// The test catalog, with free windows placed around the current time.
 pub fn models_yaml() -> String {
     let now = jiff::Timestamp::now();
     let day = jiff::SignedDuration::from_hours(24);
     format!(
-        "{MODELS_YAML}  - id: free-model\n    supported_endpoints: [chat_completions]\n    max_output_tokens: 4096\n    pricing: {{ input: 0, output: 10000 }}\n    free_window: {{ starts_at: \"{}\", ends_at: \"{}\" }}\n  - id: ended-free-model\n    supported_endpoints: [chat_completions]\n    max_output_tokens: 4096\n    pricing: {{ input: 0, output: 10000 }}\n    free_window: {{ starts_at: \"{}\", ends_at: \"{}\" }}\n",
+        "{MODELS_YAML}  - id: free-model\n    supported_endpoints: [chat_completions]\n    max_output_tokens: 4096\n    pricing: {{ input: 0, output: 10000 }}\n    free_window: {{ starts_at: \"{}\", ends_at: \"{}\" }}\n  - id: ended-free-model\n    supported_endpoints: [chat_completions]\n    max_output_tokens: 4096\n    pricing: {{ input: 0, output: 10000 }}\n    free_window: {{ starts_at: \"{}\", ends_at: \"{}\" }}\n  - id: closing-free-model\n    supported_endpoints: [chat_completions]\n    max_output_tokens: 4096\n    pricing: {{ input: 0, output: 10000 }}\n    free_window: {{ starts_at: \"{}\", ends_at: \"{}\" }}\n",
         now - day,
         now + day,
         now - day * 3,
-        now - day
+        now - day,
+        now - day,
+        now + CLOSING_FREE_WINDOW,
     ) + &chat_rules_models_yaml()
 }
 
@@ -331,6 +336,7 @@ impl Gateway {
             ("stream-model", "", &m, 256),
             ("free-model", "", &m, 64),
             ("ended-free-model", "", &m, 64),
+            ("closing-free-model", "", &m, 64),
             ("tiny-pool-model", "", &m, opts.tiny_pool_concurrency),
             ("dead-model", "    connect_timeout_ms: 300\n", &dead, 4),
             ("limited-model", "", &m, 4),
