@@ -128,7 +128,11 @@ pub async fn models_list(s: &mut Session, cx: &mut RequestCtx, chain: &Chain) ->
 /// `GET /v1/models/{model}`.
 pub async fn model_get(s: &mut Session, cx: &mut RequestCtx, chain: &Chain) -> Result<(), GatewayError> {
     let path = s.req_header().uri.path().to_string();
-    let id = routes::model_id_from_path(&path).unwrap_or_default();
+    let raw = routes::model_id_from_path(&path).unwrap_or_default();
+    // The official clients encode the `/` of a repository id (`org%2Fmodel`) as the path
+    // segment it is; an id that does not decode to UTF-8 is looked up as sent.
+    let decoded = percent_encoding::percent_decode_str(raw).decode_utf8().unwrap_or(raw.into());
+    let id = decoded.as_ref();
     let model = cx.config.catalog.get(id).cloned().ok_or_else(|| {
         GatewayError::new(
             ErrorKind::ModelNotFound,

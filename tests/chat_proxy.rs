@@ -275,10 +275,23 @@ async fn upstream_http_failures_map_to_the_catalogue() {
     let r = gw.post("/v1/chat/completions", &chat_body("chat-model", true), &[("x-mock-status", "500")]).await;
     r.assert_error(502, "upstream_http_error");
 
-    let r = gw.post("/v1/chat/completions", &chat_body("chat-model", false), &[("x-mock-status", "400")]).await;
+    let refused = [("x-mock-status", "400"), ("x-mock-retry-after", "3")];
+    let r = gw.post("/v1/chat/completions", &chat_body("chat-model", false), &refused).await;
     let v = r.assert_error(400, "upstream_error");
     assert_eq!(v["error"]["type"], "invalid_request_error");
     assert!(v["error"]["message"].as_str().unwrap().contains("mock failure"));
+    assert!(r.header("retry-after").is_none(), "a 400 needs a changed request and carries no retry timing");
+    // A full replica is a capacity refusal the client may wait out, streamed or not.
+    for stream in [false, true] {
+        let full = [("x-mock-status", "429"), ("x-mock-retry-after", "3")];
+        let r = gw.post("/v1/chat/completions", &chat_body("chat-model", stream), &full).await;
+        let v = r.assert_error(429, "hosted_model_at_capacity");
+        assert_eq!(v["error"]["type"], "rate_limit_error");
+        assert_eq!(r.header("retry-after").as_deref(), Some("3"), "the replica's wait");
+    }
+    let r = gw.post("/v1/chat/completions", &chat_body("chat-model", false), &[("x-mock-status", "429")]).await;
+    r.assert_error(429, "hosted_model_at_capacity");
+    assert_eq!(r.header("retry-after").as_deref(), Some("1"));
 
     // Nothing listens on either replica of dead-model.
     let r = gw.post("/v1/chat/completions", &chat_body("dead-model", false), &[]).await;

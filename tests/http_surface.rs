@@ -247,6 +247,13 @@ async fn model_list_and_presence_rules() {
     assert_eq!(one.status, 200);
     assert_eq!(one.json()["id"], "chat-model");
     gw.get("/v1/models/nope").await.assert_error(404, "model_not_found");
+    // A repository-id alias, with its `/` as sent raw or percent-encoded (the openai client's
+    // `models.retrieve` encodes it): the model object, under its catalog id.
+    for path in ["/v1/models/org/Chat-Model-7B", "/v1/models/org%2FChat-Model-7B", "/v1/models/chat%2Dmodel"] {
+        let one = gw.get(path).await;
+        assert_eq!((one.status, one.json()["id"].as_str()), (200, Some("chat-model")), "{path}: {}", one.text);
+    }
+    gw.get("/v1/models/%FF%FE").await.assert_error(404, "model_not_found");
 }
 
 #[tokio::test]

@@ -231,12 +231,21 @@ impl ProxyHttp for Gateway {
         }
         let status = resp.status.as_u16();
         cx.response.upstream_status = Some(status);
+        let retry = resp
+            .headers
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok());
+        if status == 429 {
+            // The replica is full: a capacity refusal, not a fault of the content (clarification
+            // 11's 400 is for those), so clients wait and retry (decision 156). Uncharged.
+            cx.failure = Some(
+                GatewayError::new(ErrorKind::HostedModelAtCapacity, "The model server is at capacity; retry shortly.")
+                    .with_retry_after(retry.unwrap_or(1)),
+            );
+            return Error::e_explain(ErrorType::HTTPStatus(429), "replica answered 429");
+        }
         if status >= 500 {
-            let retry = resp
-                .headers
-                .get("retry-after")
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.trim().parse::<u64>().ok());
             let mut err =
                 GatewayError::new(ErrorKind::UpstreamHttpError, format!("The model server answered HTTP {status}."));
             if let Some(r) = retry {
@@ -260,6 +269,7 @@ impl ProxyHttp for Gateway {
             cx.response.upstream_refused = true;
             resp.set_status(400)?;
             resp.remove_header("content-length");
+            resp.remove_header("retry-after"); // a 400 needs a changed request, not a wait
             resp.insert_header("content-type", "application/json")?;
             return Ok(());
         }
