@@ -65,6 +65,13 @@ pub trait Plugin: Send + Sync {
         Ok(())
     }
 
+    /// The error frame that ends a stream the core closes after a failure (a replica reset,
+    /// a timeout): a plugin that translates the stream returns it in its own grammar. `None`:
+    /// the core writes the route's envelope frame.
+    fn stream_failure_frame(&self, _err: &GatewayError, _cx: &mut RequestCtx) -> Option<Bytes> {
+        None
+    }
+
     /// Once per request, on every path (success, refusal, failure, client gone).
     async fn on_log(&self, _cx: &mut RequestCtx) {}
 
@@ -118,6 +125,11 @@ impl Chain {
     /// translates what the chat path has already normalised.
     pub fn on_response_header(&self, resp: &mut ResponseHeader, cx: &mut RequestCtx) -> Result<(), GatewayError> {
         self.plugins.iter().rev().try_for_each(|p| p.on_response_header(resp, cx))
+    }
+
+    /// The first plugin's frame for a stream failure, in response order.
+    pub fn stream_failure_frame(&self, err: &GatewayError, cx: &mut RequestCtx) -> Option<Bytes> {
+        self.plugins.iter().rev().find_map(|p| p.stream_failure_frame(err, cx))
     }
 
     pub fn on_response_chunk(

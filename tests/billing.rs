@@ -228,9 +228,14 @@ async fn forwarded_routes_are_billed_from_the_replicas_usage_or_their_estimate()
     let estimate = (serde_json::to_vec(&rerank).unwrap().len() as i64 + 3) / 4;
     let r = gw.post("/v1/rerank", &rerank, &[]).await;
     assert_eq!(r.status, 200, "{}", r.text);
-    // A replica failure charges nothing.
+    // A replica failure, an empty answer and an answer that declares JSON and is not: nothing
+    // is charged (clarification 11); the empty one is a 502, never an empty 200.
     let r = gw.post("/v1/embeddings", &embed, &[("x-mock-status", "500")]).await;
     assert_ne!(r.status, 200);
+    let r = gw.post("/v1/embeddings", &embed, &[("x-mock-raw-body", "")]).await;
+    r.assert_error(502, "upstream_error");
+    let r = gw.post("/v1/embeddings", &embed, &[("x-mock-malformed", "1")]).await;
+    assert_eq!((r.status, r.text.as_str()), (200, "not json{"), "forwarded as the replica wrote it");
     let mut l = balance(&gw, &gw.workspace);
     for _ in 0..30 {
         if l["held_cents"] == 0 && settled_costs(&l).len() >= 2 {

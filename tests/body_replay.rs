@@ -340,6 +340,43 @@ async fn every_framing_is_served_on_every_inference_route() {
 }
 
 #[tokio::test]
+async fn pipelined_requests_survive_the_gateways_own_answers_and_failures_say_close() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&mock);
+    let mut c = Conn::open(gw.port);
+    // Two requests pipelined, each answered by the gateway itself.
+    let models = format!("GET /v1/models HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {}\r\n\r\n", gw.key);
+    c.send(format!("{models}{models}").as_bytes());
+    for n in ["first", "second"] {
+        let r = c.read();
+        assert_eq!(r.status, 200, "{n}: {}", String::from_utf8_lossy(&r.body));
+        assert_eq!(r.header("connection"), Some("keep-alive"), "{n}");
+    }
+    // A refusal of the gateway's own with a request pipelined behind it.
+    let post = |body: &str, extra: &str| {
+        format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {}\r\n{extra}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            gw.key,
+            body.len()
+        )
+    };
+    let good = r#"{"model":"chat-model","messages":[{"role":"user","content":"hi"}]}"#;
+    c.send(format!("{}{}", post("{bad", ""), post(good, "")).as_bytes());
+    assert_eq!(c.read().status, 400, "invalid JSON");
+    assert_eq!(c.read().status, 200, "the request pipelined behind it");
+    // A replica failure (502) or a replica reset before the header (502): the answer says the
+    // connection closes, and it does (Pingora does not keep it after a failed proxy attempt).
+    for extra in ["x-mock-status: 500\r\n", "x-mock-abort-after: 0\r\n"] {
+        let mut c = Conn::open(gw.port);
+        c.send(post(good, extra).as_bytes());
+        let r = c.read();
+        assert_eq!(r.status, 502, "{extra}: {}", String::from_utf8_lossy(&r.body));
+        assert_eq!(r.header("connection"), Some("close"), "{extra}");
+        assert!(c.closed(), "{extra}");
+    }
+}
+
+#[tokio::test]
 async fn a_pipelined_request_asking_to_close_is_answered_then_the_connection_closes() {
     let mock = Mock::start();
     let gw = Gateway::start(&mock);

@@ -225,3 +225,40 @@ async fn forcing_any_of_several_tools_is_refused_on_a_limited_model() {
     assert_eq!(r.status, 200, "{}", r.text);
     assert_eq!(mock.last_request().await["body"]["tool_choice"], "required");
 }
+
+#[tokio::test]
+async fn a_responses_stream_cut_by_the_replica_ends_with_response_failed() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&mock);
+    let body = json!({"model": "chat-model", "input": "hi", "stream": true});
+    // The replica resets the connection after two tokens: the core closes the stream.
+    let r = gw.post("/v1/responses", &body, &[("x-mock-tokens", "9"), ("x-mock-abort-after", "2")]).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let ev = events(&r.text);
+    assert!(ev.iter().all(|(name, _)| !name.is_empty()), "every frame is a named Responses event: {}", r.text);
+    let (last, data) = ev.last().expect("events");
+    assert_eq!(last, "response.failed", "{}", r.text);
+    assert_eq!(data["response"]["status"], "failed", "{data}");
+    assert_eq!(data["response"]["error"]["code"], "upstream_error", "{data}");
+    assert!(!ev.iter().any(|(n, _)| n == "response.completed"));
+}
+
+#[tokio::test]
+async fn without_a_usage_report_the_messages_usage_shows_what_is_billed() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&mock);
+    let headers = [("x-api-key", gw.key.as_str()), ("x-mock-tokens", "4"), ("x-mock-no-usage", "1")];
+    // Streamed: the final message_delta carries the delivered count (four content frames).
+    let r = gw.post_as("/v1/messages", &msg_body(true), &headers).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let ev = events(&r.text);
+    let delta = ev.iter().find(|(n, _)| n == "message_delta").expect("message_delta");
+    assert_eq!(delta.1["usage"]["output_tokens"], 4, "{}", r.text);
+    assert!(delta.1["usage"]["input_tokens"].as_u64().unwrap() > 0, "the prompt estimate: {}", r.text);
+    // Not streamed: the delivered text (20 bytes, about four bytes a token).
+    let r = gw.post_as("/v1/messages", &msg_body(false), &headers).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let u = &r.json()["usage"];
+    assert_eq!(u["output_tokens"], 5, "{u}");
+    assert!(u["input_tokens"].as_u64().unwrap() > 0, "{u}");
+}

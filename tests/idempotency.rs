@@ -334,3 +334,22 @@ async fn a_killed_instances_lock_expires_and_a_retry_runs() {
     assert_eq!(r.status, 200, "{}", r.text);
     assert!(r.header("x-service-idempotent-replay").is_none(), "the retry ran");
 }
+
+#[tokio::test]
+async fn an_embeddings_retry_with_the_same_key_is_a_replay_charged_once() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&mock);
+    let body = json!({"model": "priced-embed-model", "input": ["a", "b"]});
+    let headers = [("idempotency-key", "embed-retry-1"), ("x-mock-prompt-tokens", "7")];
+    let first = gw.post("/v1/embeddings", &body, &headers).await;
+    assert_eq!(first.status, 200, "{}", first.text);
+    let calls = replica_calls(&mock).await;
+    let again = gw.post("/v1/embeddings", &body, &headers).await;
+    assert_eq!(again.status, 200, "{}", again.text);
+    assert_eq!(again.header("x-service-idempotent-replay").as_deref(), Some("true"));
+    assert_eq!(again.text, first.text, "the stored answer");
+    assert_eq!(replica_calls(&mock).await, calls, "the replica is not called again");
+    assert_eq!(settlements(&gw), 1, "charged once");
+    let other = json!({"model": "priced-embed-model", "input": ["c"]});
+    gw.post("/v1/embeddings", &other, &headers).await.assert_error(400, "idempotency_mismatch");
+}

@@ -41,9 +41,21 @@ pub(super) struct Forwarded {
     len: usize,
     too_long: bool,
     complete: bool,
+    /// The answer declared JSON (`application/json` or `+json`): one that is not JSON is a
+    /// malformed answer, never charged (clarification 11).
+    json: bool,
 }
 
 impl Forwarded {
+    /// A reader for an answer of this `Content-Type`.
+    pub(super) fn new(content_type: Option<&[u8]>) -> Forwarded {
+        let json = content_type
+            .and_then(|t| std::str::from_utf8(t).ok())
+            .map(|t| t.split(';').next().unwrap_or("").trim().to_ascii_lowercase())
+            .is_some_and(|t| t == "application/json" || t.ends_with("+json"));
+        Forwarded { json, ..Forwarded::default() }
+    }
+
     pub(super) fn push(&mut self, chunk: Option<&Bytes>, eos: bool) {
         if let Some(c) = chunk.filter(|_| !self.too_long) {
             self.len += c.len();
@@ -63,22 +75,45 @@ impl Forwarded {
         if !self.complete {
             return None;
         }
-        let usage = if self.too_long { None } else { self.usage() };
+        let usage = match self.read() {
+            Read::Usage(u) => Some(u),
+            Read::NoUsage => None,
+            Read::Malformed if self.json => {
+                log::warn!("a forwarded answer declared JSON and is not: not charged");
+                return None;
+            }
+            Read::Malformed => None, // audio, images as bytes: billed at the estimate
+        };
         Some(tollgate::usage::from_forwarded(model, priced_at, usage.as_ref(), input_estimate))
     }
 
-    /// The answer's top-level `usage` object, if it is JSON and has one.
-    fn usage(&self) -> Option<Value> {
+    /// What the whole answer says about its usage.
+    fn read(&self) -> Read {
         #[derive(Deserialize)]
         struct Answer {
             usage: Option<Value>,
         }
-        let answer: Answer = match self.chunks.as_slice() {
-            [one] => serde_json::from_slice(one).ok()?,
-            many => serde_json::from_slice(&many.concat()).ok()?,
+        if self.too_long {
+            return Read::NoUsage;
+        }
+        let answer: Result<Answer, _> = match self.chunks.as_slice() {
+            [one] => serde_json::from_slice(one),
+            many => serde_json::from_slice(&many.concat()),
         };
-        answer.usage
+        match answer {
+            Ok(Answer { usage: Some(u) }) => Read::Usage(u),
+            Ok(_) => Read::NoUsage,
+            Err(_) => Read::Malformed,
+        }
     }
+}
+
+#[derive(Debug)]
+enum Read {
+    Usage(Value),
+    NoUsage,
+    /// Not a JSON object (or not JSON at all).
+    Malformed,
 }
 
 #[cfg(test)]
@@ -97,11 +132,12 @@ mod tests {
     #[test]
     fn the_usage_is_read_across_chunks_and_only_from_a_whole_answer() {
         let f = read(&[r#"{"object":"list","data":[{"embedding":[0.1]}],"#, r#""usage":{"prompt_tokens":7}}"#], true);
-        assert_eq!(f.usage().and_then(|u| u["prompt_tokens"].as_u64()), Some(7));
+        assert!(matches!(f.read(), Read::Usage(u) if u["prompt_tokens"] == 7));
         let cut = read(&[r#"{"object":"list","usage":{"prompt_tokens":7}"#], false);
         assert!(!cut.complete, "no end, nothing to settle");
         let audio = read(&["RIFF\0\0WAVE"], true);
-        assert!(audio.usage().is_none(), "not JSON: no usage, billed at the estimate");
+        assert!(matches!(audio.read(), Read::Malformed), "not JSON: billed at the estimate unless it declared JSON");
+        assert!(matches!(read(&[r#"{"object":"list"}"#], true).read(), Read::NoUsage));
     }
 
     #[test]

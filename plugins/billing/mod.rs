@@ -286,7 +286,7 @@ impl Plugin for Billing {
         cx: &mut RequestCtx,
     ) -> Result<(), GatewayError> {
         if forwarded::is_forwarded(cx.route) && resp.status.is_success() && cx.principal.is_some() {
-            cx.ext.insert(Forwarded::default());
+            cx.ext.insert(Forwarded::new(resp.headers.get("content-type").map(|v| v.as_bytes())));
         }
         Ok(())
     }

@@ -129,6 +129,14 @@ pub fn no_answer(cx: &RequestCtx) -> bool {
     !cx.response.answered.is_empty() && cx.response.answered.iter().all(|a| !a)
 }
 
+/// Without a usage report, the figures that will be billed: the prompt estimate and the
+/// delivered output (clarification 13). A dialect's answer must carry a usage object, and it
+/// shows these rather than zeros; `None` when nothing was delivered (nothing is billed).
+pub fn delivered(cx: &RequestCtx) -> Option<tollgate::usage::UsageFigures> {
+    tollgate::usage::from_delivered(cx.model()?, cx.arrived_ms, cx.prompt_estimate, cx.response.delivered_tokens)
+        .map(|f| f.paid_by(cx.paid_from))
+}
+
 /// The replica's usage report priced for the resolved model; `None` when it is not one.
 pub fn priced(usage: &serde_json::value::RawValue, cx: &RequestCtx) -> Option<tollgate::usage::UsageFigures> {
     let v: Value = serde_json::from_str(usage.get()).ok()?;

@@ -80,6 +80,16 @@ impl Plugin for ChatCompletions {
         Ok(())
     }
 
+    fn stream_failure_frame(&self, err: &GatewayError, cx: &mut RequestCtx) -> Option<Bytes> {
+        if !is_chat(cx) || !cx.response.streaming {
+            return None;
+        }
+        let t = cx.ext.get_mut::<crate::shared::answer::Translation>()?;
+        let mut out = bytes::BytesMut::new();
+        t.0.on_failure(err, &cx.request_id, &mut out);
+        Some(out.freeze())
+    }
+
     fn on_response_chunk(&self, body: &mut Option<Bytes>, eos: bool, cx: &mut RequestCtx) -> Result<(), GatewayError> {
         if !is_chat(cx) {
             return Ok(());

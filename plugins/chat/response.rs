@@ -5,7 +5,7 @@
 
 use bytes::Bytes;
 
-use super::account::{account, no_answer, priced};
+use super::account::{account, delivered, no_answer, priced};
 use super::edits::Edits;
 use crate::shared::answer::{AnswerView, Form, PricedUsage, Translation, pieces};
 use tollgate::ctx::RequestCtx;
@@ -39,7 +39,10 @@ pub fn rewrite(raw: &[u8], cx: &mut RequestCtx) -> Result<Vec<u8>, GatewayError>
     }
     let mut edits = Edits::new(raw);
     account(&view, Form::Body, cx, &mut edits).ok_or_else(malformed)?;
-    let figures = view.usage.value().and_then(|u| priced(u, cx));
+    let mut figures = view.usage.value().and_then(|u| priced(u, cx));
+    if figures.is_none() && cx.ext.get::<Translation>().is_some() {
+        figures = delivered(cx);
+    }
     cx.usage = figures;
     let no_answer = no_answer(cx);
     if let Some(t) = cx.ext.get::<Translation>() {

@@ -8,7 +8,7 @@
 
 use bytes::{Bytes, BytesMut};
 
-use super::account::{account, no_answer, priced};
+use super::account::{account, delivered, no_answer, priced};
 use super::edits::{Edits, one_line};
 use crate::shared::answer::{AnswerView, Form, PricedUsage, Translation, pieces};
 use tollgate::ctx::RequestCtx;
@@ -74,6 +74,15 @@ pub(super) fn on_frame(frame: &[u8], cx: &mut RequestCtx, out: &mut BytesMut) {
     };
     if data.trim_ascii() == b"[DONE]" {
         cx.response.saw_done = true;
+        if translating && cx.usage.is_none() {
+            // No usage report came: the dialect's final usage shows what will be billed.
+            cx.usage = delivered(cx);
+            if let (Some(figures), no_answer) = (cx.usage, no_answer(cx)) {
+                if let Some(t) = cx.ext.get_mut::<Translation>() {
+                    t.0.on_usage(PricedUsage { figures, no_answer });
+                }
+            }
+        }
         match cx.ext.get_mut::<Translation>() {
             Some(t) => t.0.on_done(out),
             None => out.extend_from_slice(b"data: [DONE]\n\n"),

@@ -164,12 +164,14 @@ impl Idempotency {
             if !ok || cx.failure.is_some() || !held.complete {
                 return None;
             }
-            let body = (!held.too_large).then(|| String::from_utf8_lossy(&held.body).into_owned());
+            // A body that is not text cannot be kept exactly: the retry gets 422, never a copy
+            // that differs from what was charged for.
+            let body = (!held.too_large).then(|| String::from_utf8(held.body.clone()).ok()).flatten();
             return Some(Record {
                 fp: held.fp.clone(),
                 status: held.status,
                 streamed: false,
-                too_large: held.too_large,
+                too_large: body.is_none(),
                 body,
                 content_type: held.content_type.clone(),
                 receipt: None,
@@ -203,6 +205,13 @@ impl Idempotency {
     }
 }
 
+/// Routes an `Idempotency-Key` applies to: the inference routes (spec, Limits), whose answers
+/// are JSON or SSE. count_tokens is answered by the dialects before this phase; speech answers
+/// are audio bytes, which a record keeps as text, so they are not keyed (decision 161).
+fn keyed(route: tollgate::routes::Route) -> bool {
+    route.is_inference() && route != tollgate::routes::Route::AudioSpeech
+}
+
 #[async_trait]
 impl Plugin for Idempotency {
     fn name(&self) -> &'static str {
@@ -214,8 +223,7 @@ impl Plugin for Idempotency {
     }
 
     async fn on_request(&self, s: &mut Session, cx: &mut RequestCtx) -> Result<Flow, GatewayError> {
-        // Inference routes only: count_tokens is answered by the dialects before this phase.
-        if !cx.route.is_some_and(|r| r.is_generation()) {
+        if !cx.route.is_some_and(keyed) {
             return Ok(Flow::Continue);
         }
         let Some(idem_key) = key_of(s)? else { return Ok(Flow::Continue) };

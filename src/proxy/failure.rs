@@ -3,6 +3,7 @@
 //! response, an error frame or a replacement for a held answer (`fail_to_proxy`), and panics
 //! caught in phases.
 
+use crate::plugin::Chain;
 use std::panic::AssertUnwindSafe;
 use std::time::Duration;
 
@@ -44,7 +45,7 @@ fn classify(e: &Error, cx: &RequestCtx) -> GatewayError {
 /// `fail_to_proxy`: answer `e` (or the failure a phase already classified) in the form the
 /// client can still receive: a whole error response, a replacement for a held answer, or an
 /// error frame on a stream that already opened.
-pub(super) async fn answer(s: &mut Session, e: &Error, cx: &mut RequestCtx) -> FailToProxy {
+pub(super) async fn answer(s: &mut Session, e: &Error, cx: &mut RequestCtx, chain: &Chain) -> FailToProxy {
     let err = match cx.failure.take() {
         Some(err) => err,
         None => classify(e, cx),
@@ -62,7 +63,10 @@ pub(super) async fn answer(s: &mut Session, e: &Error, cx: &mut RequestCtx) -> F
                 ErrorKind::UpstreamFailed | ErrorKind::ResponseTimeout | ErrorKind::UpstreamHttpError => err.clone(),
                 _ => GatewayError::new(ErrorKind::UpstreamStreamError, err.message.clone()),
             };
-            let frame = envelope::sse_error_frame(&frame_err, cx.envelope, &cx.request_id);
+            // A translated stream (the Responses adapter) ends in its own grammar.
+            let frame = chain
+                .stream_failure_frame(&frame_err, cx)
+                .unwrap_or_else(|| envelope::sse_error_frame(&frame_err, cx.envelope, &cx.request_id));
             if let Err(we) = s.write_response_body(Some(frame), true).await {
                 log::debug!("{}: error frame not written: {we}", cx.request_id);
             }
@@ -72,6 +76,10 @@ pub(super) async fn answer(s: &mut Session, e: &Error, cx: &mut RequestCtx) -> F
         200
     } else {
         let status = err.status();
+        // After a failed proxy attempt Pingora 0.9.1 never reuses the client's connection
+        // (`can_reuse_downstream` is read only for failures before it), so the answer says
+        // `Connection: close`: a client must not send its next request on it (decision 158).
+        s.set_keepalive(None);
         if let Err(we) = responder::error(s, cx, &err).await {
             log::debug!("{}: error response not written: {we}", cx.request_id);
         }

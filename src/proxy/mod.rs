@@ -115,6 +115,11 @@ impl ProxyHttp for Gateway {
     }
 
     async fn request_filter(&self, s: &mut Session, cx: &mut RequestCtx) -> Result<bool> {
+        // A request the client pipelined behind this one is served after its answer, also when
+        // the gateway answers this one itself (Pingora drops it otherwise; decision 158).
+        if let pingora::protocols::http::ServerSession::H1(h1) = &mut *s.downstream_session {
+            h1.set_pipelining_enabled(true);
+        }
         let outcome = match AssertUnwindSafe(self.handle(s, cx)).catch_unwind().await {
             Ok(outcome) => outcome,
             Err(p) => Err(panicked("request", &*p, &cx.request_id)),
@@ -231,11 +236,8 @@ impl ProxyHttp for Gateway {
         }
         let status = resp.status.as_u16();
         cx.response.upstream_status = Some(status);
-        let retry = resp
-            .headers
-            .get("retry-after")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<u64>().ok());
+        let retry =
+            resp.headers.get("retry-after").and_then(|v| v.to_str().ok()).and_then(|v| v.trim().parse::<u64>().ok());
         if status == 429 {
             // The replica is full: a capacity refusal, not a fault of the content (clarification
             // 11's 400 is for those), so clients wait and retry (decision 156). Uncharged.
@@ -254,7 +256,7 @@ impl ProxyHttp for Gateway {
             cx.failure = Some(err);
             return Error::e_explain(ErrorType::HTTPStatus(502), "replica answered 5xx");
         }
-        if cx.route.is_some_and(Route::is_generation) && has_no_body(resp) {
+        if cx.route.is_some_and(Route::is_inference) && has_no_body(resp) {
             // Clarification 11: the replica was reached and answered without a body (nothing
             // would reach the body phase to judge it).
             cx.failure = Some(if status >= 400 {
@@ -370,7 +372,7 @@ impl ProxyHttp for Gateway {
             cx.client_gone = true;
             return FailToProxy { error_code: 0, can_reuse_downstream: false };
         }
-        failure::answer(s, e, cx).await
+        failure::answer(s, e, cx, &self.chain).await
     }
 
     async fn logging(&self, s: &mut Session, e: Option<&Error>, cx: &mut RequestCtx) {
