@@ -60,6 +60,18 @@ fn base_url(s: &Session, cx: &RequestCtx) -> String {
     format!("http://{host}")
 }
 
+/// `vendor-version` / `anthropic-version`: echoed under the name it came with on every answer
+/// (clarification 10), refusals before any plugin ran included.
+pub fn echo_version(s: &Session, cx: &mut RequestCtx) {
+    for name in ["vendor-version", "anthropic-version"] {
+        if let Some(v) = s.req_header().headers.get(name).and_then(|v| v.to_str().ok()) {
+            if printable_ascii(v.as_bytes(), 128) {
+                cx.response_headers.push((name, v.to_string()));
+            }
+        }
+    }
+}
+
 /// Validate `X-Client-Request-Id` (echoed back when valid).
 pub fn client_request_id(s: &Session, cx: &mut RequestCtx) -> Result<(), GatewayError> {
     let Some(v) = s.req_header().headers.get("x-client-request-id") else {

@@ -68,8 +68,11 @@ fn header_value<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
     (!v.is_empty() && !v.chars().any(char::is_control)).then_some(v)
 }
 
+/// The identity when it fits: an agent's namespace counts toward the bound ("the resolved
+/// identity (with any agent namespace) at most 256 characters"), the others do not.
 fn bounded(ns: &'static str, id: String) -> Option<(&'static str, String)> {
-    (ns.len() + 1 + id.len() <= MAX_IDENTITY).then_some((ns, id))
+    let counted = if ns.starts_with("agent") { ns.len() + 1 } else { 0 };
+    (counted + id.chars().count() <= MAX_IDENTITY).then_some((ns, id))
 }
 
 /// The session a request names: (namespace, identity), in the spec's order.

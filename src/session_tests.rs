@@ -65,6 +65,13 @@ fn invalid_candidates_are_skipped_and_never_mask_a_valid_one_below() {
         named(&[("x-session-id", long.as_str()), ("x-affinity", "b")], json!({})),
         Some(("generic", "b".into()))
     );
+    // The bound is 256 characters; an agent's namespace counts toward it, others do not.
+    let at_bound = "a".repeat(256);
+    assert_eq!(named(&[("x-session-id", at_bound.as_str())], json!({})), Some(("generic", at_bound.clone())));
+    let agent = [("x-agent2-session-id", at_bound.as_str()), ("x-affinity", "b")];
+    assert_eq!(named(&agent, json!({})), Some(("generic", "b".into())), "agent2: + 256 is over");
+    let fits = "a".repeat(256 - "agent2:".len());
+    assert_eq!(named(&[("x-agent2-session-id", fits.as_str())], json!({})), Some(("agent2", fits.clone())));
     // thread-id and session-id only with a nonempty x-agent3-window-id.
     assert_eq!(named(&[("thread-id", "t")], json!({})), None);
     assert_eq!(named(&[("thread-id", "t"), ("x-agent3-window-id", " ")], json!({})), None);

@@ -102,8 +102,14 @@ async fn messages_errors_use_the_messages_envelope() {
     assert!(v["error"].get("code").is_none());
     let mut b = msg_body(false);
     b["model"] = json!("nope");
-    let r = gw.post_as("/v1/messages", &b, &key).await;
+    let versioned = [("x-api-key", gw.key.as_str()), ("anthropic-version", "2023-06-01")];
+    let r = gw.post_as("/v1/messages", &b, &versioned).await;
     assert_eq!((r.status, r.json()["error"]["type"].as_str()), (404, Some("not_found_error")));
+    assert_eq!(r.header("anthropic-version").as_deref(), Some("2023-06-01"), "echoed on every answer (C10)");
+    let bad_key = [("x-api-key", "rp_nope"), ("vendor-version", "2023-06-01")];
+    let r = gw.post_as("/v1/messages", &msg_body(false), &bad_key).await;
+    assert_eq!(r.status, 401, "{}", r.text);
+    assert_eq!(r.header("vendor-version").as_deref(), Some("2023-06-01"), "a refusal before any plugin too");
     let mut b = msg_body(false);
     b["messages"] = json!([{"role": "user", "content": [{"type": "document", "source": {}}]}]);
     let r = gw.post_as("/v1/messages", &b, &key).await;

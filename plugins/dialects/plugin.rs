@@ -32,17 +32,6 @@ impl Dialects {
     }
 }
 
-/// `vendor-version` / `anthropic-version`: echoed under the name it came with (C10).
-fn echo_version(s: &Session, cx: &mut RequestCtx) {
-    for name in ["vendor-version", "anthropic-version"] {
-        if let Some(v) = s.req_header().headers.get(name).and_then(|v| v.to_str().ok()) {
-            if tollgate::text::printable_ascii(v.as_bytes(), 128) {
-                cx.response_headers.push((name, v.to_string()));
-            }
-        }
-    }
-}
-
 impl Dialects {
     fn translate(&self, cx: &mut RequestCtx, t: ChatTranslation, translator: Box<dyn AnswerTranslator>) {
         if !t.warnings.is_empty() {
@@ -68,7 +57,6 @@ impl Plugin for Dialects {
         let body = cx.body.clone().unwrap_or(Value::Null);
         match route {
             Route::Messages => {
-                echo_version(s, cx);
                 let t = to_chat(&body, &model, Purpose::Generate)?;
                 let stream = MessagesStream::new(&model.id, &self.signing_key);
                 if t.stream {
@@ -78,7 +66,6 @@ impl Plugin for Dialects {
                 self.translate(cx, t, Box::new(stream));
             }
             Route::CountTokens => {
-                echo_version(s, cx);
                 let t = to_chat(&body, &model, Purpose::CountTokens)?;
                 let tokens = count_prompt_tokens(&t.body, model.chat.tokenizer.as_deref());
                 let answer = json!({ "input_tokens": tokens });

@@ -49,6 +49,7 @@ impl Gateway {
 
     async fn handle(&self, s: &mut Session, cx: &mut RequestCtx) -> Result<Flow, GatewayError> {
         s.downstream_session.set_write_timeout(Some(crate::body_replay::DOWNSTREAM_WRITE_TIMEOUT));
+        request::echo_version(s, cx);
         let route = request::route(s, cx)?;
         request::client_request_id(s, cx)?;
         if self.chain.on_request_headers(s, cx).await? == Flow::Handled {
