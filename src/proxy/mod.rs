@@ -28,8 +28,9 @@ use crate::watchdog::Watchdog;
 
 mod affinity;
 mod failure;
+mod upstream_status;
 
-use failure::{guarded, has_no_body, panicked};
+use failure::{guarded, panicked};
 
 pub struct Gateway {
     /// The catalog and pools in force; each request takes the current one when it starts.
@@ -237,44 +238,8 @@ impl ProxyHttp for Gateway {
         }
         let status = resp.status.as_u16();
         cx.response.upstream_status = Some(status);
-        let retry =
-            resp.headers.get("retry-after").and_then(|v| v.to_str().ok()).and_then(|v| v.trim().parse::<u64>().ok());
-        if status == 429 {
-            // The replica is full: a capacity refusal, not a fault of the content (clarification
-            // 11's 400 is for those), so clients wait and retry (decision 156). Uncharged.
-            cx.failure = Some(
-                GatewayError::new(ErrorKind::HostedModelAtCapacity, "The model server is at capacity; retry shortly.")
-                    .with_retry_after(retry.unwrap_or(1)),
-            );
-            return Error::e_explain(ErrorType::HTTPStatus(429), "replica answered 429");
-        }
-        if status >= 500 {
-            let mut err =
-                GatewayError::new(ErrorKind::UpstreamHttpError, format!("The model server answered HTTP {status}."));
-            if let Some(r) = retry {
-                err = err.with_retry_after(r);
-            }
-            cx.failure = Some(err);
-            return Error::e_explain(ErrorType::HTTPStatus(502), "replica answered 5xx");
-        }
-        if cx.route.is_some_and(Route::is_inference) && has_no_body(resp) {
-            // Clarification 11: the replica was reached and answered without a body (nothing
-            // would reach the body phase to judge it).
-            cx.failure = Some(if status >= 400 {
-                request::refusal_from_upstream(b"")
-            } else {
-                GatewayError::new(ErrorKind::UpstreamFailed, "The model server sent an empty response.")
-            });
-            return Error::e_explain(ErrorType::HTTPStatus(502), "replica answered without a body");
-        }
-        if status >= 400 {
-            // Rewritten into our 400 once the replica's message has been read.
-            cx.response.upstream_refused = true;
-            resp.set_status(400)?;
-            resp.remove_header("content-length");
-            resp.remove_header("retry-after"); // a 400 needs a changed request, not a wait
-            resp.insert_header("content-type", "application/json")?;
-            return Ok(());
+        if !upstream_status::judge(resp, cx)? {
+            return Ok(()); // a refusal, rewritten once its message is read
         }
         // The answer's form, read once by the core: it decides how failures are written
         // (an error frame or a whole response) and which answers are held.
