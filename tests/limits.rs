@@ -410,3 +410,19 @@ plugins:
     assert!(err.contains("plugins[0].name: `limits` counts per API key and needs `auth`"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test]
+async fn the_forwarded_routes_take_an_admission_slot_too() {
+    let mock = Mock::start();
+    let gw = Gateway::start_with(&mock, with_limits("  workspace_concurrency: { free: 1, core: 1, enterprise: 1 }\n"));
+    let embed = json!({"model": "embed-model", "input": "hello"});
+    let (slow, refused) = tokio::join!(gw.post("/v1/embeddings", &embed, &[("x-mock-ttft-ms", "1000")]), async {
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        gw.post("/v1/embeddings", &embed, &[]).await
+    });
+    assert_eq!(slow.status, 200, "{}", slow.text);
+    let v = refused.assert_error(429, "hosted_workspace_concurrency_limit");
+    assert_eq!(v["error"]["limit"], 1);
+    // The slot is released when the request ends.
+    assert_eq!(gw.post("/v1/embeddings", &embed, &[]).await.status, 200);
+}

@@ -7,23 +7,13 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use tollgate::config::ModelEntry;
-use tollgate::ctx::RequestCtx;
 use tollgate::routes::Route;
 use tollgate::usage::UsageFigures;
 
 /// Largest answer read for its usage; a longer one is billed at the request's estimate.
 const MAX_READ: usize = 32 << 20;
 
-/// Routes that reach a replica with their body forwarded unchanged apart from `model`.
-pub(super) fn is_forwarded(route: Option<Route>) -> bool {
-    route.is_some_and(|r| r.is_inference() && !r.is_generation())
-}
-
-/// Input tokens of a forwarded request before the replica counts them: about four bytes a
-/// token of its body, the documented rule without a tokenizer (a ceiling: JSON syntax counts).
-pub(super) fn input_estimate(cx: &RequestCtx) -> u64 {
-    cx.raw_body.as_ref().map_or(0, |b| u64::try_from(b.len().div_ceil(4)).unwrap_or(u64::MAX))
-}
+pub(super) use crate::shared::{forwarded_input_estimate as input_estimate, is_forwarded};
 
 /// Output tokens the hold covers: embeddings and rerank produce none.
 pub(super) fn output_ceiling(route: Option<Route>, model: Option<&ModelEntry>, default: u64) -> u64 {

@@ -1,7 +1,8 @@
 //! Rate limits and hosted admission (spec "Rate limit layers" (2) and (3)).
 //!
 //! Every authenticated request counts in its key's sliding 60-second window. On the routes
-//! that reach a replica (chat completions, Responses, messages) the window is checked together
+//! that reach a replica (chat completions, Responses, messages, and the forwarded embeddings,
+//! rerank, audio and image routes) the window is checked together
 //! with the admission gates, after the dialect has validated the request and estimated its
 //! tokens: one limiter call, one Redis round trip. Other routes (model reads, credits, usage,
 //! count_tokens) are counted when their headers arrive. A generation request refused before
@@ -56,8 +57,9 @@ struct Counted;
 struct Admission(Option<Held>);
 
 /// Routes placed on a replica, checked by admission.
+/// The routes that reach a replica (count_tokens is answered by the gateway).
 fn admitted_route(route: Route) -> bool {
-    matches!(route, Route::ChatCompletions | Route::Responses | Route::Messages)
+    route.is_inference() && route != Route::CountTokens
 }
 
 fn store_error(e: LimiterError, admission: bool, request_id: &str) -> GatewayError {
@@ -226,6 +228,10 @@ impl Plugin for Limits {
     }
 
     async fn on_request(&self, _s: &mut Session, cx: &mut RequestCtx) -> Result<Flow, GatewayError> {
+        if crate::shared::is_forwarded(cx.route) {
+            // No dialect estimated these (the chat path does for its routes).
+            cx.prompt_estimate = crate::shared::forwarded_input_estimate(cx);
+        }
         if cx.route.is_some_and(admitted_route) {
             self.admit(cx).await?;
         }
