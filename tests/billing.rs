@@ -212,6 +212,8 @@ async fn a_client_that_leaves_mid_stream_is_billed_for_what_reached_it_once() {
     // three the client read, never the 40 the replica would have made.
     assert!((3_000_000..=10_000_000).contains(&cost), "3 to 10 delivered tokens at a cent: {cost}");
     assert_eq!(l["balance_cents"], 100 - cost / 1_000_000, "{l}");
+    // A client leaving is an outcome, logged once as its access line, never as an ERROR.
+    assert!(!gw.log().contains("Fail to proxy"), "{}", gw.log());
 }
 
 #[tokio::test]
@@ -300,6 +302,39 @@ async fn a_request_made_in_a_free_window_is_free_however_late_it_ends() {
     let l = balance(&gw, &gw.workspace);
     assert_eq!((l["balance_cents"].as_i64(), l["held_cents"].as_i64()), (Some(100), Some(0)), "{l}");
     assert!(settled_costs(&l).is_empty(), "nothing charged: {l}");
+}
+
+#[tokio::test]
+async fn a_client_that_resets_mid_stream_is_an_access_line_not_an_error() {
+    use std::io::{Read, Write};
+    use std::os::fd::AsRawFd;
+    let mock = Mock::start();
+    let gw = Gateway::start(&mock);
+    let mut b = chat_body("pricey-model", true);
+    b["max_tokens"] = json!(40);
+    let body = serde_json::to_vec(&b).unwrap();
+    let mut c = std::net::TcpStream::connect(("127.0.0.1", gw.port)).unwrap();
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nAuthorization: {}\r\nx-mock-tokens: 40\r\nx-mock-token-delay-ms: 50\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        gw.bearer(),
+        body.len()
+    );
+    c.write_all(head.as_bytes()).unwrap();
+    c.write_all(&body).unwrap();
+    let mut buf = [0u8; 4096];
+    assert!(c.read(&mut buf).unwrap() > 0, "the stream started");
+    // Close with a reset (SO_LINGER 0), as a client killed mid-stream does.
+    let linger = libc::linger { l_onoff: 1, l_linger: 0 };
+    let size = std::mem::size_of::<libc::linger>() as libc::socklen_t;
+    let set =
+        unsafe { libc::setsockopt(c.as_raw_fd(), libc::SOL_SOCKET, libc::SO_LINGER, (&raw const linger).cast(), size) };
+    assert_eq!(set, 0);
+    drop(c);
+    tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+    assert_eq!(gw.settled_ledger()["held_cents"], 0, "settled for what was delivered");
+    let log = gw.log();
+    assert!(log.contains("status=200"), "the access line: {log}");
+    assert!(!log.contains("Fail to proxy"), "a client gone is an outcome, not an ERROR: {log}");
 }
 
 #[tokio::test]

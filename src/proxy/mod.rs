@@ -327,8 +327,11 @@ impl ProxyHttp for Gateway {
     }
 
     fn suppress_error_log(&self, _s: &Session, cx: &RequestCtx, e: &Error) -> bool {
-        // Expected outcomes are logged once, as an access line, in `logging`.
-        cx.failure.is_some() || (*e.etype() == ErrorType::ConnectionClosed && e.esource() == &ErrorSource::Downstream)
+        // Expected outcomes are logged once, as an access line, in `logging`: a client that
+        // closed or reset its connection included (its line says `client_gone`).
+        cx.failure.is_some()
+            || (e.esource() == &ErrorSource::Downstream
+                && matches!(e.etype(), ErrorType::ConnectionClosed | ErrorType::ReadError | ErrorType::WriteError))
     }
 
     async fn fail_to_proxy(&self, s: &mut Session, e: &Error, cx: &mut RequestCtx) -> FailToProxy {
