@@ -11,9 +11,7 @@
 pub fn panic_point(phase: &str) {
     #[cfg(debug_assertions)]
     {
-        static WANTED: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
-        let wanted = WANTED.get_or_init(|| std::env::var("TOLLGATE_FAULT_PANIC").ok());
-        if wanted.as_deref() == Some(phase) {
+        if wanted() == Some(phase) {
             #[allow(clippy::panic)]
             {
                 panic!("fault injected in the {phase} phase (TOLLGATE_FAULT_PANIC)");
@@ -29,9 +27,7 @@ pub fn panic_point(phase: &str) {
 pub fn panic_point_in(phase: &str, plugin: &str) {
     #[cfg(debug_assertions)]
     {
-        static WANTED: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
-        let wanted = WANTED.get_or_init(|| std::env::var("TOLLGATE_FAULT_PANIC").ok());
-        if wanted.as_deref().and_then(|w| w.split_once(':')) == Some((phase, plugin)) {
+        if wanted().and_then(|w| w.split_once(':')) == Some((phase, plugin)) {
             #[allow(clippy::panic)]
             {
                 panic!("fault injected in the {plugin} plugin's {phase} phase (TOLLGATE_FAULT_PANIC)");
@@ -49,4 +45,11 @@ pub fn panic_text(payload: &(dyn std::any::Any + Send)) -> &str {
         .copied()
         .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
         .unwrap_or("(no message)")
+}
+
+/// `TOLLGATE_FAULT_PANIC`, read once.
+#[cfg(debug_assertions)]
+fn wanted() -> Option<&'static str> {
+    static WANTED: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    WANTED.get_or_init(|| std::env::var("TOLLGATE_FAULT_PANIC").ok()).as_deref()
 }

@@ -96,6 +96,12 @@ impl Route {
     pub fn is_generation(self) -> bool {
         matches!(self, Route::ChatCompletions | Route::Responses | Route::Messages | Route::CountTokens)
     }
+
+    /// Inference routes forwarded unchanged apart from the upstream model name (embeddings,
+    /// rerank, audio, images): no dialect reads their bodies or answers.
+    pub fn is_forwarded(self) -> bool {
+        self.is_inference() && !self.is_generation()
+    }
 }
 
 /// Match a request line. The query string is ignored.

@@ -13,7 +13,10 @@ use tollgate::usage::UsageFigures;
 /// Largest answer read for its usage; a longer one is billed at the request's estimate.
 const MAX_READ: usize = 32 << 20;
 
-pub(super) use crate::shared::{forwarded_input_estimate as input_estimate, is_forwarded};
+/// Routes whose answers billing reads itself.
+pub(super) fn is_forwarded(route: Option<Route>) -> bool {
+    route.is_some_and(Route::is_forwarded)
+}
 
 /// Output tokens the hold covers: embeddings and rerank produce none.
 pub(super) fn output_ceiling(route: Option<Route>, model: Option<&ModelEntry>, default: u64) -> u64 {

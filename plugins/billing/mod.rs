@@ -182,9 +182,6 @@ impl Plugin for Billing {
             };
             return Err(with_free_window(GatewayError::new(ErrorKind::AccountFrozen, why), cx));
         }
-        if forwarded::is_forwarded(cx.route) {
-            cx.prompt_estimate = forwarded::input_estimate(cx);
-        }
         let now = now_ms();
         let key_limit = self.key_limit(&p, now).await?;
         let (value, hold) = Self::estimate(cx);

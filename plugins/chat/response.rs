@@ -39,9 +39,10 @@ pub fn rewrite(raw: &[u8], cx: &mut RequestCtx) -> Result<Vec<u8>, GatewayError>
     }
     let mut edits = Edits::new(raw);
     account(&view, Form::Body, cx, &mut edits).ok_or_else(malformed)?;
+    let translating = cx.ext.get::<Translation>().is_some();
     let mut figures = view.usage.value().and_then(|u| priced(u, cx));
-    if figures.is_none() && cx.ext.get::<Translation>().is_some() {
-        figures = delivered(cx);
+    if figures.is_none() && translating {
+        figures = delivered(cx); // a dialect's usage shows what will be billed
     }
     cx.usage = figures;
     let no_answer = no_answer(cx);

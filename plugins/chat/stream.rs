@@ -74,17 +74,17 @@ pub(super) fn on_frame(frame: &[u8], cx: &mut RequestCtx, out: &mut BytesMut) {
     };
     if data.trim_ascii() == b"[DONE]" {
         cx.response.saw_done = true;
-        if translating && cx.usage.is_none() {
-            // No usage report came: the dialect's final usage shows what will be billed.
-            cx.usage = delivered(cx);
-            if let (Some(figures), no_answer) = (cx.usage, no_answer(cx)) {
-                if let Some(t) = cx.ext.get_mut::<Translation>() {
+        // Without a usage report, a dialect's final usage shows what will be billed.
+        let unreported = if translating && cx.usage.is_none() { delivered(cx) } else { None };
+        cx.usage = cx.usage.or(unreported);
+        let no_answer = no_answer(cx);
+        match cx.ext.get_mut::<Translation>() {
+            Some(t) => {
+                if let Some(figures) = unreported {
                     t.0.on_usage(PricedUsage { figures, no_answer });
                 }
+                t.0.on_done(out);
             }
-        }
-        match cx.ext.get_mut::<Translation>() {
-            Some(t) => t.0.on_done(out),
             None => out.extend_from_slice(b"data: [DONE]\n\n"),
         }
         return;

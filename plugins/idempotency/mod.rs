@@ -166,7 +166,7 @@ impl Idempotency {
             }
             // A body that is not text cannot be kept exactly: the retry gets 422, never a copy
             // that differs from what was charged for.
-            let body = (!held.too_large).then(|| String::from_utf8(held.body.clone()).ok()).flatten();
+            let body = (!held.too_large).then(|| std::str::from_utf8(&held.body).ok().map(str::to_owned)).flatten();
             return Some(Record {
                 fp: held.fp.clone(),
                 status: held.status,

@@ -228,10 +228,6 @@ impl Plugin for Limits {
     }
 
     async fn on_request(&self, _s: &mut Session, cx: &mut RequestCtx) -> Result<Flow, GatewayError> {
-        if crate::shared::is_forwarded(cx.route) {
-            // No dialect estimated these (the chat path does for its routes).
-            cx.prompt_estimate = crate::shared::forwarded_input_estimate(cx);
-        }
         if cx.route.is_some_and(admitted_route) {
             self.admit(cx).await?;
         }

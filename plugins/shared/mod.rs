@@ -33,16 +33,3 @@ impl ChatRequest {
 pub struct ModelLoad {
     pub busy: bool,
 }
-
-/// Routes that reach a replica with their body forwarded unchanged apart from `model`
-/// (embeddings, rerank, audio, images; decision 153).
-pub fn is_forwarded(route: Option<tollgate::routes::Route>) -> bool {
-    route.is_some_and(|r| r.is_inference() && !r.is_generation())
-}
-
-/// Input tokens of a forwarded request before the replica counts them: about four bytes a
-/// token of its body, the documented rule without a tokenizer (a ceiling: JSON syntax counts).
-/// Admission (limits) and the hold (billing) both read it.
-pub fn forwarded_input_estimate(cx: &tollgate::ctx::RequestCtx) -> u64 {
-    cx.raw_body.as_ref().map_or(0, |b| u64::try_from(b.len().div_ceil(4)).unwrap_or(u64::MAX))
-}

@@ -74,7 +74,13 @@ impl Gateway {
             _ => {}
         }
         let keepalive = s.get_keepalive();
-        cx.raw_body = Some(read_json_body(s, cx).await?);
+        let raw = read_json_body(s, cx).await?;
+        if route.is_forwarded() {
+            // No dialect estimates these: about four bytes a token of the body (a ceiling,
+            // JSON syntax included), read by admission and the hold (decision 153).
+            cx.prompt_estimate = u64::try_from(raw.len().div_ceil(4)).unwrap_or(u64::MAX);
+        }
+        cx.raw_body = Some(raw);
         request::resolve_model(cx, route)?;
         affinity::identify(&s.req_header().headers, cx);
         crate::faults::panic_point("request");

@@ -17,20 +17,20 @@ use crate::routes::Route;
 pub(super) fn judge(resp: &mut ResponseHeader, cx: &mut RequestCtx) -> Result<bool> {
     let status = resp.status.as_u16();
     let retry =
-        resp.headers.get("retry-after").and_then(|v| v.to_str().ok()).and_then(|v| v.trim().parse::<u64>().ok());
+        || resp.headers.get("retry-after").and_then(|v| v.to_str().ok()).and_then(|v| v.trim().parse::<u64>().ok());
     if status == 429 {
         // The replica is full: a capacity refusal, not a fault of the content (clarification
         // 11's 400 is for those), so clients wait and retry (decision 156). Uncharged.
         cx.failure = Some(
             GatewayError::new(ErrorKind::HostedModelAtCapacity, "The model server is at capacity; retry shortly.")
-                .with_retry_after(retry.unwrap_or(1)),
+                .with_retry_after(retry().unwrap_or(1)),
         );
         return Error::e_explain(ErrorType::HTTPStatus(429), "replica answered 429");
     }
     if status >= 500 {
         let mut err =
             GatewayError::new(ErrorKind::UpstreamHttpError, format!("The model server answered HTTP {status}."));
-        if let Some(r) = retry {
+        if let Some(r) = retry() {
             err = err.with_retry_after(r);
         }
         cx.failure = Some(err);
