@@ -136,6 +136,8 @@ pub struct RequestCtx {
     pub client_gone: bool,
     /// `logging` ran.
     pub logged: bool,
+    /// Counts this request for a graceful stop until the context is dropped.
+    pub _in_flight: crate::drain::Tracked,
 }
 
 /// A map from type to value, for plugin state the core does not know (one value per type).
@@ -214,6 +216,7 @@ impl RequestCtx {
             paid_from: None,
             client_gone: false,
             logged: false,
+            _in_flight: crate::drain::request(),
         }
     }
 }

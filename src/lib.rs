@@ -13,6 +13,7 @@ pub mod body_replay;
 pub mod clock;
 pub mod config;
 pub mod ctx;
+pub mod drain;
 pub mod envelope;
 pub mod error;
 pub mod fast_map;

@@ -343,3 +343,54 @@ async fn an_upgrade_under_load_refuses_no_connection_and_bills_every_stream_once
     }
     drop(new);
 }
+
+/// A graceful stop (SIGTERM) lets the stream in flight finish and settle, then ends the
+/// process within a quiet second instead of sleeping out the grace period (decision 166).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_graceful_stop_finishes_the_stream_in_flight_then_exits_without_waiting_out_the_grace() {
+    let mock = Mock::start();
+    let grace = Duration::from_secs(60);
+    let mut gw = Gateway::start_with(&mock, Opts { grace_seconds: grace.as_secs(), ..Opts::default() });
+    let sent = reqwest::Client::new()
+        .post(gw.url("/v1/chat/completions"))
+        .bearer_auth(&gw.key)
+        .header("x-mock-tokens", "40")
+        .header("x-mock-token-delay-ms", "60")
+        .json(&chat_body("chat-model", true))
+        .send();
+    let stream = tokio::spawn(async move {
+        let r = sent.await.unwrap();
+        let rid = r.headers()["x-request-id"].to_str().unwrap().to_string();
+        (r.status().as_u16(), rid, r.text().await.unwrap())
+    });
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while requests_of(&mock).await == 0 {
+        assert!(Instant::now() < deadline, "the stream reached the replica");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let signalled = Instant::now();
+    assert_eq!(unsafe { libc::kill(gw.pid() as i32, libc::SIGTERM) }, 0);
+
+    // The stream (about 2.4 s, longer than the quiet second) runs to its end.
+    let (status, rid, text) = stream.await.unwrap();
+    assert_eq!(status, 200, "{text}");
+    assert!(text.contains("data: [DONE]"), "the stream ended whole: {text}");
+    let streamed = signalled.elapsed();
+    assert!(streamed >= Duration::from_millis(1500), "the stream outlived the quiet second: {streamed:?}");
+
+    let dir = gw.dir.clone();
+    let (exit, gw) = tokio::task::spawn_blocking(move || (gw.wait_exit(Duration::from_secs(20)), gw)).await.unwrap();
+    let stopped = signalled.elapsed();
+    assert!(exit.is_some_and(|s| s.success()), "the process ended cleanly: {exit:?} {}", gw.log());
+    assert!(stopped < grace / 2, "ended well before the {grace:?} grace period: {stopped:?}");
+    assert!(gw.log().contains("graceful stop: nothing left in flight"), "{}", gw.log());
+
+    // The stream's settlement reached the ledger before the process ended.
+    let mut after = Gateway::start_in(&mock, Opts::default(), dir);
+    after.workspace = gw.workspace.clone();
+    let ledger = after.settled_ledger();
+    assert_eq!(ledger["held_cents"], 0, "no hold left: {ledger}");
+    let settled =
+        ledger["entries"].as_array().unwrap().iter().any(|e| e["kind"] == "settlement" && e["request_id"] == rid);
+    assert!(settled, "request {rid} settled: {ledger}");
+}

@@ -94,7 +94,35 @@ pub fn run(config: Config, chain: Chain, services: Services, start: Start<'_>) -
     }
     tollgate::health::spawn(live.clone());
     spawn_reload_on_hangup(live);
+    end_stop_when_drained(&server, config.gateway.grace_period_seconds);
     server.run_forever()
+}
+
+/// Pingora sleeps out the whole grace period of a graceful stop (SIGTERM, or the old process
+/// of an upgrade) even when nothing runs. Once the grace period has begun, this ends the
+/// process as soon as no request is in flight and no settlement waits for the ledger, for a
+/// quiet second (decision 166); a request still running keeps it alive up to the grace period.
+fn end_stop_when_drained(server: &Server, grace_seconds: u64) {
+    use pingora::server::ExecutionPhase;
+    let mut phases = server.watch_execution_phase();
+    let watch = move || {
+        loop {
+            match phases.blocking_recv() {
+                Ok(ExecutionPhase::ShutdownGracePeriod) => break,
+                Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+            }
+        }
+        let began = std::time::Instant::now();
+        let deadline = began + std::time::Duration::from_secs(grace_seconds);
+        if tollgate::drain::PROCESS.wait_until_quiet(tollgate::drain::QUIET, deadline) {
+            log::info!("graceful stop: nothing left in flight after {:.1} s; exiting", began.elapsed().as_secs_f64());
+            std::process::exit(0);
+        }
+    };
+    if let Err(e) = std::thread::Builder::new().name("stop-watch".into()).spawn(watch) {
+        log::warn!("graceful stop watcher could not start ({e}); a stop waits the whole grace period");
+    }
 }
 
 /// Every `every` (30 s by default), release holds whose request outlived its hold (a gateway died mid-request;

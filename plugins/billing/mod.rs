@@ -343,8 +343,11 @@ impl Plugin for Billing {
         let (ledger, request_id) = (self.ledger.clone(), cx.request_id.clone());
         let runtime = tokio::runtime::Handle::current();
         let op = action.op();
+        // A graceful stop waits until the ledger recorded it (decision 166).
+        let pending = tollgate::drain::left_behind();
         let done = Box::new(move |r: tollgate::store::ledger_ops::OpResult| match action.outcome(r) {
             Ok(()) => {
+                drop(pending);
                 if had_hold {
                     tollgate::metrics::holds_moved(-1);
                 }
@@ -359,6 +362,7 @@ impl Plugin for Billing {
                     if action.retry(&*ledger).await && had_hold {
                         tollgate::metrics::holds_moved(-1);
                     }
+                    drop(pending);
                 });
             }
         });
