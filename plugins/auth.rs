@@ -33,18 +33,18 @@ fn accepts_x_api_key(route: Route) -> bool {
     matches!(route, Route::Messages | Route::CountTokens | Route::ListModels | Route::GetModel)
 }
 
-fn header<'a>(s: &'a Session, name: &str) -> Option<&'a str> {
+fn header(s: &Session, name: http::HeaderName) -> Option<&str> {
     s.req_header().headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim).filter(|v| !v.is_empty())
 }
 
 /// The presented key, if any.
 pub fn presented_key(s: &Session, route: Route) -> Option<&str> {
     if accepts_x_api_key(route) {
-        if let Some(k) = header(s, "x-api-key") {
+        if let Some(k) = header(s, http::HeaderName::from_static("x-api-key")) {
             return Some(k);
         }
     }
-    let auth = header(s, "authorization")?;
+    let auth = header(s, http::header::AUTHORIZATION)?;
     let (scheme, rest) = auth.split_once(' ')?;
     scheme.eq_ignore_ascii_case("bearer").then(|| rest.trim()).filter(|k| !k.is_empty())
 }

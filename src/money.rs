@@ -35,7 +35,19 @@ impl Microcents {
 
     /// US dollars with exactly eight decimals (`0.00001234`), never through floating point.
     pub fn dollars(self) -> String {
-        format!("{}.{:08}", self.0 / 100_000_000, self.0 % 100_000_000)
+        let mut out = String::with_capacity(24);
+        self.write_dollars(&mut out);
+        out
+    }
+
+    /// `dollars`, appended to `out`.
+    pub fn write_dollars(self, out: &mut String) {
+        let mut n = itoa::Buffer::new();
+        out.push_str(n.format(self.0 / 100_000_000));
+        out.push('.');
+        let fraction = n.format(self.0 % 100_000_000);
+        out.extend(std::iter::repeat_n('0', 8 - fraction.len()));
+        out.push_str(fraction);
     }
 }
 

@@ -63,8 +63,12 @@ fn base_url(s: &Session, cx: &RequestCtx) -> String {
 /// `vendor-version` / `anthropic-version`: echoed under the name it came with on every answer
 /// (clarification 10), refusals before any plugin ran included.
 pub fn echo_version(s: &Session, cx: &mut RequestCtx) {
-    for name in ["vendor-version", "anthropic-version"] {
-        if let Some(v) = s.req_header().headers.get(name).and_then(|v| v.to_str().ok()) {
+    const VERSION_HEADERS: [(&str, http::HeaderName); 2] = [
+        ("vendor-version", http::HeaderName::from_static("vendor-version")),
+        ("anthropic-version", http::HeaderName::from_static("anthropic-version")),
+    ];
+    for (name, header) in VERSION_HEADERS {
+        if let Some(v) = s.req_header().headers.get(header).and_then(|v| v.to_str().ok()) {
             if printable_ascii(v.as_bytes(), 128) {
                 cx.response_headers.push((name, v.to_string()));
             }
@@ -72,9 +76,11 @@ pub fn echo_version(s: &Session, cx: &mut RequestCtx) {
     }
 }
 
+const CLIENT_REQUEST_ID: http::HeaderName = http::HeaderName::from_static("x-client-request-id");
+
 /// Validate `X-Client-Request-Id` (echoed back when valid).
 pub fn client_request_id(s: &Session, cx: &mut RequestCtx) -> Result<(), GatewayError> {
-    let Some(v) = s.req_header().headers.get("x-client-request-id") else {
+    let Some(v) = s.req_header().headers.get(CLIENT_REQUEST_ID) else {
         return Ok(());
     };
     if !printable_ascii(v.as_bytes(), 512) {
@@ -105,8 +111,11 @@ pub async fn read_json_body(s: &mut Session, cx: &mut RequestCtx) -> Result<Byte
     if declared.is_some_and(|n| n > limit) {
         return Err(too_large(limit));
     }
-    let expects_continue =
-        s.req_header().headers.get("expect").is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+    let expects_continue = s
+        .req_header()
+        .headers
+        .get(http::header::EXPECT)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
     if expects_continue {
         s.write_continue_response()
             .await

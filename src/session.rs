@@ -12,18 +12,36 @@ use siphasher::sip::SipHasher13;
 use std::hash::Hasher;
 
 /// Headers that may name a session; none of them reaches a replica.
-pub const SESSION_HEADERS: [&str; 11] = [
-    "x-service-session",
-    "x-session-id",
-    "x-agent1-session-id",
-    "x-agent1-agent-id",
-    "x-agent2-session-id",
-    "x-session-affinity",
-    "x-affinity",
-    "thread-id",
-    "session-id",
-    "x-agent3-window-id",
-    "x-parent-session-id",
+/// Header names as constants: a lookup by a `HeaderName` hashes it without parsing and
+/// lowercasing the name again on every request.
+mod names {
+    use http::HeaderName;
+    pub const SERVICE_SESSION: HeaderName = HeaderName::from_static("x-service-session");
+    pub const SESSION_ID: HeaderName = HeaderName::from_static("x-session-id");
+    pub const AGENT1_SESSION: HeaderName = HeaderName::from_static("x-agent1-session-id");
+    pub const AGENT1_AGENT: HeaderName = HeaderName::from_static("x-agent1-agent-id");
+    pub const AGENT2_SESSION: HeaderName = HeaderName::from_static("x-agent2-session-id");
+    pub const SESSION_AFFINITY: HeaderName = HeaderName::from_static("x-session-affinity");
+    pub const AFFINITY: HeaderName = HeaderName::from_static("x-affinity");
+    pub const THREAD_ID: HeaderName = HeaderName::from_static("thread-id");
+    pub const AGENT3_SESSION: HeaderName = HeaderName::from_static("session-id");
+    pub const AGENT3_WINDOW: HeaderName = HeaderName::from_static("x-agent3-window-id");
+    pub const PARENT_SESSION: HeaderName = HeaderName::from_static("x-parent-session-id");
+}
+use names::*;
+
+pub const SESSION_HEADERS: [http::HeaderName; 11] = [
+    SERVICE_SESSION,
+    SESSION_ID,
+    AGENT1_SESSION,
+    AGENT1_AGENT,
+    AGENT2_SESSION,
+    SESSION_AFFINITY,
+    AFFINITY,
+    THREAD_ID,
+    AGENT3_SESSION,
+    AGENT3_WINDOW,
+    PARENT_SESSION,
 ];
 
 /// The resolved identity (with its agent namespace) is at most this long.
@@ -63,7 +81,7 @@ fn service_shape(v: &str) -> bool {
 }
 
 /// A header value: nonempty after trimming, free of control characters.
-fn header_value<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
+fn header_value<'a>(h: &'a HeaderMap, name: &http::HeaderName) -> Option<&'a str> {
     let v = h.get(name)?.to_str().ok()?.trim();
     (!v.is_empty() && !v.chars().any(char::is_control)).then_some(v)
 }
@@ -78,29 +96,27 @@ fn bounded(ns: &'static str, id: String) -> Option<(&'static str, String)> {
 /// The session a request names: (namespace, identity), in the spec's order.
 pub fn resolve(h: &HeaderMap, body: Option<&Value>) -> Option<(&'static str, String)> {
     let from_body = |ptr: &str| body.and_then(|b| b.pointer(ptr)).and_then(Value::as_str);
-    let generic = |name: &str| header_value(h, name).and_then(|v| bounded("generic", v.to_string()));
-    let agent3 = header_value(h, "x-agent3-window-id").is_some();
+    let generic = |name: &http::HeaderName| header_value(h, name).and_then(|v| bounded("generic", v.to_string()));
+    let agent3 = header_value(h, &AGENT3_WINDOW).is_some();
     let own = from_body("/service/sessionId")
         .filter(|v| service_shape(v))
         .map(|v| ("service", v.to_string()))
+        .or_else(|| header_value(h, &SERVICE_SESSION).filter(|v| service_shape(v)).map(|v| ("service", v.to_string())))
+        .or_else(|| generic(&SESSION_ID))
         .or_else(|| {
-            header_value(h, "x-service-session").filter(|v| service_shape(v)).map(|v| ("service", v.to_string()))
-        })
-        .or_else(|| generic("x-session-id"))
-        .or_else(|| {
-            let session = header_value(h, "x-agent1-session-id")?;
-            let id = match header_value(h, "x-agent1-agent-id") {
+            let session = header_value(h, &AGENT1_SESSION)?;
+            let id = match header_value(h, &AGENT1_AGENT) {
                 Some(agent) => format!("{session}/{agent}"),
                 None => session.to_string(),
             };
             bounded("agent1", id).or_else(|| bounded("agent1", session.to_string()))
         })
-        .or_else(|| header_value(h, "x-agent2-session-id").and_then(|v| bounded("agent2", v.to_string())))
-        .or_else(|| generic("x-session-affinity"))
-        .or_else(|| generic("x-affinity"))
-        .or_else(|| if agent3 { generic("thread-id") } else { None })
-        .or_else(|| if agent3 { generic("session-id") } else { None });
-    own.or_else(|| generic("x-parent-session-id")).or_else(|| {
+        .or_else(|| header_value(h, &AGENT2_SESSION).and_then(|v| bounded("agent2", v.to_string())))
+        .or_else(|| generic(&SESSION_AFFINITY))
+        .or_else(|| generic(&AFFINITY))
+        .or_else(|| if agent3 { generic(&THREAD_ID) } else { None })
+        .or_else(|| if agent3 { generic(&AGENT3_SESSION) } else { None });
+    own.or_else(|| generic(&PARENT_SESSION)).or_else(|| {
         let key = from_body("/prompt_cache_key").map(str::trim).filter(|v| !v.is_empty())?;
         bounded("prompt_cache_key", key.to_string())
     })

@@ -74,16 +74,6 @@ impl UsageFigures {
     pub fn value(&self) -> Microcents {
         self.paid.map_or(self.cost, |(_, v)| v)
     }
-
-    /// `,"plan_value_microcents":N,"paid_from":"plan"` when a plan or Standby paid.
-    pub fn paid_members(&self) -> String {
-        match self.paid {
-            Some((from, value)) => {
-                format!(",\"plan_value_microcents\":{},\"paid_from\":\"{}\"", value.0, from.as_str())
-            }
-            None => String::new(),
-        }
-    }
 }
 
 /// Cost in microcents, rounded half up to a whole microcent.
@@ -107,6 +97,53 @@ pub fn from_provider(usage: &Value, model: &ModelEntry, priced_at: Millis) -> Op
     let total = usage.get("total_tokens").and_then(Value::as_u64).unwrap_or(prompt + completion);
     let reported_cached = usage.pointer("/prompt_tokens_details/cached_tokens").and_then(Value::as_u64).unwrap_or(0);
     Some(figures(model, priced_at, prompt, reported_cached, completion, total, UsageBasis::ProviderReported))
+}
+
+/// `from_provider` read straight from the report's text: the usual report (an object of
+/// distinct members) without building a `Value`, anything else through `from_provider`, so
+/// both read every report alike.
+pub fn from_provider_text(usage: &str, model: &ModelEntry, priced_at: Millis) -> Option<UsageFigures> {
+    match reported_counts(usage) {
+        Some(counts) => {
+            let (prompt, cached, completion, total) = counts?;
+            Some(figures(model, priced_at, prompt, cached, completion, total, UsageBasis::ProviderReported))
+        }
+        None => from_provider(&serde_json::from_str(usage).ok()?, model, priced_at),
+    }
+}
+
+/// (prompt, cached, completion, total) of a report, `Some(None)` when it names no prompt
+/// count; `None` when it needs the general reading (not an object, a repeated member).
+fn reported_counts(usage: &str) -> Option<Option<(u64, u64, u64, u64)>> {
+    use serde_json::value::RawValue;
+    #[derive(serde::Deserialize)]
+    struct Report<'a> {
+        #[serde(borrow)]
+        prompt_tokens: Option<&'a RawValue>,
+        #[serde(borrow)]
+        completion_tokens: Option<&'a RawValue>,
+        #[serde(borrow)]
+        total_tokens: Option<&'a RawValue>,
+        #[serde(borrow)]
+        prompt_tokens_details: Option<&'a RawValue>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Details<'a> {
+        #[serde(borrow)]
+        cached_tokens: Option<&'a RawValue>,
+    }
+    // What `Value::as_u64` accepts: an integer's text; a fraction, an exponent, a string or
+    // a sign (`-0` too) is not a count.
+    let count = |raw: Option<&RawValue>| raw.and_then(|r| r.get().parse::<u64>().ok());
+    let report: Report<'_> = serde_json::from_str(usage).ok()?;
+    let cached = match report.prompt_tokens_details {
+        Some(d) if d.get().starts_with('{') => count(serde_json::from_str::<Details<'_>>(d.get()).ok()?.cached_tokens),
+        _ => None,
+    };
+    let Some(prompt) = count(report.prompt_tokens) else { return Some(None) };
+    let completion = count(report.completion_tokens).unwrap_or(0);
+    let total = count(report.total_tokens).unwrap_or(prompt + completion);
+    Some(Some((prompt, cached.unwrap_or(0), completion, total)))
 }
 
 /// Price counts for `model` as at `priced_at`. Cached tokens count only where the model has an
@@ -201,35 +238,40 @@ pub fn dollars(microcents: u64) -> String {
 /// The chat-dialect Usage object as JSON text. `no_answer` adds
 /// `service.output_token_accounting` (only when every choice lacks a final answer).
 pub fn render_chat_usage(u: &UsageFigures, no_answer: bool) -> String {
-    let accounting = if no_answer {
-        format!(
-            concat!(
-                ",\"output_token_accounting\":{{\"visible_answer_tokens\":0,",
-                "\"non_answer_completion_tokens\":{},\"sources\":{{",
-                "\"visible_answer_tokens\":\"proxy_classified\",",
-                "\"non_answer_completion_tokens\":\"provider_reported\"}}}}"
-            ),
-            u.completion_tokens
-        )
-    } else {
-        String::new()
-    };
-    format!(
-        concat!(
-            "{{\"prompt_tokens\":{},\"completion_tokens\":{},\"total_tokens\":{},",
-            "\"prompt_tokens_details\":{{\"cached_tokens\":{}}},\"cost\":{},",
-            "\"service\":{{\"cost_microcents\":{},\"cached_input_tokens\":{}{}{}}}}}"
-        ),
-        u.prompt_tokens,
-        u.completion_tokens,
-        u.total_tokens,
-        u.cached_tokens,
-        u.cost.dollars(),
-        u.cost.0,
-        u.cached_tokens,
-        u.paid_members(),
-        accounting
-    )
+    // Written piece by piece rather than through `format!`: this runs for every answer.
+    let mut out = String::with_capacity(320);
+    let mut n = itoa::Buffer::new();
+    out.push_str("{\"prompt_tokens\":");
+    out.push_str(n.format(u.prompt_tokens));
+    out.push_str(",\"completion_tokens\":");
+    out.push_str(n.format(u.completion_tokens));
+    out.push_str(",\"total_tokens\":");
+    out.push_str(n.format(u.total_tokens));
+    out.push_str(",\"prompt_tokens_details\":{\"cached_tokens\":");
+    out.push_str(n.format(u.cached_tokens));
+    out.push_str("},\"cost\":");
+    u.cost.write_dollars(&mut out);
+    out.push_str(",\"service\":{\"cost_microcents\":");
+    out.push_str(n.format(u.cost.0));
+    out.push_str(",\"cached_input_tokens\":");
+    out.push_str(n.format(u.cached_tokens));
+    if let Some((from, value)) = u.paid {
+        out.push_str(",\"plan_value_microcents\":");
+        out.push_str(n.format(value.0));
+        out.push_str(",\"paid_from\":\"");
+        out.push_str(from.as_str());
+        out.push('"');
+    }
+    if no_answer {
+        out.push_str(",\"output_token_accounting\":{\"visible_answer_tokens\":0,\"non_answer_completion_tokens\":");
+        out.push_str(n.format(u.completion_tokens));
+        out.push_str(concat!(
+            ",\"sources\":{\"visible_answer_tokens\":\"proxy_classified\",",
+            "\"non_answer_completion_tokens\":\"provider_reported\"}}"
+        ));
+    }
+    out.push_str("}}");
+    out
 }
 
 #[cfg(test)]
@@ -262,6 +304,56 @@ mod tests {
     }
 
     #[test]
+    fn a_usage_report_read_from_its_text_prices_as_its_value_does() {
+        let dir = std::env::temp_dir().join(format!("tollgate-usage-{}", uuid::Uuid::new_v4().simple()));
+        let _ = std::fs::create_dir_all(&dir);
+        let models = "models:\n  - id: m\n    supported_endpoints: [chat_completions]\n    pricing: { input: 0.10, output: 0.30 }\n    cached_input_price: 0.05\n    cache_isolation: isolated\n";
+        let _ = std::fs::write(dir.join("tollgate.yaml"), "threads: 1\n");
+        let _ = std::fs::write(dir.join("models.yaml"), models);
+        let _ = std::fs::write(dir.join("upstreams.yaml"), "pools: {}\n");
+        let config = crate::config::load(&dir.join("tollgate.yaml"));
+        let _ = std::fs::remove_dir_all(&dir);
+        let model = match config.map(|c| c.catalog.models.into_iter().next()) {
+            Ok(Some(m)) => m,
+            other => panic!("fixture catalog: {:?}", other.err()),
+        };
+        assert!(model.pricing_at(0).is_some_and(|p| p.cached_input.is_some()), "a priced model with a cached tier");
+        let reports = [
+            r#"{"prompt_tokens":100,"completion_tokens":20,"total_tokens":120}"#,
+            r#"{"prompt_tokens":100,"completion_tokens":20,"prompt_tokens_details":{"cached_tokens":40}}"#,
+            r#"{"prompt_tokens":100,"completion_tokens":20,"prompt_tokens_details":{"cached_tokens":400}}"#,
+            r#"{"prompt_tokens":100,"completion_tokens":0}"#,
+            r#"{"prompt_tokens":100}"#,
+            r#"{"completion_tokens":20}"#,
+            r#"{"prompt_tokens":"100","completion_tokens":20}"#,
+            r#"{"prompt_tokens":100.0,"completion_tokens":20}"#,
+            r#"{"prompt_tokens":1e2,"completion_tokens":20}"#,
+            r#"{"prompt_tokens":-0,"completion_tokens":20}"#,
+            r#"{"prompt_tokens":-5,"completion_tokens":20}"#,
+            r#"{"prompt_tokens":18446744073709551616,"completion_tokens":20}"#,
+            r#"{"prompt_tokens":100,"completion_tokens":null,"total_tokens":7}"#,
+            r#"{"prompt_tokens":100,"completion_tokens":{"a":1},"total_tokens":[1]}"#,
+            r#"{"prompt_tokens":100,"completion_tokens":20,"prompt_tokens_details":null}"#,
+            r#"{"prompt_tokens":100,"completion_tokens":20,"prompt_tokens_details":5}"#,
+            r#"{"prompt_tokens":100,"completion_tokens":20,"prompt_tokens_details":{"cached_tokens":1,"cached_tokens":30}}"#,
+            r#"{"prompt_tokens":1,"prompt_tokens":100,"completion_tokens":20}"#,
+            r#"{ "prompt_tokens" : 100 , "completion_tokens" : 20 , "extra": {"x": [1, 2]} }"#,
+            r#"[100, 20]"#,
+            r#"7"#,
+            r#"null"#,
+        ];
+        for r in reports {
+            let value: Value = serde_json::from_str(r).unwrap_or_else(|e| panic!("{r}: {e}"));
+            let general = from_provider(&value, &model, 0)
+                .map(|f| (f.prompt_tokens, f.cached_tokens, f.completion_tokens, f.total_tokens, f.cost));
+            let text = from_provider_text(r, &model, 0)
+                .map(|f| (f.prompt_tokens, f.cached_tokens, f.completion_tokens, f.total_tokens, f.cost));
+            assert_eq!(text, general, "{r}");
+        }
+        assert!(from_provider_text(r#"{"prompt_tokens":100,"completion_tokens":20}"#, &model, 0).is_some());
+    }
+
+    #[test]
     fn dollars_have_eight_decimals() {
         assert_eq!(dollars(0), "0.00000000");
         assert_eq!(dollars(1_234), "0.00001234");
@@ -287,5 +379,20 @@ mod tests {
         assert_eq!(v["service"]["output_token_accounting"]["non_answer_completion_tokens"], 5);
         let plain: Value = serde_json::from_str(&render_chat_usage(&u, false)).unwrap_or_default();
         assert!(plain["service"].get("output_token_accounting").is_none());
+        // The exact text clients get: member order included.
+        let paid = UsageFigures { cost: Microcents(1_200_000_000), ..u }.paid_by(Some(PaidFrom::Plan));
+        assert_eq!(
+            render_chat_usage(&paid, true),
+            concat!(
+                r#"{"prompt_tokens":10,"completion_tokens":5,"total_tokens":15,"#,
+                r#""prompt_tokens_details":{"cached_tokens":4},"cost":0.00000000,"#,
+                r#""service":{"cost_microcents":0,"cached_input_tokens":4,"#,
+                r#""plan_value_microcents":1200000000,"paid_from":"plan","#,
+                r#""output_token_accounting":{"visible_answer_tokens":0,"non_answer_completion_tokens":5,"#,
+                r#""sources":{"visible_answer_tokens":"proxy_classified","non_answer_completion_tokens":"provider_reported"}}}}"#
+            )
+        );
+        assert_eq!(Microcents(1_200_000_007).dollars(), "12.00000007");
+        assert_eq!(Microcents(0).dollars(), "0.00000000");
     }
 }

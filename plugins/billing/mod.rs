@@ -283,7 +283,7 @@ impl Plugin for Billing {
         cx: &mut RequestCtx,
     ) -> Result<(), GatewayError> {
         if forwarded::is_forwarded(cx.route) && resp.status.is_success() && cx.principal.is_some() {
-            cx.ext.insert(Forwarded::new(resp.headers.get("content-type").map(|v| v.as_bytes())));
+            cx.ext.insert(Forwarded::new(resp.headers.get(http::header::CONTENT_TYPE).map(|v| v.as_bytes())));
         }
         Ok(())
     }

@@ -139,6 +139,5 @@ pub fn delivered(cx: &RequestCtx) -> Option<tollgate::usage::UsageFigures> {
 
 /// The replica's usage report priced for the resolved model; `None` when it is not one.
 pub fn priced(usage: &serde_json::value::RawValue, cx: &RequestCtx) -> Option<tollgate::usage::UsageFigures> {
-    let v: Value = serde_json::from_str(usage.get()).ok()?;
-    tollgate::usage::from_provider(&v, cx.model()?, cx.arrived_ms).map(|f| f.paid_by(cx.paid_from))
+    tollgate::usage::from_provider_text(usage.get(), cx.model()?, cx.arrived_ms).map(|f| f.paid_by(cx.paid_from))
 }

@@ -65,7 +65,7 @@ impl Drop for Held {
 
 /// The header's value: non-blank printable ASCII, at most 255 characters.
 fn key_of(s: &Session) -> Result<Option<String>, GatewayError> {
-    let Some(v) = s.req_header().headers.get("idempotency-key") else { return Ok(None) };
+    let Some(v) = s.req_header().headers.get(http::HeaderName::from_static("idempotency-key")) else { return Ok(None) };
     let v = v.as_bytes();
     if tollgate::text::printable_ascii(v, 255) && !v.trim_ascii().is_empty() {
         return Ok(Some(String::from_utf8_lossy(v).into_owned()));
@@ -274,7 +274,8 @@ impl Plugin for Idempotency {
         if let Some(h) = cx.ext.get_mut::<Held>() {
             h.status = resp.status.as_u16();
             h.streamed = streamed;
-            h.content_type = resp.headers.get("content-type").and_then(|v| v.to_str().ok()).map(str::to_owned);
+            h.content_type =
+                resp.headers.get(http::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).map(str::to_owned);
         }
         Ok(())
     }

@@ -24,6 +24,17 @@ use crate::plugin::{Chain, Flow};
 use crate::request::{self, read_json_body};
 use crate::responder;
 use crate::routes::Route;
+
+/// Request headers never sent to a replica (besides the session headers): the client's
+/// credentials and cookies, a compression the gateway would have to undo, `Expect`
+/// (answered here). Constants, so the removal hashes without parsing each name.
+const NOT_FORWARDED: [http::HeaderName; 5] = [
+    http::header::ACCEPT_ENCODING,
+    http::header::AUTHORIZATION,
+    http::HeaderName::from_static("x-api-key"),
+    http::header::EXPECT,
+    http::header::COOKIE,
+];
 use crate::watchdog::Watchdog;
 
 mod affinity;
@@ -216,9 +227,8 @@ impl ProxyHttp for Gateway {
         req: &mut pingora::http::RequestHeader,
         cx: &mut RequestCtx,
     ) -> Result<()> {
-        let session = crate::session::SESSION_HEADERS.iter();
-        for h in ["accept-encoding", "authorization", "x-api-key", "expect", "cookie"].iter().chain(session) {
-            req.remove_header(*h);
+        for h in NOT_FORWARDED.iter().chain(crate::session::SESSION_HEADERS.iter()) {
+            req.remove_header(h);
         }
         if let Some(slot) = cx.placement.as_ref().and_then(|p| p.slot.as_ref()) {
             req.insert_header("host", slot.replica.authority.as_str())?;
@@ -249,8 +259,10 @@ impl ProxyHttp for Gateway {
         }
         // The answer's form, read once by the core: it decides how failures are written
         // (an error frame or a whole response) and which answers are held.
-        cx.response.streaming =
-            resp.headers.get("content-type").is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+        cx.response.streaming = resp
+            .headers
+            .get(http::header::CONTENT_TYPE)
+            .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
         guarded("response header", cx, |cx| self.chain.on_response_header(resp, cx)).map_err(|e| {
             cx.failure = Some(e);
             Error::explain(ErrorType::InternalError, "response header phase failed")

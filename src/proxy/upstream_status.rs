@@ -16,8 +16,12 @@ use crate::routes::Route;
 /// is read in the body phase); `Err`: a failure, already in `cx.failure`.
 pub(super) fn judge(resp: &mut ResponseHeader, cx: &mut RequestCtx) -> Result<bool> {
     let status = resp.status.as_u16();
-    let retry =
-        || resp.headers.get("retry-after").and_then(|v| v.to_str().ok()).and_then(|v| v.trim().parse::<u64>().ok());
+    let retry = || {
+        resp.headers
+            .get(http::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+    };
     if status == 429 {
         // The replica is full: a capacity refusal, not a fault of the content (clarification
         // 11's 400 is for those), so clients wait and retry (decision 156). Uncharged.
