@@ -105,6 +105,24 @@ async fn lifecycle_outcomes_through_the_gateway() {
     tokio::time::sleep(std::time::Duration::from_millis(1400)).await;
     let r = chat(k["key"].as_str().unwrap().into()).await;
     assert_eq!(outcome(&r), (401, "invalid_api_key".into(), "API key has expired".into()));
+    // An expired key never comes back: no new expiry, none cleared (decision 167).
+    let patch = format!("/admin/v1/keys/{}", k["id"].as_str().unwrap());
+    for revive in [json!({"expires_at": "2099-01-01T00:00:00Z"}), json!({"expires_at": null})] {
+        let (s, v) = gw.admin("PATCH", &patch, Some(revive.clone()));
+        assert_eq!((s, v["code"].as_str()), (409, Some("api_key_not_active")), "{revive}: {v}");
+    }
+    let r = chat(k["key"].as_str().unwrap().into()).await;
+    assert_eq!(outcome(&r), (401, "invalid_api_key".into(), "API key has expired".into()));
+    // Nor does a live key take an expiry in the past (as on create).
+    let live = gw.mint_key(&ws, json!({}));
+    let (s, v) = gw.admin(
+        "PATCH",
+        &format!("/admin/v1/keys/{}", live["id"].as_str().unwrap()),
+        Some(json!({"expires_at": "2001-01-01T00:00:00Z"})),
+    );
+    assert_eq!(s, 400, "{v}");
+    assert!(v.to_string().contains("expires_at"), "{v}");
+    assert_eq!(chat(live["key"].as_str().unwrap().into()).await.status, 200, "the refused patch changed nothing");
     // Rotation grace ends on time, then the previous key answers like a revoked one.
     let k = gw.mint_key(&ws, json!({}));
     let (s, rotated) = gw.admin(
@@ -152,7 +170,8 @@ async fn scoped_keys_follow_the_route_rules() {
 #[tokio::test]
 async fn no_plaintext_key_in_logs_or_admin_reads() {
     let mock = Mock::start();
-    let gw = Gateway::start(&mock);
+    // At the most verbose level too: Pingora's trace lines print whole request heads.
+    let gw = Gateway::start_with(&mock, Opts { env: vec![("RUST_LOG", "trace".into())], ..Opts::default() });
     let k = gw.mint_key(&gw.workspace, json!({"name": "secret-check"}));
     let plain = k["key"].as_str().unwrap().to_string();
     let bearer = format!("Bearer {plain}");
@@ -167,8 +186,16 @@ async fn no_plaintext_key_in_logs_or_admin_reads() {
     assert!(!meta_text.contains(&plain[3..]), "admin read shows no key: {meta_text}");
     assert!(meta.get("digest").is_none() && meta.get("encrypted_copy").is_none());
     let log = gw.log();
+    assert!(log.contains("DEBUG pingora"), "the log ran verbose");
     assert!(!log.contains(&plain[3..]), "gateway log shows no key");
+    assert!(!log.contains(common::ADMIN_TOKEN), "gateway log shows no admin token");
     assert!(!log.contains(&near[10..]), "gateway log shows no presented key");
+    // The store's files are the owner's alone (decision 169).
+    use std::os::unix::fs::PermissionsExt;
+    for f in ["identity.db", "identity.db-wal"] {
+        let mode = std::fs::metadata(gw.dir.join(f)).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{f}: {mode:o}");
+    }
     let db = std::fs::read(gw.dir.join("identity.db")).unwrap_or_default();
     let wal = std::fs::read(gw.dir.join("identity.db-wal")).unwrap_or_default();
     for bytes in [db, wal] {
@@ -197,6 +224,22 @@ fn admin_token_and_field_validation() {
     gw.admin_token = "wrong-token-wrong-token".into();
     assert_eq!(gw.admin("GET", "/admin/v1/health", None).0, 401);
     gw.admin_token = good;
+    // The scheme in any case; the token exactly.
+    for (auth, status) in [
+        (format!("BEARER {}", gw.admin_token), 200),
+        (format!("bearer {}", gw.admin_token), 200),
+        (format!("Basic {}", gw.admin_token), 401),
+        (format!("Bearer {}", gw.admin_token.to_uppercase()), 401),
+    ] {
+        use std::io::{Read, Write};
+        let mut c = std::net::TcpStream::connect(("127.0.0.1", gw.admin_port)).unwrap();
+        let head =
+            format!("GET /admin/v1/health HTTP/1.1\r\nHost: a\r\nAuthorization: {auth}\r\nConnection: close\r\n\r\n");
+        c.write_all(head.as_bytes()).unwrap();
+        let mut answer = String::new();
+        let _ = c.read_to_string(&mut answer);
+        assert!(answer.starts_with(&format!("HTTP/1.1 {status} ")), "{auth}: {answer}");
+    }
     let ws = gw.workspace.clone();
     let cases = [
         ("POST", "/admin/v1/workspaces".to_string(), json!({}), "name"),
@@ -219,6 +262,24 @@ fn admin_token_and_field_validation() {
         assert_eq!(s, 400, "{body}: {v}");
         assert!(v["error"]["message"].as_str().unwrap().contains(&format!("`{field}`")), "{body}: {v}");
     }
+    // Calls that take no fields refuse one too, and change nothing (decision 22).
+    let (other_ws, _) = gw.mint_workspace_key(); // the key count below is of `ws`
+    let k = gw.mint_key(&other_ws, json!({}));
+    let kid = k["id"].as_str().unwrap();
+    let no_fields = [
+        ("POST", format!("/admin/v1/keys/{kid}/revoke")),
+        ("DELETE", format!("/admin/v1/keys/{kid}")),
+        ("POST", "/admin/v1/reload".to_string()),
+        ("POST", "/admin/v1/models/chat-model/resume".to_string()),
+        ("DELETE", format!("/admin/v1/workspaces/{ws}/plan")),
+    ];
+    for (m, p) in no_fields {
+        let (s, v) = gw.admin(m, &p, Some(json!({"x": 1})));
+        assert_eq!((s, v["error"]["code"].as_str()), (400, Some("invalid_field")), "{m} {p}: {v}");
+        assert!(v["error"]["message"].as_str().unwrap().contains("`x`"), "{m} {p}: {v}");
+    }
+    let (s, meta) = gw.admin("GET", &format!("/admin/v1/keys/{kid}"), None);
+    assert_eq!((s, meta["state"].as_str()), (200, Some("active")), "the refused revoke and delete changed nothing");
     assert_eq!(gw.admin("GET", "/admin/v1/keys/key_nope", None).0, 404);
     assert_eq!(gw.admin("GET", "/admin/v1/workspaces/nope", None).0, 404);
     assert_eq!(gw.admin("POST", "/admin/v1/workspaces/nope/keys", Some(json!({}))).0, 404);

@@ -382,6 +382,7 @@ fn check_config_lists_the_chain_as_served() {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
         .args(["check-config", "--config"])
         .arg(dir.join("tollgate.yaml"))
+        .env_remove("TOLLGATE_ADMIN_TOKEN")
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
@@ -391,5 +392,19 @@ fn check_config_lists_the_chain_as_served() {
         "in request order, stores or not: {text}"
     );
     assert!(!dir.join("id.db").exists(), "check-config opens no store");
+    assert!(text.contains("warning: no admin token configured"), "an unusable admin listener is said: {text}");
+    // A short token from the environment is blamed on the variable, not on a file.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(["check-config", "--config"])
+        .arg(dir.join("tollgate.yaml"))
+        .env("TOLLGATE_ADMIN_TOKEN", "short")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("TOLLGATE_ADMIN_TOKEN: the admin token in the environment variable must be at least 16"),
+        "{err}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -119,7 +119,7 @@ async fn rotation_grace_history_and_other_keys(store: Arc<dyn IdentityStore>) {
     assert!(id.authenticate(&p_other).await.is_ok(), "other keys stay live");
     assert_eq!(store.key(&other.id).await.unwrap().unwrap().state(now_ms()), KeyState::Active);
     // Only an active key can be rotated.
-    assert!(matches!(id.rotate_key(&k1.id, RotateOpts::default()).await, Err(KeyOpError::NotActive(_))));
+    assert!(matches!(id.rotate_key(&k1.id, RotateOpts::default()).await, Err(KeyOpError::NotActive(..))));
     // Revoke-previous-immediately.
     let (k4, _p4) = id.create_key(&ws.id, NewKey::default()).await.unwrap();
     let (_k5, _p5, prev4) =

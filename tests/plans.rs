@@ -385,6 +385,24 @@ async fn usage_snapshot(postgres: bool) {
     assert_eq!(c["tile_state"], "limited");
     assert_eq!(c["predicted_funding"], "credits");
 
+    // A frozen account refuses every request: that is the prediction too (decision 168).
+    let ws = gw.workspace.clone();
+    let (s, _) = gw.admin("POST", &format!("/admin/v1/workspaces/{ws}/freeze"), Some(json!({"reason": "unpaid"})));
+    assert_eq!(s, 200);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let c = loop {
+        let c = gw.get("/v1/usage").await.json()["coding_plan"]["current"].clone();
+        if c["billing_frozen"] == true || std::time::Instant::now() > deadline {
+            break c;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    assert_eq!(c["billing_frozen"], true, "{c}");
+    assert_eq!(c["predicted_funding"], "refused", "{c}");
+    assert_eq!((c["remedy_code"].clone(), c["resumes_at"].clone()), (Value::Null, Value::Null), "{c}");
+    twenty_cents(&gw, &gw.key).await.assert_error(402, "account_frozen");
+    gw.admin("POST", &format!("/admin/v1/workspaces/{ws}/unfreeze"), None);
+
     // Wrong method, and keys that may not read it.
     let r = gw.post("/v1/usage", &json!({}), &[]).await;
     r.assert_error(405, "method_not_allowed");

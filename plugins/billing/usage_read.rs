@@ -61,7 +61,8 @@ fn current(seen: &PlanSeen, billing_frozen: bool, now: i64) -> Value {
     let t = &seen.record.terms;
     let c = &seen.record.counters;
     let serving = t.serving(now);
-    let predicted_name = predicted(seen, now);
+    // A frozen account refuses every request, whatever the plan would say (decision 168).
+    let predicted_name = if billing_frozen && serving { Some("refused") } else { predicted(seen, now) };
     let plan_exhausted = tollgate::plans::decide::limiting_window(c, &seen.limits, now).is_some();
     let ask = FundAsk { hold_cents: 1, ..FundAsk::default() };
     let credits_block = credits_blocker(&seen.record, seen.balance_cents, &ask);
@@ -91,7 +92,9 @@ fn current(seen: &PlanSeen, billing_frozen: bool, now: i64) -> Value {
     };
     let blocked_until = plan_blocked_until(c, &seen.limits, now);
     let resumes_at = match predicted_name {
-        Some("refused") => blocked_until.into_iter().chain([c.day_start + tollgate::plans::DAY_MS]).min().map(iso),
+        Some("refused") if !billing_frozen => {
+            blocked_until.into_iter().chain([c.day_start + tollgate::plans::DAY_MS]).min().map(iso)
+        }
         _ => None,
     };
     let (five_hour, week) = window_objects(seen);

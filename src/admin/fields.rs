@@ -18,6 +18,18 @@ impl<'a> Fields<'a> {
         Ok(Fields { obj })
     }
 
+    /// A call that takes no fields: no body, or an empty object (decision 22 for these too).
+    pub fn none(body: &Value) -> Result<(), AdminError> {
+        match body {
+            Value::Null => Ok(()),
+            Value::Object(o) => match o.keys().next() {
+                None => Ok(()),
+                Some(unknown) => Err(AdminError::bad(unknown, "unknown field; this call takes no fields")),
+            },
+            _ => Err(AdminError::bad("body", "the body must be a JSON object")),
+        }
+    }
+
     fn get(&self, name: &str) -> Option<&'a Value> {
         self.obj.get(name).filter(|v| !v.is_null())
     }

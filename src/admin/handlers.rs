@@ -28,7 +28,7 @@ fn key_err(e: KeyOpError) -> AdminError {
             AdminError::new(400, "api_key_limit", format!("at most {MAX_LIVE_PER_SCOPE} live keys per scope")).key_op()
         }
         KeyOpError::RotationOverlap => AdminError::new(400, "api_key_rotation_overlap_limit", e.to_string()).key_op(),
-        KeyOpError::NotActive(_) => AdminError::new(409, "api_key_not_active", e.to_string()).key_op(),
+        KeyOpError::NotActive(..) => AdminError::new(409, "api_key_not_active", e.to_string()).key_op(),
         KeyOpError::NotCopyable => AdminError::new(409, "api_key_not_copyable", e.to_string()).key_op(),
         KeyOpError::CopyForbidden => AdminError::new(403, "api_key_copy_forbidden", e.to_string()).key_op(),
         KeyOpError::Invalid { field, message } => AdminError::bad(field, &message),
@@ -95,16 +95,22 @@ pub async fn route(app: &AdminApp, method: &str, path: &str, body: &Value) -> An
             crate::metrics::refresh(&app.live.current());
             Ok(metrics())
         }
-        ("POST", ["admin", "v1", "reload"]) => Ok(super::pools::reload(app)),
+        ("POST", ["admin", "v1", "reload"]) => Fields::none(body).map(|()| super::pools::reload(app)),
         ("POST", ["admin", "v1", "workspaces"]) => create_workspace(app, body).await,
         ("GET", ["admin", "v1", "workspaces", ws]) => get_workspace(app, ws).await,
         ("POST", ["admin", "v1", "workspaces", ws, "keys"]) => create_key(app, ws, body).await,
         ("GET", ["admin", "v1", "keys", id]) => get_key(app, id).await,
         ("PATCH", ["admin", "v1", "keys", id]) => patch_key(app, id, body).await,
-        ("DELETE", ["admin", "v1", "keys", id]) => delete_key(app, id).await,
+        ("DELETE", ["admin", "v1", "keys", id]) => {
+            Fields::none(body)?;
+            delete_key(app, id).await
+        }
         ("POST", ["admin", "v1", "keys", id, "copy"]) => copy_key(app, id, body).await,
         ("POST", ["admin", "v1", "keys", id, "rotate"]) => rotate_key(app, id, body).await,
-        ("POST", ["admin", "v1", "keys", id, "revoke"]) => revoke_key(app, id).await,
+        ("POST", ["admin", "v1", "keys", id, "revoke"]) => {
+            Fields::none(body)?;
+            revoke_key(app, id).await
+        }
         ("POST", ["admin", "v1", "models", rest @ ..]) if rest.len() >= 2 => {
             let (action, model) = (rest[rest.len() - 1], rest[..rest.len() - 1].join("/"));
             model_pause(app, &model, action, body)
@@ -115,7 +121,10 @@ pub async fn route(app: &AdminApp, method: &str, path: &str, body: &Value) -> An
         ("GET", ["admin", "v1", "workspaces", ws, "ledger"]) => super::credits::ledger_listing(app, ws).await,
         ("PUT", ["admin", "v1", "workspaces", ws, "plan"]) => super::plans::put(app, ws, body).await,
         ("GET", ["admin", "v1", "workspaces", ws, "plan"]) => super::plans::get(app, ws).await,
-        ("DELETE", ["admin", "v1", "workspaces", ws, "plan"]) => super::plans::delete(app, ws).await,
+        ("DELETE", ["admin", "v1", "workspaces", ws, "plan"]) => {
+            Fields::none(body)?;
+            super::plans::delete(app, ws).await
+        }
         _ => Err(AdminError::new(404, "unknown_route", format!("{method} {path} is not an admin route"))),
     }
 }
@@ -309,7 +318,10 @@ fn model_pause(app: &AdminApp, model: &str, action: &str, body: &Value) -> Answe
                     jiff::Timestamp::from_millisecond(until).map_err(|_| AdminError::bad("until", "out of range"))?;
                 entry.set_paused_until(Some(ts));
             }
-            "resume" => entry.set_paused_until(None),
+            "resume" => {
+                Fields::none(body)?;
+                entry.set_paused_until(None);
+            }
             _ => return Err(AdminError::new(404, "unknown_route", "use pause or resume")),
         }
         Ok(json_response(200, &entry.to_json()))

@@ -101,7 +101,9 @@ impl AdminApp {
             .headers
             .get("authorization")
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+            .and_then(|v| v.split_once(' '))
+            // The scheme is case-insensitive (RFC 9110 11.1), as on the public listener.
+            .and_then(|(scheme, rest)| scheme.eq_ignore_ascii_case("bearer").then_some(rest))
             .unwrap_or("")
             .trim();
         // Constant-time: the answer time does not depend on how much of the token matches.
@@ -145,7 +147,7 @@ impl ServeHttp for AdminApp {
         }
         let method = session.req_header().method.as_str().to_string();
         let path = session.req_header().uri.path().to_string();
-        let body = if matches!(method.as_str(), "POST" | "PATCH" | "PUT") {
+        let body = if matches!(method.as_str(), "POST" | "PATCH" | "PUT" | "DELETE") {
             match Self::read_body(session).await {
                 Ok(b) => b,
                 Err(e) => return error_response(&e),

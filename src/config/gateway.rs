@@ -337,14 +337,22 @@ pub(super) fn load(file: &Path, out: &mut Vec<ConfigProblem>) -> Option<GatewayS
         }
     }
     let identity = raw.identity.as_ref().and_then(|i| identity_settings(&mut p, file, i));
-    let admin_token = match std::env::var("TOLLGATE_ADMIN_TOKEN").ok().filter(|t| !t.trim().is_empty()) {
+    let from_env = std::env::var("TOLLGATE_ADMIN_TOKEN").ok().filter(|t| !t.trim().is_empty());
+    // The problem names where the short token came from: the variable wins over the file.
+    let (source, short) = match from_env {
+        Some(_) => {
+            ("TOLLGATE_ADMIN_TOKEN", "the admin token in the environment variable must be at least 16 characters")
+        }
+        None => ("admin.token_file", "the admin token must be at least 16 characters"),
+    };
+    let admin_token = match from_env {
         Some(t) => Some(t.trim().to_string()),
         None => raw.admin.token_file.as_ref().and_then(|f| {
             read_secret(&mut p, "admin.token_file", file, &RawSecret { env: None, file: Some(f.clone()) })
         }),
     };
     if admin_token.as_ref().is_some_and(|t| t.len() < 16) {
-        p.add("admin.token_file", "the admin token must be at least 16 characters");
+        p.add(source, short);
     }
     let admin_token = admin_token.map(Secret);
     let topup = &raw.billing.topup_url;

@@ -19,8 +19,9 @@ pub enum KeyOpError {
     LiveKeyLimit,
     /// Rotating would leave more than 20 live keys (`api_key_rotation_overlap_limit`).
     RotationOverlap,
-    /// Only an active key can be rotated.
-    NotActive(KeyState),
+    /// Only an active key can be rotated (or, besides one in grace, given a new expiry):
+    /// its state, and what was asked.
+    NotActive(KeyState, &'static str),
     /// The key has no encrypted copy (revoked, or created before copying existed).
     NotCopyable,
     /// The actor may not copy keys.
@@ -43,8 +44,16 @@ impl std::fmt::Display for KeyOpError {
             KeyOpError::RotationOverlap => {
                 write!(f, "rotating would leave more than {MAX_LIVE_DURING_ROTATION} live keys in the scope")
             }
-            KeyOpError::NotActive(s) => write!(f, "only an active key can be rotated; this key is {}", s.as_str()),
-            KeyOpError::NotCopyable => write!(f, "this key cannot be copied; rotate it to get a copyable key"),
+            KeyOpError::NotActive(s, asked) => {
+                let state = if *s == KeyState::Grace { "in its rotation grace" } else { s.as_str() };
+                write!(f, "only an active key can be {asked}; this key is {state}")
+            }
+            KeyOpError::NotCopyable => {
+                write!(
+                    f,
+                    "this key has no copy to give (a revoked or expired key never has one; an active key minted before copies existed gets one by rotating it)"
+                )
+            }
             KeyOpError::CopyForbidden => {
                 write!(f, "only the key's creator or a workspace owner may copy it")
             }
@@ -89,7 +98,7 @@ pub fn plan_rotation(
 ) -> Result<RotationPlan, KeyOpError> {
     let state = target.state(now);
     if state != KeyState::Active {
-        return Err(KeyOpError::NotActive(state));
+        return Err(KeyOpError::NotActive(state, "rotated"));
     }
     let grace = grace_ms.unwrap_or(DEFAULT_GRACE_MS);
     if !(0..=DEFAULT_GRACE_MS).contains(&grace) {
@@ -111,6 +120,26 @@ pub fn plan_rotation(
         target.expires_at.map_or(until, |e| e.min(until))
     });
     Ok(RotationPlan { previous_grace_until, revoke_previous, revoke })
+}
+
+/// A key's expiry may change (`PATCH`) only while it works, and only to a time ahead: an
+/// expired, revoked or grace-ended key never comes back (the spec's lifecycle has no way out
+/// of those states), and a past expiry is refused as on create. `new_expiry`: `None` when
+/// the patch leaves it alone, `Some(None)` when it clears it.
+pub fn check_expiry_change(
+    target: &KeyRecord,
+    new_expiry: Option<Option<Millis>>,
+    now: Millis,
+) -> Result<(), KeyOpError> {
+    let Some(new_expiry) = new_expiry else { return Ok(()) };
+    let state = target.state(now);
+    if !matches!(state, KeyState::Active | KeyState::Grace) {
+        return Err(KeyOpError::NotActive(state, "given a new expiry"));
+    }
+    if new_expiry.is_some_and(|e| e <= now) {
+        return Err(KeyOpError::Invalid { field: "expires_at", message: "must be in the future".into() });
+    }
+    Ok(())
 }
 
 /// The new key of a rotation inherits the previous key's scope, name, flags and limits
@@ -207,7 +236,40 @@ mod tests {
         assert!(plan_rotation(&target, &keys, 1, false, None).is_ok());
         let mut revoked = key("r", "r");
         revoked.revoked_at = Some(0);
-        assert_eq!(plan_rotation(&revoked, &[], 1, false, None), Err(KeyOpError::NotActive(KeyState::Revoked)));
+        assert_eq!(
+            plan_rotation(&revoked, &[], 1, false, None),
+            Err(KeyOpError::NotActive(KeyState::Revoked, "rotated"))
+        );
+    }
+
+    #[test]
+    fn an_expired_or_revoked_key_gets_no_new_expiry_and_none_is_set_in_the_past() {
+        let mut k = key("k", "k");
+        assert!(check_expiry_change(&k, None, 100).is_ok(), "a patch without expiry");
+        assert!(check_expiry_change(&k, Some(Some(101)), 100).is_ok());
+        assert!(check_expiry_change(&k, Some(None), 100).is_ok(), "cleared while active");
+        let past = check_expiry_change(&k, Some(Some(100)), 100);
+        assert!(matches!(past, Err(KeyOpError::Invalid { field: "expires_at", .. })), "{past:?}");
+        k.expires_at = Some(50);
+        for revive in [Some(Some(1_000)), Some(None)] {
+            assert_eq!(
+                check_expiry_change(&k, revive, 100),
+                Err(KeyOpError::NotActive(KeyState::Expired, "given a new expiry"))
+            );
+        }
+        k.expires_at = None;
+        k.grace_until = Some(200);
+        assert!(check_expiry_change(&k, Some(Some(150)), 100).is_ok(), "in grace it still works");
+        assert_eq!(
+            check_expiry_change(&k, Some(None), 300),
+            Err(KeyOpError::NotActive(KeyState::Revoked, "given a new expiry"))
+        );
+        k.grace_until = None;
+        k.revoked_at = Some(1);
+        assert_eq!(
+            check_expiry_change(&k, Some(Some(1_000)), 100),
+            Err(KeyOpError::NotActive(KeyState::Revoked, "given a new expiry"))
+        );
     }
 
     #[test]

@@ -284,7 +284,8 @@ impl IdentityStore for PostgresStore {
         let p = patch.clone();
         self.run(move |mut c| async move {
             let tx = c.transaction().await.map_err(ko)?;
-            get_key(&tx, &id).await.map_err(ko)?.ok_or(KeyOpError::NotFound)?;
+            let current = get_key(&tx, &id).await.map_err(ko)?.ok_or(KeyOpError::NotFound)?;
+            lifecycle::check_expiry_change(&current, p.expires_at, crate::clock::now_ms())?;
             if let Some(v) = p.monthly_spend_limit_cents {
                 tx.execute("UPDATE api_keys SET monthly_spend_limit_cents = $2 WHERE id = $1", &[&id, &v])
                     .await

@@ -121,6 +121,18 @@ impl SqliteStore {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(unavailable)?;
         }
+        // A new file is the owner's alone (0600): it holds key digests, encrypted key copies and
+        // the ledger. SQLite gives its `-wal` and `-shm` the file's mode; an existing file
+        // keeps the mode its operator gave it (decision 169).
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::OpenOptionsExt;
+            match std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path) {
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(unavailable(e)),
+            }
+        }
         let conn = Connection::open(path).map_err(unavailable)?;
         // WAL with `synchronous = NORMAL`: a commit does not wait for an fsync (the WAL is
         // synced at checkpoints), so a crash of the process loses nothing and the database is
@@ -345,7 +357,8 @@ impl IdentityStore for SqliteStore {
         let p = patch.clone();
         self.with(move |c| {
             let tx = c.transaction_with_behavior(TransactionBehavior::Immediate).map_err(ko)?;
-            get_key(&tx, &id).map_err(ko)?.ok_or(KeyOpError::NotFound)?;
+            let current = get_key(&tx, &id).map_err(ko)?.ok_or(KeyOpError::NotFound)?;
+            lifecycle::check_expiry_change(&current, p.expires_at, crate::clock::now_ms())?;
             if let Some(v) = p.monthly_spend_limit_cents {
                 tx.execute("UPDATE api_keys SET monthly_spend_limit_cents = ?2 WHERE id = ?1", params![id, v])
                     .map_err(ko)?;
