@@ -60,6 +60,7 @@ both_backends!(
     patch_copy_rules_and_audit,
     migrations_are_idempotent,
     no_plaintext_key_is_stored,
+    copies_of_keys_past_their_grace_or_expiry_are_erased,
     a_key_of_an_older_format_is_flagged_until_rotated,
 );
 
@@ -281,4 +282,24 @@ async fn no_plaintext_key_is_stored(store: Arc<dyn IdentityStore>) {
         assert!(!row.contains(&plain[3..]), "key body in the stored row");
         assert!(stored.digest.starts_with("v1:"));
     }
+}
+
+async fn copies_of_keys_past_their_grace_or_expiry_are_erased(store: Arc<dyn IdentityStore>) {
+    let id = identity(store.clone());
+    let ws = id.create_workspace("erase", RateTier::Free).await.unwrap();
+    let (rotated, _) = id.create_key(&ws.id, NewKey::default()).await.unwrap();
+    id.rotate_key(&rotated.id, RotateOpts { revoke_previous_immediately: false, grace_ms: Some(200) }).await.unwrap();
+    let expiring = NewKey { expires_at: Some(now_ms() + 200), ..NewKey::default() };
+    let (expired, _) = id.create_key(&ws.id, expiring).await.unwrap();
+    let (live, _) = id.create_key(&ws.id, NewKey::default()).await.unwrap();
+    assert_eq!(store.erase_dead_copies(now_ms()).await.unwrap(), 0, "all still working");
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert_eq!(store.erase_dead_copies(now_ms()).await.unwrap(), 2);
+    for dead in [&rotated.id, &expired.id] {
+        let k = store.key(dead).await.unwrap().unwrap();
+        assert!(k.encrypted_copy.is_none(), "{dead}: its copy is gone");
+        assert!(matches!(id.copy_key(dead, "owner", CopyRole::Owner).await, Err(KeyOpError::NotCopyable)));
+    }
+    assert!(store.key(&live.id).await.unwrap().unwrap().encrypted_copy.is_some(), "a working key keeps its copy");
+    assert_eq!(store.erase_dead_copies(now_ms()).await.unwrap(), 0, "once");
 }

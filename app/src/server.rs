@@ -92,6 +92,9 @@ pub fn run(config: Config, chain: Chain, services: Services, start: Start<'_>) -
     if let Some(ledger) = services.ledger.clone() {
         spawn_hold_sweeper(ledger, config_sweep);
     }
+    if let Some(identity) = services.identity.clone() {
+        spawn_copy_eraser(identity.store().clone(), config_sweep);
+    }
     tollgate::health::spawn(live.clone());
     spawn_reload_on_hangup(live);
     end_stop_when_drained(&server, config.gateway.grace_period_seconds);
@@ -145,6 +148,22 @@ fn spawn_hold_sweeper(ledger: Arc<dyn tollgate::store::ledger::LedgerStore>, eve
                 }
                 Err(e) => log::warn!("credit expiry sweep failed: {e}"),
             }
+        }
+    });
+}
+
+/// Every `every`, erase the encrypted copies of keys that can never work again (a grace that
+/// ended, an expiry that passed): revocation erases its copy at once, these states come by
+/// the clock (decision 172).
+fn spawn_copy_eraser(store: Arc<dyn tollgate::store::IdentityStore>, every: std::time::Duration) {
+    tollgate::background::spawn("copy-eraser", async move {
+        loop {
+            match store.erase_dead_copies(tollgate::clock::now_ms()).await {
+                Ok(0) => {}
+                Ok(n) => log::info!("erased the encrypted copies of {n} keys whose grace or expiry ended"),
+                Err(e) => log::warn!("erasing ended keys' copies failed: {e}"),
+            }
+            tokio::time::sleep(every).await;
         }
     });
 }

@@ -16,6 +16,7 @@ mod postgres_plans;
 mod postgres_pool;
 pub mod sqlite;
 mod sqlite_checkpoint;
+mod sqlite_keys;
 mod sqlite_ledger;
 mod sqlite_ledger_batch;
 mod sqlite_plans;
@@ -113,6 +114,10 @@ pub trait IdentityStore: Send + Sync {
     /// Revoke (ends any grace) and erase the encrypted copy.
     async fn revoke_key(&self, id: &str, now: Millis) -> Result<KeyRecord, KeyOpError>;
     async fn update_key(&self, id: &str, patch: &KeyPatch) -> Result<KeyRecord, KeyOpError>;
+    /// Erase the encrypted copies of keys that can never work again at `now` (a rotation
+    /// grace that ended, an expiry that passed): what revocation erases (decision 172).
+    /// Returns how many copies were erased.
+    async fn erase_dead_copies(&self, now: Millis) -> Result<u64, StoreError>;
     /// Permanent deletion: the key becomes unknown. `false` when there was no such key.
     async fn delete_key(&self, id: &str) -> Result<bool, StoreError>;
 

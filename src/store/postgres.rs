@@ -307,6 +307,18 @@ impl IdentityStore for PostgresStore {
         .await
     }
 
+    async fn erase_dead_copies(&self, now: Millis) -> Result<u64, StoreError> {
+        self.with_client(move |c| async move {
+            c.execute(
+                "UPDATE api_keys SET encrypted_copy = NULL WHERE encrypted_copy IS NOT NULL \
+                 AND (grace_until <= $1 OR expires_at <= $1)",
+                &[&now],
+            )
+            .await
+        })
+        .await
+    }
+
     async fn delete_key(&self, id: &str) -> Result<bool, StoreError> {
         let id = id.to_string();
         self.with_client(move |c| async move {

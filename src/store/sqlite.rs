@@ -6,12 +6,13 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
+use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
+use super::sqlite_keys::{KEY_COLUMNS, get_key, insert_key, key_from_row, scope_keys, ws_from_row};
 use super::{CopyAudit, IdentityStore, KeyPatch, RotateOpts, SQLITE_MIGRATIONS, StoreError, Successor};
 use crate::clock::Millis;
 use crate::identity::lifecycle::{self, KeyOpError};
-use crate::identity::{KeyRecord, KeyScope, PlanBrief, RateTier, Workspace};
+use crate::identity::{KeyRecord, PlanBrief, Workspace};
 
 pub struct SqliteStore {
     conn: Arc<Mutex<Connection>>,
@@ -30,84 +31,6 @@ fn db_err(e: rusqlite::Error) -> StoreError {
         }
         other => unavailable(other),
     }
-}
-
-const KEY_COLUMNS: &str = "id, workspace_id, name, scope, digest, format_version, encrypted_copy, created_by, \
-     created_at, expires_at, revoked_at, grace_until, rotated_from, rotation_root, credits_only, \
-     monthly_spend_limit_cents, rate_limit_rpm";
-
-fn key_from_row(r: &Row<'_>) -> rusqlite::Result<KeyRecord> {
-    let scope: String = r.get(3)?;
-    Ok(KeyRecord {
-        id: r.get(0)?,
-        workspace_id: r.get(1)?,
-        name: r.get(2)?,
-        scope: KeyScope::parse(&scope).unwrap_or(KeyScope::Workspace),
-        digest: r.get(4)?,
-        format_version: r.get(5)?,
-        encrypted_copy: r.get(6)?,
-        created_by: r.get(7)?,
-        created_at: r.get(8)?,
-        expires_at: r.get(9)?,
-        revoked_at: r.get(10)?,
-        grace_until: r.get(11)?,
-        rotated_from: r.get(12)?,
-        rotation_root: r.get(13)?,
-        credits_only: r.get(14)?,
-        monthly_spend_limit_cents: r.get(15)?,
-        rate_limit_rpm: r.get(16)?,
-    })
-}
-
-fn ws_from_row(r: &Row<'_>, at: usize) -> rusqlite::Result<Workspace> {
-    let tier: String = r.get(at + 2)?;
-    Ok(Workspace {
-        id: r.get(at)?,
-        name: r.get(at + 1)?,
-        rate_tier: RateTier::parse(&tier).unwrap_or(RateTier::Free),
-        created_at: r.get(at + 3)?,
-        frozen: r.get(at + 4)?,
-        lifetime_purchases_cents: r.get(at + 5)?,
-        plan: None,
-    })
-}
-
-fn insert_key(c: &Connection, k: &KeyRecord) -> rusqlite::Result<usize> {
-    c.execute(
-        &format!(
-            "INSERT INTO api_keys ({KEY_COLUMNS}) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17)"
-        ),
-        params![
-            k.id,
-            k.workspace_id,
-            k.name,
-            k.scope.as_str(),
-            k.digest,
-            k.format_version,
-            k.encrypted_copy,
-            k.created_by,
-            k.created_at,
-            k.expires_at,
-            k.revoked_at,
-            k.grace_until,
-            k.rotated_from,
-            k.rotation_root,
-            k.credits_only,
-            k.monthly_spend_limit_cents,
-            k.rate_limit_rpm
-        ],
-    )
-}
-
-fn get_key(c: &Connection, id: &str) -> rusqlite::Result<Option<KeyRecord>> {
-    c.query_row(&format!("SELECT {KEY_COLUMNS} FROM api_keys WHERE id = ?1"), [id], key_from_row).optional()
-}
-
-fn scope_keys(c: &Connection, ws: &str, scope: KeyScope) -> rusqlite::Result<Vec<KeyRecord>> {
-    let mut st =
-        c.prepare_cached(&format!("SELECT {KEY_COLUMNS} FROM api_keys WHERE workspace_id = ?1 AND scope = ?2"))?;
-    let rows = st.query_map(params![ws, scope.as_str()], key_from_row)?;
-    rows.collect()
 }
 
 impl SqliteStore {
@@ -375,6 +298,18 @@ impl IdentityStore for SqliteStore {
             let k = get_key(&tx, &id).map_err(ko)?.ok_or(KeyOpError::NotFound)?;
             tx.commit().map_err(ko)?;
             Ok(k)
+        })
+        .await
+    }
+
+    async fn erase_dead_copies(&self, now: Millis) -> Result<u64, StoreError> {
+        self.with_conn(move |c| {
+            c.execute(
+                "UPDATE api_keys SET encrypted_copy = NULL WHERE encrypted_copy IS NOT NULL \
+                 AND (grace_until <= ?1 OR expires_at <= ?1)",
+                [now],
+            )
+            .map(|n| n as u64)
         })
         .await
     }
