@@ -1,7 +1,7 @@
 //! Fault injection for the tests of the gateway's own failure paths. In debug builds the
 //! environment variable `TOLLGATE_FAULT_PANIC` names a phase (`request`; `response_end`, the last body chunk;
 //! `response_after_output`, a stream chunk after output was delivered; `log:<plugin>`, that
-//! plugin's log hook)
+//! plugin's log hook; `TOLLGATE_FAULT_LOST_REPLY=hold` takes a recorded hold's answer as lost)
 //! in which every request panics on purpose, so a test can see that a panic is answered with
 //! `500 internal_error` and never drops the connection silently. Release builds compile the
 //! check out.
@@ -36,6 +36,22 @@ pub fn panic_point_in(phase: &str, plugin: &str) {
     }
     #[cfg(not(debug_assertions))]
     let _ = (phase, plugin);
+}
+
+/// Whether this debug build was started with `TOLLGATE_FAULT_LOST_REPLY=<op>`: the store
+/// did `op` but its answer is taken as lost (a commit whose reply never came back).
+#[inline]
+pub fn reply_lost(op: &str) -> bool {
+    #[cfg(debug_assertions)]
+    {
+        static LOST: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+        LOST.get_or_init(|| std::env::var("TOLLGATE_FAULT_LOST_REPLY").ok()).as_deref() == Some(op)
+    }
+    #[cfg(not(debug_assertions))]
+    {
+        let _ = op;
+        false
+    }
 }
 
 /// The message of a caught panic.

@@ -459,3 +459,27 @@ async fn a_gateway_killed_mid_stream_leaves_a_hold_the_sweeper_releases() {
     assert!(!kinds.contains(&"settlement") && !kinds.contains(&"hold_release"), "released, not charged: {kinds:?}");
     assert!(gw2.log().contains("released 1 expired holds"), "the release is logged");
 }
+
+/// A hold whose answer was lost may still have been recorded: the refused request's hold is
+/// released at once rather than after its expiry, 150 s here (decision 173).
+#[tokio::test]
+async fn a_hold_recorded_but_unanswered_is_released_at_once() {
+    let mock = Mock::start();
+    let opts = Opts { env: vec![("TOLLGATE_FAULT_LOST_REPLY", "hold".into())], ..Opts::default() };
+    let gw = Gateway::start_with(&mock, opts);
+    let r = gw.post("/v1/chat/completions", &chat_body("chat-model", false), &[]).await;
+    r.assert_error(500, "credit_reservation_failed");
+    assert_eq!(mock.stats().await["requests"], 0, "the replica never saw it");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let l = loop {
+        let l = balance(&gw, &gw.workspace);
+        if l["held_cents"] == 0 || std::time::Instant::now() > deadline {
+            break l;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert_eq!((l["held_cents"].as_i64(), l["balance_cents"].as_i64()), (Some(0), Some(100)), "{l}");
+    let kinds: Vec<&str> = l["entries"].as_array().unwrap().iter().map(|e| e["kind"].as_str().unwrap()).collect();
+    assert!(!kinds.contains(&"settlement"), "released, not charged: {kinds:?}");
+    assert!(gw.log().contains("unanswered hold released"), "{}", gw.log());
+}

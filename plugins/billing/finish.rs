@@ -51,3 +51,24 @@ impl Finish {
         false
     }
 }
+
+impl super::Billing {
+    /// A hold whose answer did not come back may still have been recorded (a commit whose
+    /// reply was lost): the request is refused, so the hold is released now rather than
+    /// after its expiry (decision 173). Queued behind the hold's own op, and a no-op when no
+    /// hold was recorded; a shed hold (`Busy`) was never queued.
+    pub(super) fn release_unanswered_hold(&self, request_id: &str, e: &tollgate::store::StoreError) {
+        if matches!(e, tollgate::store::StoreError::Busy(_)) {
+            return;
+        }
+        let (ledger, request_id) = (self.ledger.clone(), request_id.to_string());
+        let pending = tollgate::drain::left_behind();
+        tokio::spawn(async move {
+            match Finish::Release(request_id.clone()).run(&*ledger).await {
+                Ok(()) => log::info!("{request_id}: unanswered hold released (if it was recorded)"),
+                Err(e) => log::warn!("{request_id}: unanswered hold not released ({e}); the sweeper frees it"),
+            }
+            drop(pending);
+        });
+    }
+}

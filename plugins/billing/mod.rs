@@ -213,7 +213,16 @@ impl Plugin for Billing {
                 expires_at: now + self.hold_ttl_ms,
                 now,
             };
-            let out = self.ledger.fund(op).await.map_err(|e| hold_failed(&cx.request_id, e))?;
+            let out = match self.ledger.fund(op).await.and_then(|out| match tollgate::faults::reply_lost("hold") {
+                true => Err(tollgate::store::StoreError::Unavailable("the hold's answer was lost (fault)".into())),
+                false => Ok(out),
+            }) {
+                Ok(out) => out,
+                Err(e) => {
+                    self.release_unanswered_hold(&cx.request_id, &e);
+                    return Err(hold_failed(&cx.request_id, e));
+                }
+            };
             match out.verdict {
                 Ok(f) => {
                     if let (Funding::Standby, Some(gate)) = (f, &self.standby) {
