@@ -95,10 +95,11 @@ fn bounded(ns: &'static str, id: String) -> Option<(&'static str, String)> {
 
 /// The session a request names: (namespace, identity), in the spec's order.
 pub fn resolve(h: &HeaderMap, body: Option<&Value>) -> Option<(&'static str, String)> {
-    let from_body = |ptr: &str| body.and_then(|b| b.pointer(ptr)).and_then(Value::as_str);
+    // Members looked up one by one: `Value::pointer` unescapes its path into new strings.
+    let from_body = |path: &[&str]| path.iter().try_fold(body?, |v, member| v.get(member)).and_then(Value::as_str);
     let generic = |name: &http::HeaderName| header_value(h, name).and_then(|v| bounded("generic", v.to_string()));
     let agent3 = header_value(h, &AGENT3_WINDOW).is_some();
-    let own = from_body("/service/sessionId")
+    let own = from_body(&["service", "sessionId"])
         .filter(|v| service_shape(v))
         .map(|v| ("service", v.to_string()))
         .or_else(|| header_value(h, &SERVICE_SESSION).filter(|v| service_shape(v)).map(|v| ("service", v.to_string())))
@@ -117,7 +118,7 @@ pub fn resolve(h: &HeaderMap, body: Option<&Value>) -> Option<(&'static str, Str
         .or_else(|| if agent3 { generic(&THREAD_ID) } else { None })
         .or_else(|| if agent3 { generic(&AGENT3_SESSION) } else { None });
     own.or_else(|| generic(&PARENT_SESSION)).or_else(|| {
-        let key = from_body("/prompt_cache_key").map(str::trim).filter(|v| !v.is_empty())?;
+        let key = from_body(&["prompt_cache_key"]).map(str::trim).filter(|v| !v.is_empty())?;
         bounded("prompt_cache_key", key.to_string())
     })
 }
