@@ -171,6 +171,22 @@ fn check_config_names_a_missing_certificate_and_a_bad_ca_file() {
     assert!(!ok);
     assert!(err.contains("tollgate.yaml: tls.cert_file:"), "{err}");
     assert!(err.contains("tollgate.yaml: tls.key_file:"), "{err}");
+    // Two good files that are not a pair: refused here, not a panic at start (decision 174).
+    let (one, other) = (pki(), pki());
+    write(&dir, "gateway.crt", &one.cert);
+    write(&dir, "gateway.key", &other.key);
+    write(
+        &dir,
+        "tollgate.yaml",
+        "listen: 127.0.0.1:1\nadmin_listen: 127.0.0.1:2\ntls:\n  cert_file: gateway.crt\n  key_file: gateway.key\nplugins:\n  - name: chat_completions\n",
+    );
+    let (ok, err) = check_config(&dir);
+    assert!(!ok);
+    assert!(err.contains("tls.key_file:") && err.contains("does not go with the certificate"), "{err}");
+    assert!(!err.contains("tls.cert_file:"), "{err}");
+    write(&dir, "gateway.key", &one.key);
+    let (_, err) = check_config(&dir);
+    assert!(!err.contains("tls."), "the pair goes together: {err}");
     // With the listener fixed, the pool's CA file is the problem left.
     write(
         &dir,

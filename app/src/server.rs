@@ -41,6 +41,14 @@ pub fn run(config: Config, chain: Chain, services: Services, start: Start<'_>) -
         max_retries: 2,
         ..ServerConf::default()
     };
+    // In an upgrade the running process holds the ports and hands them over.
+    if !start.upgrade {
+        if let Err(e) = bindable(&[("listen", config.gateway.listen), ("admin_listen", config.gateway.admin_listen)]) {
+            log::error!("{e}");
+            std::process::exit(1);
+        }
+    }
+    exit_on_listener_panic();
     let opt = Opt { upgrade: start.upgrade, ..Opt::default() };
     let mut server = Server::new_with_opt_and_conf(opt, conf);
     // In an upgrade this returns once the running process handed the listeners over.
@@ -54,8 +62,8 @@ pub fn run(config: Config, chain: Chain, services: Services, start: Start<'_>) -
     let config_sweep = config.gateway.sweep_interval;
     let admin_listen = config.gateway.admin_listen.to_string();
     log::info!("tollgate listening on {listen} (admin {admin_listen}) with plugins {:?}", chain.names());
-    if config.gateway.admin_token.is_none() {
-        log::warn!("no admin token configured: the admin listener refuses every call");
+    for w in config.warnings() {
+        log::warn!("{w}");
     }
     let admin = AdminApp {
         token: config.gateway.admin_token.as_ref().map(|t| t.expose().to_string()),
@@ -101,6 +109,42 @@ pub fn run(config: Config, chain: Chain, services: Services, start: Start<'_>) -
     server.run_forever()
 }
 
+/// Whether each listener's address can be bound now. Pingora binds in its service threads
+/// and panics there when it cannot (after half a minute of retries on a taken port), which
+/// left a process serving only its admin listener (decision 174). `std` binds with
+/// `SO_REUSEADDR`, as Pingora does, so a port in `TIME_WAIT` still passes.
+fn bindable(listeners: &[(&str, std::net::SocketAddr)]) -> Result<(), String> {
+    for (field, addr) in listeners {
+        std::net::TcpListener::bind(addr).map_err(|e| format!("{field}: {addr} cannot be bound: {e}"))?;
+    }
+    Ok(())
+}
+
+/// Pingora's panics when a listener cannot start (a port taken after the check above, a
+/// certificate its TLS setup refuses): the process exits with status 1 instead of running
+/// on without its public listener.
+fn exit_on_listener_panic() {
+    const LISTENER_PANICS: [&str; 3] = [
+        "Failed to build listeners",
+        "Failed to create server listener config",
+        "Failed to load provided certificates",
+    ];
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        report(info);
+        let payload = info.payload();
+        let text = payload
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| payload.downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if LISTENER_PANICS.iter().any(|m| text.contains(m)) {
+            log::error!("a listener could not start; exiting");
+            std::process::exit(1);
+        }
+    }));
+}
+
 /// Pingora sleeps out the whole grace period of a graceful stop (SIGTERM, or the old process
 /// of an upgrade) even when nothing runs. Once the grace period has begun, this ends the
 /// process as soon as no request is in flight and no settlement waits for the ledger, for a
@@ -117,7 +161,8 @@ fn end_stop_when_drained(server: &Server, grace_seconds: u64) {
             }
         }
         let began = std::time::Instant::now();
-        let deadline = began + std::time::Duration::from_secs(grace_seconds);
+        let grace = std::time::Duration::from_secs(grace_seconds);
+        let deadline = began.checked_add(grace).unwrap_or(began + std::time::Duration::from_secs(86_400));
         if tollgate::drain::PROCESS.wait_until_quiet(tollgate::drain::QUIET, deadline) {
             log::info!("graceful stop: nothing left in flight after {:.1} s; exiting", began.elapsed().as_secs_f64());
             std::process::exit(0);

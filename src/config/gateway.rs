@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::identity::{IdentitySettings, RawIdentity, RawSecret, Secret, identity_settings, read_secret};
+use super::identity::{IdentitySettings, RawIdentity, Secret, identity_settings};
 use super::limits::{LimitSettings, RawLimits};
 use super::{ConfigProblem, Problems, parse_yaml, sibling};
 
@@ -289,19 +289,20 @@ fn budget(p: &mut Problems, path: &str, secs: f64) -> Duration {
     Duration::from_secs_f64(secs)
 }
 
-fn addr(p: &mut Problems, path: &str, value: &str) -> SocketAddr {
-    value.parse().unwrap_or_else(|_| {
-        p.add(path, format!("`{value}` is not an address like 127.0.0.1:8080"));
-        SocketAddr::from(([127, 0, 0, 1], 0))
-    })
-}
-
 pub(super) fn load(file: &Path, out: &mut Vec<ConfigProblem>) -> Option<GatewaySettings> {
+    // Every field has a default, so an emptied file (a bad deploy, a full disk) would start an
+    // open proxy with no plugins on all interfaces.
+    let blank = |t: String| t.lines().map(str::trim).all(|l| l.is_empty() || l.starts_with('#') || l == "---");
+    if std::fs::read_to_string(file).is_ok_and(blank) {
+        Problems::new(file, out)
+            .add(".", "the file is empty: it needs at least `plugins` (conf/tollgate.yaml has the default chain)");
+        return None;
+    }
     let raw: RawGateway = parse_yaml(file, out)?;
     let before = out.len();
     let mut p = Problems::new(file, out);
-    let listen = addr(&mut p, "listen", &raw.listen);
-    let admin_listen = addr(&mut p, "admin_listen", &raw.admin_listen);
+    let (listen, admin_listen) = super::process::listeners(&mut p, &raw.listen, &raw.admin_listen);
+    super::process::shutdown(&mut p, raw.shutdown.grace_period_seconds, raw.shutdown.graceful_shutdown_timeout_seconds);
     if raw.threads == 0 || raw.threads > 256 {
         p.add("threads", format!("must be 1..=256, got {}", raw.threads));
     }
@@ -332,28 +333,19 @@ pub(super) fn load(file: &Path, out: &mut Vec<ConfigProblem>) -> Option<GatewayS
         if !seen.insert(plug.name.clone()) {
             p.add(format!("plugins[{i}].name"), format!("`{}` is listed twice", plug.name));
         }
+        if !(plug.settings.is_null() || plug.settings.as_object().is_some_and(|o| o.is_empty())) {
+            // Nothing reads them: a plugin's settings are its own section (`limits:`, ...).
+            p.add(
+                format!("plugins[{i}].settings"),
+                "no plugin takes settings here; each has its own section (e.g. `limits:`)",
+            );
+        }
         if plug.enabled {
             plugins.push(PluginSpec { name: plug.name, settings: plug.settings });
         }
     }
     let identity = raw.identity.as_ref().and_then(|i| identity_settings(&mut p, file, i));
-    let from_env = std::env::var("TOLLGATE_ADMIN_TOKEN").ok().filter(|t| !t.trim().is_empty());
-    // The problem names where the short token came from: the variable wins over the file.
-    let (source, short) = match from_env {
-        Some(_) => {
-            ("TOLLGATE_ADMIN_TOKEN", "the admin token in the environment variable must be at least 16 characters")
-        }
-        None => ("admin.token_file", "the admin token must be at least 16 characters"),
-    };
-    let admin_token = match from_env {
-        Some(t) => Some(t.trim().to_string()),
-        None => raw.admin.token_file.as_ref().and_then(|f| {
-            read_secret(&mut p, "admin.token_file", file, &RawSecret { env: None, file: Some(f.clone()) })
-        }),
-    };
-    if admin_token.as_ref().is_some_and(|t| t.len() < 16) {
-        p.add(source, short);
-    }
+    let admin_token = super::process::admin_token(&mut p, file, raw.admin.token_file.as_ref());
     let admin_token = admin_token.map(Secret);
     let topup = &raw.billing.topup_url;
     if !(topup.starts_with("https://") || topup.starts_with("http://")) || topup.len() > 2000 {

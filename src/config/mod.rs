@@ -14,8 +14,10 @@ mod identity;
 mod limits;
 mod live;
 mod plans;
+mod process;
 mod tls;
 mod tokenizer;
+mod unique;
 mod upstreams;
 
 pub use catalog::{Catalog, ModelEntry, Pricing};
@@ -88,6 +90,34 @@ pub struct Config {
     pub pools: Pools,
     /// Where `tollgate.yaml` was read from (relative paths in it resolve against its folder).
     pub source: PathBuf,
+}
+
+impl Config {
+    /// What is valid but likely not meant, said by `check-config` and at start: an admin
+    /// listener nobody can use, a chain that serves every caller without a key, a model
+    /// that a billed chain serves at no charge because `pricing` is missing (decision 174).
+    pub fn warnings(&self) -> Vec<String> {
+        let chain = |name: &str| self.gateway.plugins.iter().any(|p| p.name == name);
+        let mut out = Vec::new();
+        if self.gateway.admin_token.is_none() {
+            out.push("no admin token configured: the admin listener refuses every call".to_string());
+        }
+        if !chain("auth") {
+            out.push(
+                "the plugin chain has no `auth`: every caller is served without a key, and nothing is billed".into(),
+            );
+        }
+        if chain("billing") {
+            for m in self.catalog.models.iter().filter(|m| m.pricing.is_none()) {
+                out.push(format!(
+                    "{}: model `{}` has no `pricing`: it is served at no charge (write `pricing: {{ input: 0, output: 0 }}` if that is meant)",
+                    self.gateway.models_file.display(),
+                    m.id
+                ));
+            }
+        }
+        out
+    }
 }
 
 /// Load and check `tollgate.yaml` and the files it names.

@@ -1,7 +1,6 @@
 //! `upstreams.yaml`: per model a pool of replicas (OpenAI-compatible model servers such as
 //! vLLM or SGLang), each with its address and its own concurrency.
 
-use std::collections::BTreeMap;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::Path;
 use std::sync::Arc;
@@ -15,7 +14,7 @@ use super::{Catalog, ConfigProblem, Problems, parse_yaml};
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawUpstreams {
-    pools: BTreeMap<String, RawPool>,
+    pools: super::unique::UniqueKeys<RawPool>,
 }
 
 #[derive(Deserialize)]
@@ -256,7 +255,7 @@ pub(super) fn load(
     let before = out.len();
     let mut p = Problems::new(file, out);
     let mut pools = Pools::default();
-    for (model, pool) in raw.pools {
+    for (model, pool) in raw.pools.0 {
         let at = |f: &str| format!("pools.{model}.{f}");
         let Some(entry) = catalog.get(&model) else {
             p.add(format!("pools.{model}"), "names no model id of the catalog");
@@ -284,6 +283,11 @@ pub(super) fn load(
             },
             None => None,
         };
+        if let Some(name) = &pool.upstream_model {
+            if name.is_empty() || name.len() > 256 || name.chars().any(|c| c.is_control() || c == ' ') {
+                p.add(at("upstream_model"), "must be 1 to 256 characters without spaces or control characters");
+            }
+        }
         let health_check = pool.health_check.as_ref().map(|h| health_check(&mut p, &model, h));
         let tls = upstream_tls(&mut p, file, &model, &pool);
         let kept = previous.and_then(|old| old.get(&model));
@@ -294,6 +298,13 @@ pub(super) fn load(
                 p.add(rat("max_concurrency"), format!("must be 1..=100000, got {}", r.max_concurrency));
             }
             match r.address.to_socket_addrs().map(|mut a| a.next()) {
+                Ok(Some(addr)) if addr.port() == 0 => {
+                    p.add(rat("address"), format!("`{}` has port 0, which no replica listens on", r.address));
+                }
+                // Listed twice, one server's capacity would count twice.
+                Ok(Some(addr)) if replicas.iter().any(|seen: &Arc<Replica>| seen.addr == addr) => {
+                    p.add(rat("address"), format!("`{}` is listed twice in this pool", r.address));
+                }
                 Ok(Some(addr)) => replicas.push(Arc::new(Replica {
                     addr,
                     authority: r.address.clone(),
@@ -379,29 +390,5 @@ fn upstream_tls(p: &mut Problems, file: &Path, model: &str, pool: &RawPool) -> O
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn pool(model_id: &str, upstream: &str) -> Pool {
-        Pool {
-            model_id: model_id.into(),
-            upstream_model: upstream.into(),
-            replicas: Vec::new(),
-            connect_timeout: Duration::from_millis(1),
-            busy_threshold_percent: 75,
-            authorization: None,
-            health_check: None,
-            tls: None,
-        }
-    }
-
-    #[test]
-    fn the_model_name_is_renamed_both_ways_in_one_place() {
-        let p = pool("llama-3.1-8b", "meta-llama/Llama-3.1-8B");
-        assert_eq!(p.to_upstream(), "meta-llama/Llama-3.1-8B");
-        assert_eq!(p.from_upstream("meta-llama/Llama-3.1-8B"), Some("llama-3.1-8b"));
-        assert_eq!(p.from_upstream("something-else"), None, "another name is left as it is");
-        let same = pool("m", "m");
-        assert_eq!(same.from_upstream("m"), None, "nothing to change when the names agree");
-    }
-}
+#[path = "upstreams_tests.rs"]
+mod tests;

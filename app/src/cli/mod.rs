@@ -130,8 +130,8 @@ pub fn main(args: Vec<String>) -> ExitCode {
                 tollgate_plugins::build(&config, &Services::default()).map_err(|e| e.to_string())?;
                 let names = tollgate_plugins::served_order(&config);
                 println!("ok: {} models, plugins {names:?}", config.catalog.models.len());
-                if config.gateway.admin_token.is_none() {
-                    println!("warning: no admin token configured: the admin listener will refuse every call");
+                for w in config.warnings() {
+                    println!("warning: {w}");
                 }
                 Ok(ExitCode::SUCCESS)
             }
