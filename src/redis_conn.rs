@@ -42,4 +42,13 @@ impl LazyRedis {
             .map_err(|e| e.to_string())?;
         Ok(conn.clone())
     }
+
+    /// A `PING` round trip within the timeout (readiness, `GET /admin/v1/health`).
+    pub async fn ping(&self) -> Result<(), String> {
+        let round_trip = async {
+            let mut conn = self.get().await?;
+            redis::cmd("PING").query_async::<String>(&mut conn).await.map(drop).map_err(|e| e.to_string())
+        };
+        tokio::time::timeout(self.timeout, round_trip).await.map_err(|_| "no answer within the timeout".to_string())?
+    }
 }

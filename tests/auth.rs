@@ -211,6 +211,7 @@ fn admin_listener_without_token_refuses_everything() {
         let (s, v) = gw.admin(m, p, Some(json!({"name": "x"})));
         assert_eq!(s, 401, "{m} {p}: {v}");
         assert_eq!(v["error"]["code"], "unauthorized");
+        assert_eq!(v["error"]["message"], "missing or wrong admin token", "nothing said of the setup");
     }
 }
 
@@ -280,6 +281,38 @@ fn admin_token_and_field_validation() {
     }
     let (s, meta) = gw.admin("GET", &format!("/admin/v1/keys/{kid}"), None);
     assert_eq!((s, meta["state"].as_str()), (200, Some("active")), "the refused revoke and delete changed nothing");
+    // A known path with another method is 405 naming the methods (decision 175).
+    for (m, p, allow) in [
+        ("POST", "/admin/v1/health".to_string(), "GET"),
+        ("GET", format!("/admin/v1/workspaces/{ws}/freeze"), "POST"),
+        ("POST", format!("/admin/v1/keys/{kid}"), "GET, PATCH, DELETE"),
+    ] {
+        let url = format!("http://127.0.0.1:{}{p}", gw.admin_port);
+        let r = std::thread::spawn({
+            let token = gw.admin_token.clone();
+            move || {
+                use std::io::{Read, Write};
+                let u = url.strip_prefix("http://").unwrap();
+                let (host, path) = u.split_at(u.find('/').unwrap());
+                let mut c = std::net::TcpStream::connect(host).unwrap();
+                let head = format!("{m} {path} HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer {token}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+                c.write_all(head.as_bytes()).unwrap();
+                let mut answer = String::new();
+                let _ = c.read_to_string(&mut answer);
+                answer
+            }
+        })
+        .join()
+        .unwrap();
+        assert!(r.starts_with("HTTP/1.1 405 "), "{m} {p}: {r}");
+        assert!(r.to_ascii_lowercase().contains(&format!("allow: {}", allow.to_ascii_lowercase())), "{m} {p}: {r}");
+        assert!(r.contains("method_not_allowed"), "{r}");
+    }
+    let (s, v) = gw.admin("POST", &format!("/admin/v1/workspaces/{ws}/keys"), Some(json!({"expires_in_days": 0})));
+    assert_eq!(s, 400);
+    assert!(v["error"]["message"].as_str().unwrap().contains("must be 30, 60, 90 or 365"), "{v}");
+    // Each change leaves an audit line (method, path, status), never a body.
+    assert!(gw.log().contains(&format!("admin: POST /admin/v1/keys/{kid}/revoke -> 400")), "{}", gw.log());
     assert_eq!(gw.admin("GET", "/admin/v1/keys/key_nope", None).0, 404);
     assert_eq!(gw.admin("GET", "/admin/v1/workspaces/nope", None).0, 404);
     assert_eq!(gw.admin("POST", "/admin/v1/workspaces/nope/keys", Some(json!({}))).0, 404);

@@ -83,8 +83,15 @@ async fn a_redis_outage_answers_quickly_and_shared_counting_resumes() {
     let gw = Gateway::start_with(&mock, Opts { postgres_url: Some(db), limits: Some(limits), ..Opts::default() });
     let body = chat_body("chat-model", false);
     assert_eq!(gw.post("/v1/chat/completions", &body, &[]).await.status, 200);
+    // The node's health names the limiter's Redis (decision 175).
+    let (s, h) = gw.admin("GET", "/admin/v1/health", None);
+    assert_eq!((s, h["stores"]["limiter"]["status"].as_str()), (200, Some("ok")), "{h}");
 
     redis.kill();
+    let (s, h) = gw.admin("GET", "/admin/v1/health", None);
+    assert_eq!((s, h["status"].as_str()), (503, Some("degraded")), "{h}");
+    assert_eq!(h["stores"]["limiter"]["status"], "down", "{h}");
+    assert_eq!(h["stores"]["identity"]["status"], "ok", "{h}");
     for _ in 0..5 {
         let started = Instant::now();
         let r = gw.post("/v1/chat/completions", &body, &[]).await;
@@ -108,6 +115,8 @@ async fn a_redis_outage_answers_quickly_and_shared_counting_resumes() {
         assert!(Instant::now() < deadline, "admission did not resume after Redis came back: {}", r.text);
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    let (s, h) = gw.admin("GET", "/admin/v1/health", None);
+    assert_eq!((s, h["stores"]["limiter"]["status"].as_str()), (200, Some("ok")), "{h}");
     assert!(!gw.log().contains("panicked"), "no panic: {}", gw.log());
 }
 

@@ -70,6 +70,7 @@ pub fn run(config: Config, chain: Chain, services: Services, start: Start<'_>) -
         live: live.clone(),
         identity: services.identity.clone(),
         ledger: services.ledger.clone(),
+        redis: services.redis.clone(),
     };
     let gateway =
         Gateway::new(live.clone(), chain, placement_store(&config.gateway.limits.store, services.redis.clone()));

@@ -125,8 +125,29 @@ pub async fn route(app: &AdminApp, method: &str, path: &str, body: &Value) -> An
             Fields::none(body)?;
             super::plans::delete(app, ws).await
         }
-        _ => Err(AdminError::new(404, "unknown_route", format!("{method} {path} is not an admin route"))),
+        _ => match allowed_methods(&parts) {
+            Some(allow) => {
+                Err(AdminError::new(405, "method_not_allowed", format!("{path} takes {allow}")).with_allow(allow))
+            }
+            None => Err(AdminError::new(404, "unknown_route", format!("{method} {path} is not an admin route"))),
+        },
     }
+}
+
+/// The methods a known admin path takes (`405` with `Allow` for another, decision 175).
+fn allowed_methods(parts: &[&str]) -> Option<&'static str> {
+    Some(match parts {
+        ["admin", "v1", "health"] | ["metrics"] => "GET",
+        ["admin", "v1", "reload"] | ["admin", "v1", "workspaces"] => "POST",
+        ["admin", "v1", "workspaces", _] => "GET",
+        ["admin", "v1", "workspaces", _, "keys" | "credits" | "freeze" | "unfreeze"] => "POST",
+        ["admin", "v1", "workspaces", _, "ledger"] => "GET",
+        ["admin", "v1", "workspaces", _, "plan"] => "GET, PUT, DELETE",
+        ["admin", "v1", "keys", _] => "GET, PATCH, DELETE",
+        ["admin", "v1", "keys", _, "copy" | "rotate" | "revoke"] => "POST",
+        ["admin", "v1", "models", .., "pause" | "resume"] if parts.len() >= 5 => "POST",
+        _ => return None,
+    })
 }
 
 async fn health(app: &AdminApp) -> Answer {
@@ -145,6 +166,18 @@ async fn health(app: &AdminApp) -> Answer {
                 );
             }
         }
+    }
+    // Every admission, idempotency check and placement goes through the limiter's Redis: a
+    // node without it refuses all inference (decision 175).
+    if let Some(redis) = &app.redis {
+        let state = match redis.ping().await {
+            Ok(()) => json!({"backend": "redis", "status": "ok"}),
+            Err(e) => {
+                ok = false;
+                json!({"backend": "redis", "status": "down", "error": e})
+            }
+        };
+        stores.insert("limiter".into(), state);
     }
     // Replica health is reported, not folded into the status: a node whose one pool is down
     // still serves the others (decision 125).
@@ -210,7 +243,11 @@ async fn create_key(app: &AdminApp, ws: &str, body: &Value) -> Answer {
         ],
     )?;
     let now = now_ms();
-    let expires_at = match (f.instant("expires_at")?, f.int("expires_in_days", 1, 365)?) {
+    // One message for every bad value: the four choices, never a range that suggests more.
+    let days = f
+        .int("expires_in_days", 1, 365)
+        .map_err(|_| AdminError::bad("expires_in_days", "must be 30, 60, 90 or 365"))?;
+    let expires_at = match (f.instant("expires_at")?, days) {
         (Some(_), Some(_)) => {
             return Err(AdminError::bad("expires_in_days", "give either expires_at or expires_in_days"));
         }

@@ -35,11 +35,18 @@ pub struct AdminError {
     pub message: String,
     pub top_level_code: bool,
     pub retry_after: Option<u64>,
+    /// The methods of the path, for a `405`.
+    pub allow: Option<&'static str>,
 }
 
 impl AdminError {
     pub fn new(status: u16, code: &'static str, message: impl Into<String>) -> Self {
-        AdminError { status, code, message: message.into(), top_level_code: false, retry_after: None }
+        AdminError { status, code, message: message.into(), top_level_code: false, retry_after: None, allow: None }
+    }
+
+    pub fn with_allow(mut self, methods: &'static str) -> Self {
+        self.allow = Some(methods);
+        self
     }
 
     /// 400 naming the field at fault.
@@ -63,6 +70,8 @@ pub struct AdminApp {
     pub live: Arc<LiveConfig>,
     pub identity: Option<Arc<Identity>>,
     pub ledger: Option<Arc<dyn crate::store::ledger::LedgerStore>>,
+    /// The shared Redis of the limiter, idempotency records and placements, when configured.
+    pub redis: Option<Arc<crate::redis_conn::LazyRedis>>,
     /// `None`: no token configured, every call is refused.
     pub token: Option<String>,
 }
@@ -83,6 +92,9 @@ fn error_response(e: &AdminError) -> Response<Vec<u8>> {
         body["code"] = json!(e.code);
     }
     let mut resp = json_response(e.status, &body);
+    if let Some(allow) = e.allow {
+        resp.headers_mut().insert(http::header::ALLOW, http::HeaderValue::from_static(allow));
+    }
     if let Some(s) = e.retry_after {
         if let Ok(v) = http::HeaderValue::from_str(&s.to_string()) {
             resp.headers_mut().insert("retry-after", v);
@@ -138,12 +150,9 @@ impl AdminApp {
 impl ServeHttp for AdminApp {
     async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
         if !self.authorized(session) {
-            let msg = if self.token.is_none() {
-                "no admin token is configured; set TOLLGATE_ADMIN_TOKEN"
-            } else {
-                "missing or wrong admin token"
-            };
-            return error_response(&AdminError::new(401, "unauthorized", msg));
+            // One answer whether or not a token is configured: the caller learns nothing of the
+            // setup (the operator sees the missing token in the log and in `check-config`).
+            return error_response(&AdminError::new(401, "unauthorized", "missing or wrong admin token"));
         }
         let method = session.req_header().method.as_str().to_string();
         let path = session.req_header().uri.path().to_string();
@@ -155,9 +164,14 @@ impl ServeHttp for AdminApp {
         } else {
             Value::Null
         };
-        match handlers::route(self, &method, &path, &body).await {
+        let resp = match handlers::route(self, &method, &path, &body).await {
             Ok(resp) => resp,
             Err(e) => error_response(&e),
+        };
+        // An audit line per change (never a body: it may hold a key); reads stay quiet.
+        if method != "GET" {
+            log::info!("admin: {method} {path} -> {}", resp.status().as_u16());
         }
+        resp
     }
 }
