@@ -22,22 +22,45 @@ fn main() -> ExitCode {
     cli::main(std::env::args().skip(1).collect())
 }
 
-/// `RUST_LOG` as asked, except Pingora's `trace` lines: they print whole request heads,
-/// the client's API key and the admin token included, and a key is never logged.
+/// `RUST_LOG` as asked, except two kinds of Pingora lines: its `trace` lines print whole
+/// request heads, the client's API key and the admin token included, and a key is never
+/// logged (decision 170); and one ERROR its connection pool writes when a pooled upstream
+/// connection is busy, after which it simply opens another (an alert on ERROR lines would
+/// fire on healthy traffic).
 struct NoPingoraTrace(env_logger::Logger);
+
+fn kept(level: log::Level, target: &str, message: Option<&str>) -> bool {
+    let pingora = target.starts_with("pingora");
+    !(pingora && (level == log::Level::Trace || message == Some("failed to acquire reusable stream")))
+}
 
 impl log::Log for NoPingoraTrace {
     fn enabled(&self, meta: &log::Metadata<'_>) -> bool {
-        !(meta.level() == log::Level::Trace && meta.target().starts_with("pingora")) && self.0.enabled(meta)
+        kept(meta.level(), meta.target(), None) && self.0.enabled(meta)
     }
 
     fn log(&self, record: &log::Record<'_>) {
-        if self.enabled(record.metadata()) {
+        if kept(record.level(), record.target(), record.args().as_str()) && self.0.enabled(record.metadata()) {
             self.0.log(record);
         }
     }
 
     fn flush(&self) {
         self.0.flush();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use log::Level;
+
+    #[test]
+    fn pingora_trace_and_its_busy_pool_error_are_dropped_and_nothing_else() {
+        assert!(!super::kept(Level::Trace, "pingora_proxy", Some("Request header: ...")));
+        assert!(!super::kept(Level::Error, "pingora_core::connectors", Some("failed to acquire reusable stream")));
+        assert!(super::kept(Level::Error, "pingora_core::connectors", Some("another failure")));
+        assert!(super::kept(Level::Debug, "pingora_proxy", None));
+        assert!(super::kept(Level::Trace, "tollgate::proxy", None), "our own trace lines stay");
+        assert!(super::kept(Level::Error, "tollgate::proxy", Some("failed to acquire reusable stream")));
     }
 }
