@@ -135,6 +135,11 @@ fn reported_counts(usage: &str) -> Option<Option<(u64, u64, u64, u64)>> {
     // What `Value::as_u64` accepts: an integer's text; a fraction, an exponent, a string or
     // a sign (`-0` too) is not a count.
     let count = |raw: Option<&RawValue>| raw.and_then(|r| r.get().parse::<u64>().ok());
+    // A derived struct also reads an array (fields by position), and borrowed raw members
+    // skip `Value`'s nesting limit: such reports take the general reading.
+    if !usage.trim_start().starts_with('{') || nesting(usage) > 100 {
+        return None;
+    }
     let report: Report<'_> = serde_json::from_str(usage).ok()?;
     let cached = match report.prompt_tokens_details {
         Some(d) if d.get().starts_with('{') => count(serde_json::from_str::<Details<'_>>(d.get()).ok()?.cached_tokens),
@@ -144,6 +149,27 @@ fn reported_counts(usage: &str) -> Option<Option<(u64, u64, u64, u64)>> {
     let completion = count(report.completion_tokens).unwrap_or(0);
     let total = count(report.total_tokens).unwrap_or(prompt + completion);
     Some(Some((prompt, cached.unwrap_or(0), completion, total)))
+}
+
+/// The deepest nesting of arrays and objects in JSON `text` (strings skipped).
+fn nesting(text: &str) -> usize {
+    let (mut depth, mut deepest, mut in_string, mut escaped) = (0usize, 0usize, false, false);
+    for b in text.bytes() {
+        match (in_string, escaped, b) {
+            (true, true, _) => escaped = false,
+            (true, false, b'\\') => escaped = true,
+            (true, false, b'"') => in_string = false,
+            (true, false, _) => {}
+            (false, _, b'"') => in_string = true,
+            (false, _, b'{' | b'[') => {
+                depth += 1;
+                deepest = deepest.max(depth);
+            }
+            (false, _, b'}' | b']') => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    deepest
 }
 
 /// Price counts for `model` as at `priced_at`. Cached tokens count only where the model has an
@@ -339,12 +365,20 @@ mod tests {
             r#"{"prompt_tokens":1,"prompt_tokens":100,"completion_tokens":20}"#,
             r#"{ "prompt_tokens" : 100 , "completion_tokens" : 20 , "extra": {"x": [1, 2]} }"#,
             r#"[100, 20]"#,
+            r#"[100, 20, 120, null]"#,
+            r#"  {"prompt_tokens":100,"completion_tokens":20,"s":"{[\"}"}"#,
             r#"7"#,
             r#"null"#,
         ];
+        let deep =
+            format!(r#"{{"prompt_tokens":100,"completion_tokens":20,"x":{}1{}}}"#, "[".repeat(130), "]".repeat(130));
+        let reports = reports.iter().map(|r| r.to_string()).chain([deep]);
         for r in reports {
-            let value: Value = serde_json::from_str(r).unwrap_or_else(|e| panic!("{r}: {e}"));
-            let general = from_provider(&value, &model, 0)
+            let r = r.as_str();
+            // The general reading: a `Value` (too deep a report is none), then its members.
+            let general = serde_json::from_str::<Value>(r)
+                .ok()
+                .and_then(|value| from_provider(&value, &model, 0))
                 .map(|f| (f.prompt_tokens, f.cached_tokens, f.completion_tokens, f.total_tokens, f.cost));
             let text = from_provider_text(r, &model, 0)
                 .map(|f| (f.prompt_tokens, f.cached_tokens, f.completion_tokens, f.total_tokens, f.cost));

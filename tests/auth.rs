@@ -171,7 +171,14 @@ async fn scoped_keys_follow_the_route_rules() {
 async fn no_plaintext_key_in_logs_or_admin_reads() {
     let mock = Mock::start();
     // At the most verbose level too: Pingora's trace lines print whole request heads.
-    let gw = Gateway::start_with(&mock, Opts { env: vec![("RUST_LOG", "trace".into())], ..Opts::default() });
+    // The replicas' own credential (sent upstream by the gateway) is never logged either.
+    let replica_secret = "replica-secret-0123456789abcdef";
+    let opts = Opts {
+        env: vec![("RUST_LOG", "trace".into()), ("TEST_REPLICA_KEY", replica_secret.into())],
+        chat_pool_extra: "    api_key_env: TEST_REPLICA_KEY\n".into(),
+        ..Opts::default()
+    };
+    let gw = Gateway::start_with(&mock, opts);
     let k = gw.mint_key(&gw.workspace, json!({"name": "secret-check"}));
     let plain = k["key"].as_str().unwrap().to_string();
     let bearer = format!("Bearer {plain}");
@@ -189,6 +196,9 @@ async fn no_plaintext_key_in_logs_or_admin_reads() {
     assert!(log.contains("DEBUG pingora"), "the log ran verbose");
     assert!(!log.contains(&plain[3..]), "gateway log shows no key");
     assert!(!log.contains(common::ADMIN_TOKEN), "gateway log shows no admin token");
+    let sent = mock.last_request().await;
+    assert_eq!(sent["headers"]["authorization"], format!("Bearer {replica_secret}"), "the replica got its credential");
+    assert!(!log.contains(replica_secret), "gateway log shows no replica credential");
     assert!(!log.contains(&near[10..]), "gateway log shows no presented key");
     // The store's files are the owner's alone (decision 169).
     use std::os::unix::fs::PermissionsExt;

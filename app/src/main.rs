@@ -22,25 +22,35 @@ fn main() -> ExitCode {
     cli::main(std::env::args().skip(1).collect())
 }
 
-/// `RUST_LOG` as asked, except two kinds of Pingora lines: its `trace` lines print whole
-/// request heads, the client's API key and the admin token included, and a key is never
-/// logged (decision 170); and one ERROR its connection pool writes when a pooled upstream
-/// connection is busy, after which it simply opens another (an alert on ERROR lines would
-/// fire on healthy traffic).
+/// `RUST_LOG` as asked, except some Pingora lines: its `trace` lines and the `debug` line of
+/// each request head sent upstream print headers, the client's API key, the admin token and
+/// the replicas' own credential among them, and a key is never logged (decision 170); and
+/// one ERROR its connection pool writes when a pooled upstream connection is busy, after
+/// which it simply opens another (an alert on ERROR lines would fire on healthy traffic).
 struct NoPingoraTrace(env_logger::Logger);
 
-fn kept(level: log::Level, target: &str, message: Option<&str>) -> bool {
-    let pingora = target.starts_with("pingora");
-    !(pingora && (level == log::Level::Trace || message == Some("failed to acquire reusable stream")))
+fn kept(level: log::Level, target: &str, message: &dyn Fn() -> String) -> bool {
+    if !target.starts_with("pingora") {
+        return true;
+    }
+    match level {
+        log::Level::Trace => false,
+        log::Level::Debug => !message().starts_with("Sending header to upstream"),
+        log::Level::Error => message() != "failed to acquire reusable stream",
+        _ => true,
+    }
 }
 
 impl log::Log for NoPingoraTrace {
     fn enabled(&self, meta: &log::Metadata<'_>) -> bool {
-        kept(meta.level(), meta.target(), None) && self.0.enabled(meta)
+        !(meta.level() == log::Level::Trace && meta.target().starts_with("pingora")) && self.0.enabled(meta)
     }
 
     fn log(&self, record: &log::Record<'_>) {
-        if kept(record.level(), record.target(), record.args().as_str()) && self.0.enabled(record.metadata()) {
+        // The message is formatted only for Pingora's debug and error lines, and only when
+        // they are to be written at all.
+        let message = || record.args().as_str().map_or_else(|| record.args().to_string(), str::to_string);
+        if self.0.enabled(record.metadata()) && kept(record.level(), record.target(), &message) {
             self.0.log(record);
         }
     }
@@ -55,12 +65,15 @@ mod tests {
     use log::Level;
 
     #[test]
-    fn pingora_trace_and_its_busy_pool_error_are_dropped_and_nothing_else() {
-        assert!(!super::kept(Level::Trace, "pingora_proxy", Some("Request header: ...")));
-        assert!(!super::kept(Level::Error, "pingora_core::connectors", Some("failed to acquire reusable stream")));
-        assert!(super::kept(Level::Error, "pingora_core::connectors", Some("another failure")));
-        assert!(super::kept(Level::Debug, "pingora_proxy", None));
-        assert!(super::kept(Level::Trace, "tollgate::proxy", None), "our own trace lines stay");
-        assert!(super::kept(Level::Error, "tollgate::proxy", Some("failed to acquire reusable stream")));
+    fn pingora_trace_its_upstream_head_and_its_busy_pool_error_are_dropped_and_nothing_else() {
+        let says = |m: &'static str| move || m.to_string();
+        assert!(!super::kept(Level::Trace, "pingora_proxy", &says("Request header: ...")));
+        let head = "Sending header to upstream RequestHeader { authorization: Bearer replica-secret }";
+        assert!(!super::kept(Level::Debug, "pingora_proxy::proxy_h1", &says(head)));
+        assert!(!super::kept(Level::Error, "pingora_core::connectors", &says("failed to acquire reusable stream")));
+        assert!(super::kept(Level::Error, "pingora_core::connectors", &says("another failure")));
+        assert!(super::kept(Level::Debug, "pingora_proxy", &says("Successfully get a new request")));
+        assert!(super::kept(Level::Trace, "tollgate::proxy", &says("ours")), "our own trace lines stay");
+        assert!(super::kept(Level::Error, "tollgate::proxy", &says("failed to acquire reusable stream")));
     }
 }

@@ -56,9 +56,11 @@ impl super::Billing {
     /// A hold whose answer did not come back may still have been recorded (a commit whose
     /// reply was lost): the request is refused, so the hold is released now rather than
     /// after its expiry (decision 173). Queued behind the hold's own op, and a no-op when no
-    /// hold was recorded; a shed hold (`Busy`) was never queued.
+    /// hold was recorded; a hold that was never queued (shed as `Busy`, or `NotQueued` by a
+    /// full queue) needs none, and would only take a slot settlements need then.
     pub(super) fn release_unanswered_hold(&self, request_id: &str, e: &tollgate::store::StoreError) {
-        if matches!(e, tollgate::store::StoreError::Busy(_)) {
+        use tollgate::store::StoreError;
+        if matches!(e, StoreError::Busy(_) | StoreError::NotQueued(_)) {
             return;
         }
         let (ledger, request_id) = (self.ledger.clone(), request_id.to_string());

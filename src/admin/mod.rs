@@ -149,6 +149,9 @@ impl AdminApp {
 #[async_trait]
 impl ServeHttp for AdminApp {
     async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
+        // A graceful stop waits for an admin call as for a request (a top-up cut after its
+        // commit would be retried and credited twice; decision 166).
+        let _in_flight = crate::drain::request();
         if !self.authorized(session) {
             // One answer whether or not a token is configured: the caller learns nothing of the
             // setup (the operator sees the missing token in the log and in `check-config`).

@@ -292,7 +292,11 @@ fn budget(p: &mut Problems, path: &str, secs: f64) -> Duration {
 pub(super) fn load(file: &Path, out: &mut Vec<ConfigProblem>) -> Option<GatewaySettings> {
     // Every field has a default, so an emptied file (a bad deploy, a full disk) would start an
     // open proxy with no plugins on all interfaces.
-    let blank = |t: String| t.lines().map(str::trim).all(|l| l.is_empty() || l.starts_with('#') || l == "---");
+    let blank = |t: String| match serde_yaml_ng::from_str::<serde_yaml_ng::Value>(&t) {
+        Ok(serde_yaml_ng::Value::Null) => true,
+        Ok(serde_yaml_ng::Value::Mapping(m)) => m.is_empty(),
+        _ => false,
+    };
     if std::fs::read_to_string(file).is_ok_and(blank) {
         Problems::new(file, out)
             .add(".", "the file is empty: it needs at least `plugins` (conf/tollgate.yaml has the default chain)");

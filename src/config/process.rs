@@ -14,11 +14,21 @@ pub(super) fn listeners(p: &mut Problems, listen: &str, admin_listen: &str) -> (
     let admin = addr(p, "admin_listen", admin_listen);
     // One port on overlapping addresses is one socket: connections would land on either
     // service at random, or the second listener would never bind.
-    let overlap = public.ip() == admin.ip() || public.ip().is_unspecified() || admin.ip().is_unspecified();
-    if public.port() != 0 && public.port() == admin.port() && overlap {
+    if public.port() != 0 && public.port() == admin.port() && overlap(public.ip(), admin.ip()) {
         p.add("admin_listen", format!("`{admin}` takes the port of `listen` ({public}): the two need different ports"));
     }
     (public, admin)
+}
+
+/// Whether two listening addresses on one port collide, as Linux binds them: the same
+/// address (an IPv4-mapped IPv6 address is its IPv4 one); `[::]` (dual-stack by default)
+/// with any; `0.0.0.0` with any IPv4 address. `0.0.0.0` and `[::1]` do not.
+fn overlap(a: std::net::IpAddr, b: std::net::IpAddr) -> bool {
+    let (a, b) = (a.to_canonical(), b.to_canonical());
+    let any_v6 = |ip: std::net::IpAddr| ip.is_ipv6() && ip.is_unspecified();
+    let any_v4_over =
+        |ip: std::net::IpAddr, other: std::net::IpAddr| ip.is_ipv4() && ip.is_unspecified() && other.is_ipv4();
+    a == b || any_v6(a) || any_v6(b) || any_v4_over(a, b) || any_v4_over(b, a)
 }
 
 fn addr(p: &mut Problems, path: &str, value: &str) -> SocketAddr {
@@ -67,9 +77,32 @@ pub(super) fn admin_token(p: &mut Problems, settings_file: &Path, token_file: Op
     };
     if token.len() < 16 {
         p.add(source, format!("{what} must be at least 16 characters"));
-    } else if token.chars().any(|c| c.is_whitespace() || c.is_control()) {
+    } else if token.chars().any(char::is_control) {
         // A file of two lines would be a token nobody can send.
-        p.add(source, format!("{what} must be one word: no spaces, line breaks or control characters"));
+        p.add(source, format!("{what} must be one line without control characters"));
     }
     Some(token)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::overlap;
+
+    #[test]
+    fn listeners_collide_as_linux_binds_them() {
+        let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap_or_else(|e| panic!("{s}: {e}"));
+        for (a, b, collide) in [
+            ("127.0.0.1", "127.0.0.1", true),
+            ("0.0.0.0", "127.0.0.1", true),
+            ("::", "127.0.0.1", true),
+            ("::", "::1", true),
+            ("::ffff:127.0.0.1", "127.0.0.1", true),
+            ("0.0.0.0", "::1", false),
+            ("127.0.0.1", "127.0.0.2", false),
+            ("127.0.0.1", "::1", false),
+        ] {
+            assert_eq!(overlap(ip(a), ip(b)), collide, "{a} {b}");
+            assert_eq!(overlap(ip(b), ip(a)), collide, "{b} {a}");
+        }
+    }
 }

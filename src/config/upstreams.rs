@@ -301,8 +301,11 @@ pub(super) fn load(
                 Ok(Some(addr)) if addr.port() == 0 => {
                     p.add(rat("address"), format!("`{}` has port 0, which no replica listens on", r.address));
                 }
-                // Listed twice, one server's capacity would count twice.
-                Ok(Some(addr)) if replicas.iter().any(|seen: &Arc<Replica>| seen.addr == addr) => {
+                // Listed twice, one server's capacity would count twice (names compared as
+                // written: two names behind one address are two replicas by their `Host`).
+                Ok(Some(_))
+                    if replicas.iter().any(|seen: &Arc<Replica>| seen.authority.eq_ignore_ascii_case(&r.address)) =>
+                {
                     p.add(rat("address"), format!("`{}` is listed twice in this pool", r.address));
                 }
                 Ok(Some(addr)) => replicas.push(Arc::new(Replica {

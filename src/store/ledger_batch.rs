@@ -183,22 +183,22 @@ impl BatchedLedger {
                 )));
             }
             if self.queue.capacity() <= self.reserve {
-                return Err(StoreError::Unavailable("the ledger queue is full".into()));
+                return Err(StoreError::NotQueued("the ledger queue is full".into()));
             }
-            self.queue.try_send(job).map_err(|_| StoreError::Unavailable("the ledger queue is full".into()))?;
+            self.queue.try_send(job).map_err(|_| StoreError::NotQueued("the ledger queue is full".into()))?;
         } else {
             // A free slot takes the job at once; only a full queue arms the wait's timer.
             let job = match self.queue.try_send(job) {
                 Ok(()) => None,
                 Err(mpsc::error::TrySendError::Full(job)) => Some(job),
                 Err(mpsc::error::TrySendError::Closed(_)) => {
-                    return Err(StoreError::Unavailable("the ledger writer stopped".into()));
+                    return Err(StoreError::NotQueued("the ledger writer stopped".into()));
                 }
             };
             if let Some(job) = job {
                 match tokio::time::timeout(ENQUEUE_WAIT, self.queue.send(job)).await {
                     Ok(Ok(())) => {}
-                    Ok(Err(_)) => return Err(StoreError::Unavailable("the ledger writer stopped".into())),
+                    Ok(Err(_)) => return Err(StoreError::NotQueued("the ledger writer stopped".into())),
                     Err(_) => return Err(StoreError::Unavailable("the ledger queue stayed full".into())),
                 }
             }
@@ -315,14 +315,14 @@ impl LedgerStore for BatchedLedger {
         match self.queue.try_send(job) {
             Ok(()) => {}
             Err(mpsc::error::TrySendError::Closed(job)) => {
-                job.reply.send(Err(StoreError::Unavailable("the ledger writer stopped".into())));
+                job.reply.send(Err(StoreError::NotQueued("the ledger writer stopped".into())));
             }
             // A full queue: wait for a slot on a task, as a waiting settlement would.
             Err(mpsc::error::TrySendError::Full(job)) => {
                 tokio::spawn(async move {
                     match tokio::time::timeout(ENQUEUE_WAIT, self.queue.reserve()).await {
                         Ok(Ok(slot)) => slot.send(job),
-                        Ok(Err(_)) => job.reply.send(Err(StoreError::Unavailable("the ledger writer stopped".into()))),
+                        Ok(Err(_)) => job.reply.send(Err(StoreError::NotQueued("the ledger writer stopped".into()))),
                         Err(_) => job.reply.send(Err(StoreError::Unavailable("the ledger queue stayed full".into()))),
                     }
                 });

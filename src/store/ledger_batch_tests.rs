@@ -45,7 +45,7 @@ async fn a_full_queue_refuses_holds_at_once_and_keeps_room_for_releases() {
     tokio::time::sleep(Duration::from_millis(50)).await;
     let started = std::time::Instant::now();
     let refused = l.place_hold("r7", "w", None, 1, 10, 1).await;
-    assert!(matches!(refused, Err(StoreError::Unavailable(_))), "{refused:?}");
+    assert!(matches!(refused, Err(StoreError::NotQueued(_))), "{refused:?}");
     assert!(started.elapsed() < Duration::from_millis(20), "refused without waiting");
     let release = {
         let l = l.clone();

@@ -40,12 +40,15 @@ pub enum StoreError {
     /// The store is reachable but writes wait longer than the instance allows; nothing was
     /// written and a retry shortly may succeed (the ledger sheds holds this way).
     Busy(String),
+    /// The op never reached the store (the ledger's queue is full, or its writer stopped):
+    /// nothing was written, and nothing will be.
+    NotQueued(String),
 }
 
 impl std::fmt::Display for StoreError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            StoreError::Unavailable(m) => write!(f, "store unavailable: {m}"),
+            StoreError::Unavailable(m) | StoreError::NotQueued(m) => write!(f, "store unavailable: {m}"),
             StoreError::Conflict(m) => write!(f, "conflict: {m}"),
             StoreError::Busy(m) => write!(f, "store busy: {m}"),
         }
@@ -55,7 +58,9 @@ impl std::fmt::Display for StoreError {
 impl From<StoreError> for KeyOpError {
     fn from(e: StoreError) -> Self {
         match e {
-            StoreError::Unavailable(m) | StoreError::Conflict(m) | StoreError::Busy(m) => KeyOpError::Store(m),
+            StoreError::Unavailable(m) | StoreError::Conflict(m) | StoreError::Busy(m) | StoreError::NotQueued(m) => {
+                KeyOpError::Store(m)
+            }
         }
     }
 }
