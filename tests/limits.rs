@@ -65,6 +65,9 @@ async fn purchases_raise_the_tier_and_custom_limits_are_clamped_to_it() {
     let big = gw.mint_key(&gw.workspace, json!({"rate_limit_rpm": 1000}))["key"].as_str().unwrap().to_string();
     let r = gw.get_as("/v1/models", &[("authorization", &format!("Bearer {big}"))]).await;
     assert_eq!(r.header("x-ratelimit-limit").as_deref(), Some("3"), "custom limit clamped to the tier maximum");
+    let ws_path = format!("/admin/v1/workspaces/{}", gw.workspace);
+    let (_, w) = gw.admin("GET", &ws_path, None);
+    assert_eq!((w["rate_tier"].as_str(), w["rate_tier_in_force"].as_str()), (Some("free"), Some("free")), "{w}");
     let (s, _) = gw.admin(
         "POST",
         &format!("/admin/v1/workspaces/{}/credits", gw.workspace),
@@ -75,6 +78,9 @@ async fn purchases_raise_the_tier_and_custom_limits_are_clamped_to_it() {
     let r = gw.get("/v1/models").await;
     assert_eq!(r.header("x-ratelimit-tier").as_deref(), Some("core"));
     assert_eq!(r.header("x-ratelimit-limit").as_deref(), Some("5"));
+    // The admin view says both: the tier set, and the tier served since the purchase.
+    let (_, w) = gw.admin("GET", &ws_path, None);
+    assert_eq!((w["rate_tier"].as_str(), w["rate_tier_in_force"].as_str()), (Some("free"), Some("core")), "{w}");
 }
 
 #[tokio::test]

@@ -221,6 +221,9 @@ async fn get_workspace(app: &AdminApp, ws: &str) -> Answer {
         body["held_cents"] = json!(b.held_cents);
         body["lifetime_purchases_cents"] = json!(b.lifetime_purchases_cents);
     }
+    // `rate_tier` is what was set; a purchase raises the tier served (decision 39).
+    let purchases = body["lifetime_purchases_cents"].as_i64().unwrap_or(0);
+    body["rate_tier_in_force"] = json!(w.rate_tier.in_force(purchases).as_str());
     Ok(json_response(200, &body))
 }
 

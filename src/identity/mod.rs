@@ -220,14 +220,21 @@ pub struct Principal {
     pub lifetime_purchases_cents: i64,
 }
 
+impl RateTier {
+    /// The tier a workspace set to `self` is served at, given its purchases so far.
+    pub fn in_force(self, lifetime_purchases_cents: i64) -> RateTier {
+        match self {
+            RateTier::Enterprise => RateTier::Enterprise,
+            _ if lifetime_purchases_cents > 0 => RateTier::Core,
+            t => t,
+        }
+    }
+}
+
 impl Principal {
     /// The tier in force: enterprise when so marked, else core once anything was purchased
     /// (spec "Limits": 10,000 requests a minute before the first purchase, 50,000 after).
     pub fn tier(&self) -> RateTier {
-        match self.rate_tier {
-            RateTier::Enterprise => RateTier::Enterprise,
-            _ if self.lifetime_purchases_cents > 0 => RateTier::Core,
-            t => t,
-        }
+        self.rate_tier.in_force(self.lifetime_purchases_cents)
     }
 }
