@@ -203,3 +203,34 @@ fn a_listener_that_cannot_bind_ends_the_start_with_its_field_named() {
     drop(taken);
     let _ = std::fs::remove_dir_all(&d);
 }
+
+#[test]
+fn settings_that_contradict_each_other_are_problems() {
+    let bad_models = [
+        (
+            "models:\n  - id: m\n    supported_endpoints: [chat_completions]\n    max_output_tokens: 65536\n    context_window: 32768\n",
+            "models.yaml: models[0].max_output_tokens: 65536 is above context_window (32768)",
+        ),
+        (
+            "models:\n  - id: m\n    supported_endpoints: [chat_completions]\n    reasoning_efforts: [low, low]\n",
+            "models.yaml: models[0].reasoning_efforts[1]: `low` is listed twice",
+        ),
+    ];
+    for (models, problem) in bad_models {
+        let d = dir("models");
+        std::fs::write(d.join("tollgate.yaml"), good_gateway()).unwrap();
+        std::fs::write(d.join("models.yaml"), models).unwrap();
+        let (ok, text) = check(&d);
+        assert!(!ok && text.contains(problem), "want `{problem}`, got: {text}");
+        let _ = std::fs::remove_dir_all(&d);
+    }
+    let d = dir("budgets");
+    std::fs::write(d.join("tollgate.yaml"), format!("{}budgets:\n  first_token_seconds: 800\n", good_gateway()))
+        .unwrap();
+    let (ok, text) = check(&d);
+    assert!(
+        !ok && text.contains("tollgate.yaml: budgets.first_token_seconds: is above budgets.response_seconds"),
+        "{text}"
+    );
+    let _ = std::fs::remove_dir_all(&d);
+}

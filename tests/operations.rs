@@ -231,6 +231,25 @@ async fn a_bad_file_keeps_the_running_config_and_sighup_reloads_a_good_one() {
     let r = gw.post("/v1/chat/completions", &chat_body("stream-model", false), &[]).await;
     r.assert_error(503, "hosted_model_paused");
     assert!(gw.metrics().await.contains("tollgate_config_reloads_total{outcome=\"ok\"} 1"));
+
+    // A tollgate.yaml that would no longer load is said at the reload, not at the next start
+    // (decision 176); the reload of the operator files itself goes on.
+    let settings = gw.dir.join("tollgate.yaml");
+    let text = std::fs::read_to_string(&settings).unwrap();
+    std::fs::write(&settings, format!("{text}threads: many\n")).unwrap();
+    let (s, v) = gw.admin("POST", "/admin/v1/reload", None);
+    assert_eq!(
+        (s, v["status"].as_str(), v["settings_file_changed"].as_bool()),
+        (200, Some("reloaded"), Some(true)),
+        "{v}"
+    );
+    let problems = v["settings_file_problems"].to_string();
+    assert!(problems.contains("tollgate.yaml") && problems.contains("threads"), "{v}");
+    assert!(gw.log().contains("the next start would be refused"), "{}", gw.log());
+    std::fs::write(&settings, text).unwrap();
+    let (s, v) = gw.admin("POST", "/admin/v1/reload", None);
+    assert_eq!(s, 200, "{v}");
+    assert!(v.get("settings_file_problems").is_none(), "a loadable file has none: {v}");
 }
 
 /// One client of the upgrade load: streams of about half a second (new connection each), each

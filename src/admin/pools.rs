@@ -30,31 +30,45 @@ pub fn reload_answer(live: &LiveConfig) -> (u16, Value) {
                 report.replicas_draining,
                 report.models_removed
             );
+            // A changed tollgate.yaml applies at the next start: say now if that start would be
+            // refused, not when the process restarts (decision 176).
+            let next_start = match report.settings_file_changed {
+                true => crate::config::load_settings(&live.current().source).err(),
+                false => None,
+            };
             if report.settings_file_changed {
                 log::warn!("tollgate.yaml changed on disk: its settings apply after a restart or an upgrade");
+            }
+            if let Some(errors) = &next_start {
+                log::warn!("tollgate.yaml on disk would not load: the next start would be refused:\n{errors}");
             }
             let mut body = json!({ "status": "reloaded" });
             if let (Some(o), Ok(Value::Object(r))) = (body.as_object_mut(), serde_json::to_value(&report)) {
                 o.extend(r);
+            }
+            if let Some(errors) = next_start {
+                body["settings_file_problems"] = problems_json(&errors);
             }
             (200, body)
         }
         Err(errors) => {
             crate::metrics::config_reloaded(false);
             log::warn!("config reload refused, the running config stays:\n{errors}");
-            let problems: Vec<Value> = errors
-                .0
-                .iter()
-                .map(|p| json!({ "file": p.file.display().to_string(), "field": p.path, "problem": p.problem }))
-                .collect();
             let body = json!({ "error": {
                 "code": "invalid_config",
-                "message": format!("the new configuration has {} problem(s); the running configuration is unchanged", problems.len()),
-                "problems": problems,
+                "message": format!("the new configuration has {} problem(s); the running configuration is unchanged", errors.0.len()),
+                "problems": problems_json(&errors),
             }});
             (422, body)
         }
     }
+}
+
+/// Each problem as `{file, field, problem}`.
+fn problems_json(errors: &crate::config::ConfigErrors) -> Value {
+    let problems =
+        errors.0.iter().map(|p| json!({ "file": p.file.display().to_string(), "field": p.path, "problem": p.problem }));
+    Value::Array(problems.collect())
 }
 
 /// Each pool's replicas as this instance sees them.

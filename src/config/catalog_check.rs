@@ -171,6 +171,15 @@ pub(super) fn check_model(
     }
     for (j, e) in m.reasoning_efforts.iter().enumerate() {
         one_of(p, &at(&format!("reasoning_efforts[{j}]")), e, EFFORTS);
+        if m.reasoning_efforts[..j].contains(e) {
+            p.add(at(&format!("reasoning_efforts[{j}]")), format!("`{e}` is listed twice"));
+        }
+    }
+    // The window holds the prompt and the output: an output ceiling above it cannot be met.
+    if let (Some(out), Some(window)) = (m.max_output_tokens, m.context_window) {
+        if out > window {
+            p.add(at("max_output_tokens"), format!("{out} is above context_window ({window})"));
+        }
     }
     if let Some(d) = &m.default_reasoning_effort {
         one_of(p, &at("default_reasoning_effort"), d, EFFORTS);

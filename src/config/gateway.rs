@@ -330,6 +330,9 @@ pub(super) fn load(file: &Path, out: &mut Vec<ConfigProblem>) -> Option<GatewayS
     };
     let first_token = budget(&mut p, "budgets.first_token_seconds", raw.budgets.first_token_seconds);
     let response = budget(&mut p, "budgets.response_seconds", raw.budgets.response_seconds);
+    if first_token > response {
+        p.add("budgets.first_token_seconds", "is above budgets.response_seconds, which ends the response first");
+    }
     let heartbeat = budget(&mut p, "budgets.heartbeat_seconds", raw.budgets.heartbeat_seconds);
     let mut seen = std::collections::HashSet::new();
     let mut plugins = Vec::new();

@@ -102,6 +102,12 @@ impl Config {
         if self.gateway.admin_token.is_none() {
             out.push("no admin token configured: the admin listener refuses every call".to_string());
         }
+        if chain("limits") && matches!(self.gateway.limits.store, crate::limits::LimiterConfig::Disabled) {
+            out.push(
+                "`limits.store` is `none`: every request the limits plugin checks is refused `503 limiter_unavailable`"
+                    .into(),
+            );
+        }
         if !chain("auth") {
             out.push(
                 "the plugin chain has no `auth`: every caller is served without a key, and nothing is billed".into(),

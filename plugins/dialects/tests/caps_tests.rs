@@ -59,7 +59,7 @@ fn caps_are_read_from_a_real_catalog_entry() {
         "  tool_calling: true\n",
         "  forced_tool_calling: limited\n",
         "  input_modalities: [text, image]\n",
-        "  reasoning_efforts: [high, none, low, low]\n",
+        "  reasoning_efforts: [high, none, low]\n",
         "- id: plain\n",
         "  supported_endpoints: [messages]\n",
     ));
