@@ -287,8 +287,12 @@ async fn a_stored_answer_above_the_bound_is_not_replayed() {
     assert_eq!(first.status, 200, "{}", &first.text[..first.text.len().min(300)]);
     assert!(first.text.len() > 1_048_576);
     let again = gw.post("/v1/chat/completions", &priced(false), &key).await;
-    again.assert_error(422, "idempotency_replay_unavailable");
+    let e = again.assert_error(422, "idempotency_replay_unavailable");
     assert_eq!(replica_calls(&mock).await, 1, "not run again either");
+    // Support is sent the request that was charged, not the retry.
+    let charged = first.header("x-request-id").unwrap();
+    assert!(e["error"]["message"].as_str().unwrap().contains(&charged), "{e}");
+    assert_ne!(again.header("x-request-id").unwrap(), charged);
 }
 
 #[tokio::test]

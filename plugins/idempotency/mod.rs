@@ -116,7 +116,7 @@ impl Idempotency {
                 ErrorKind::IdempotencyReplayUnavailable,
                 format!(
                     "The original response is too large to replay; do not use a new key, contact support with request id {}.",
-                    cx.request_id
+                    rec.request_id.as_deref().unwrap_or(&cx.request_id)
                 ),
             ));
         }
@@ -176,6 +176,7 @@ impl Idempotency {
                 content_type: held.content_type.clone(),
                 receipt: None,
                 funding: record::funding_of(&cx.response_headers),
+                request_id: Some(cx.request_id.clone()),
             });
         }
         // A stream that delivered nothing and billed nothing releases the key.
@@ -201,6 +202,7 @@ impl Idempotency {
                 usage: cx.usage.map(|u| StoredUsage::of(&u, no_answer)),
             }),
             funding: record::funding_of(&cx.response_headers),
+            request_id: Some(cx.request_id.clone()),
         })
     }
 }

@@ -39,6 +39,10 @@ pub struct Record {
     /// The original's funding headers (a replay keeps the original receipt's).
     #[serde(default)]
     pub funding: Vec<(String, String)>,
+    /// The original's request id: the one charged, which support looks up (records made
+    /// before it was kept have none).
+    #[serde(default)]
+    pub request_id: Option<String>,
 }
 
 /// The funding headers an admission may set (spec, funding headers).

@@ -83,7 +83,8 @@ pub fn window_refused(state: &WindowState, tier: RateTier, retry_after_ms: u64, 
     );
     err.headers.extend(window_headers(state, tier));
     // A request counts for at most 61 s (whole-second buckets), but a 60-second window never
-    // asks for more than 60 s of patience (`Retry-After` in 1..=60).
+    // asks for more than 60 s of patience (`Retry-After` in 1..=60, and `Retry-After-Ms` the
+    // same wait: the spec has the one be the other rounded up; decision 53).
     with_retry(err, retry_after_ms.min(60_000))
 }
 
