@@ -544,6 +544,20 @@ async fn an_idempotent_replay_keeps_the_original_funding_receipt_and_meters_once
     assert_eq!(replay.json()["usage"]["service"]["paid_from"], "plan");
     let p = plan_state(&gw, &gw.workspace);
     assert_eq!(p["five_hour"]["used_microcents"], 30 * M, "10 + 20 cents: the replay metered nothing: {p}");
+    // On the Responses route only `X-Service-Idempotent-Replay` survives (decision 178).
+    let rb = json!({"model": "chat-model", "input": "hi", "max_output_tokens": 10});
+    let key = [("idempotency-key", "plan-replay-responses"), ("x-mock-tokens", "10")];
+    let first = gw.post("/v1/responses", &rb, &key).await;
+    assert_eq!((first.status, funding(&first).as_deref()), (200, Some("plan")), "{}", first.text);
+    let replay = gw.post("/v1/responses", &rb, &key).await;
+    assert_eq!(replay.status, 200, "{}", replay.text);
+    assert_eq!(replay.header("x-service-idempotent-replay").as_deref(), Some("true"));
+    assert_eq!(replay.json(), first.json(), "the same Responses object");
+    for h in
+        ["x-service-funding", "x-service-plan", "x-service-plan-5h-used-percent", "x-service-plan-week-used-percent"]
+    {
+        assert!(replay.header(h).is_none(), "{h} does not survive a Responses replay");
+    }
 }
 
 #[tokio::test]

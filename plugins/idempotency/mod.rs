@@ -128,7 +128,11 @@ impl Idempotency {
             (None, None) => return Err(GatewayError::internal("an idempotency record without a response")),
         };
         cx.response_headers.push(("x-service-idempotent-replay", "true".into()));
-        cx.response_headers.extend(record::funding_headers(&rec.funding));
+        // A replay keeps the original's funding receipt, except on the Responses route, where
+        // "only the header `X-Service-Idempotent-Replay` survives" (spec, Responses; decision 178).
+        if cx.route != Some(tollgate::routes::Route::Responses) {
+            cx.response_headers.extend(record::funding_headers(&rec.funding));
+        }
         tollgate::responder::whole(s, cx, 200, &content_type, body, &[])
             .await
             .map_err(|e| GatewayError::internal(format!("write failed: {e}")))
