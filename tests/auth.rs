@@ -363,3 +363,52 @@ async fn revocation_reaches_a_second_instance_within_a_second() {
     let r = on_b().await;
     assert_eq!(outcome(&r), (403, "auth_error".into(), "API key is deactivated".into()));
 }
+
+/// `tollgate admin ...` against a running gateway: what an operator does from a shell,
+/// workspaces, credits, freezing, the ledger and key updates included (decision 179).
+#[test]
+fn the_admin_command_line_covers_the_operator_surface() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&mock);
+    let admin = |args: &[&str]| -> (bool, Value) {
+        let url = format!("http://127.0.0.1:{}", gw.admin_port);
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+            .args(["admin", "--url", &url, "--token", &gw.admin_token, "--json"])
+            .args(args)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        (out.status.success(), serde_json::from_str(&text).unwrap_or(Value::String(text)))
+    };
+    let (ok, ws) = admin(&["workspace", "create", "--name", "shell"]);
+    assert!(ok, "{ws}");
+    let ws = ws["id"].as_str().unwrap().to_string();
+    let (ok, v) = admin(&["credits", "add", &ws, "--cents", "500"]);
+    assert!(ok && v["balance_cents"] == 600, "the $1 grant and the purchase: {v}");
+    let (ok, v) = admin(&["credits", "add", &ws, "--cents", "5"]);
+    assert!(!ok && v["error"]["code"] == "invalid_field", "a purchase under 500 cents is refused: {v}");
+    let (ok, v) = admin(&["workspace", "freeze", &ws, "--reason", "dispute"]);
+    assert!(ok && v["frozen"] == true, "{v}");
+    let (ok, v) = admin(&["workspace", "unfreeze", &ws]);
+    assert!(ok && v["frozen"] == false, "{v}");
+    let (ok, v) = admin(&["workspace", "ledger", &ws]);
+    assert!(ok && v["check"]["consistent"] == true, "{v}");
+    assert_eq!(v["entries"].as_array().map(Vec::len), Some(2), "grant and purchase: {v}");
+    let (ok, v) = admin(&["workspace", "show", &ws]);
+    assert!(ok && v["rate_tier_in_force"] == "core", "{v}");
+    let (ok, key) = admin(&["key", "create", &ws, "--rpm", "5"]);
+    assert!(ok, "{key}");
+    let id = key["id"].as_str().unwrap().to_string();
+    let (ok, v) =
+        admin(&["key", "update", &id, "--rpm", "none", "--monthly-limit-cents", "1000", "--credits-only", "true"]);
+    assert!(ok, "{v}");
+    assert_eq!(
+        (v["rate_limit_rpm"].clone(), v["monthly_spend_limit_cents"].clone(), v["credits_only"].clone()),
+        (Value::Null, json!(1000), json!(true)),
+        "{v}"
+    );
+    let (ok, _) = admin(&["key", "update", &id]);
+    assert!(!ok, "an update with nothing to change is refused");
+    let (ok, v) = admin(&["key", "update", &id, "--expires-at", "2001-01-01T00:00:00Z"]);
+    assert!(!ok && v["error"]["code"] == "invalid_field", "no expiry in the past (decision 167): {v}");
+}

@@ -11,9 +11,15 @@ use super::{config_path, take_flag};
 const HELP: &str = "tollgate admin [--config F] [--url http://127.0.0.1:8081] [--token T] [--json] <command>
   workspace create --name NAME [--tier free|core|enterprise]
   workspace show WORKSPACE_ID
+  workspace ledger WORKSPACE_ID
+  workspace freeze WORKSPACE_ID [--reason unpaid|dispute]
+  workspace unfreeze WORKSPACE_ID
+  credits add WORKSPACE_ID --cents N [--source purchase|promo|grant]   (default purchase)
   key create WORKSPACE_ID [--name N] [--scope workspace|deployment|terminal] [--expires-in-days 30|60|90|365]
                           [--credits-only] [--monthly-limit-cents N] [--rpm N] [--created-by WHO]
   key show KEY_ID
+  key update KEY_ID [--monthly-limit-cents N|none] [--rpm N|none] [--credits-only true|false]
+                    [--expires-at ISO8601|none]
   key rotate KEY_ID [--revoke-previous] [--grace-seconds N]
   key revoke KEY_ID
   key delete KEY_ID
@@ -119,6 +125,57 @@ pub fn main(args: &[String]) -> Result<ExitCode, String> {
         }
         (Some("workspace"), Some("show")) => {
             ("GET", format!("/admin/v1/workspaces/{}", word(2).ok_or("WORKSPACE_ID?")?), None)
+        }
+        (Some("workspace"), Some("ledger")) => {
+            ("GET", format!("/admin/v1/workspaces/{}/ledger", word(2).ok_or("WORKSPACE_ID?")?), None)
+        }
+        (Some("workspace"), Some(action @ ("freeze" | "unfreeze"))) => {
+            let ws = word(2).ok_or("WORKSPACE_ID?")?;
+            let mut b = json!({});
+            if let Some(r) = flag(&mut args, "--reason")? {
+                b["reason"] = json!(r);
+            }
+            ("POST", format!("/admin/v1/workspaces/{ws}/{action}"), Some(b))
+        }
+        (Some("credits"), Some("add")) => {
+            let ws = word(2).ok_or("WORKSPACE_ID?")?;
+            let cents = int(flag(&mut args, "--cents")?, "--cents")?.ok_or("--cents is required")?;
+            let source = flag(&mut args, "--source")?.unwrap_or_else(|| "purchase".into());
+            (
+                "POST",
+                format!("/admin/v1/workspaces/{ws}/credits"),
+                Some(json!({"amount_cents": cents, "source": source})),
+            )
+        }
+        (Some("key"), Some("update")) => {
+            let id = word(2).ok_or("KEY_ID?")?;
+            let mut b = json!({});
+            // `none` clears a limit or the expiry (null in the API).
+            for (name, field) in [("--monthly-limit-cents", "monthly_spend_limit_cents"), ("--rpm", "rate_limit_rpm")] {
+                match flag(&mut args, name)?.as_deref() {
+                    Some("none") => b[field] = Value::Null,
+                    Some(v) => b[field] = json!(int(Some(v.to_string()), name)?),
+                    None => {}
+                }
+            }
+            match flag(&mut args, "--credits-only")?.as_deref() {
+                Some("true") => b["credits_only"] = json!(true),
+                Some("false") => b["credits_only"] = json!(false),
+                Some(_) => return Err("--credits-only takes true or false".into()),
+                None => {}
+            }
+            match flag(&mut args, "--expires-at")?.as_deref() {
+                Some("none") => b["expires_at"] = Value::Null,
+                Some(v) => b["expires_at"] = json!(v),
+                None => {}
+            }
+            if b.as_object().is_some_and(|o| o.is_empty()) {
+                return Err(
+                    "key update: give at least one of --monthly-limit-cents, --rpm, --credits-only, --expires-at"
+                        .into(),
+                );
+            }
+            ("PATCH", format!("/admin/v1/keys/{id}"), Some(b))
         }
         (Some("key"), Some("create")) => {
             let ws = word(2).ok_or("WORKSPACE_ID?")?;
