@@ -413,3 +413,52 @@ async fn a_graceful_stop_finishes_the_stream_in_flight_then_exits_without_waitin
         ledger["entries"].as_array().unwrap().iter().any(|e| e["kind"] == "settlement" && e["request_id"] == rid);
     assert!(settled, "request {rid} settled: {ledger}");
 }
+
+/// A graceful stop also waits for work a request left behind: here its settlement, held up by
+/// a lock on the workspace's row, keeps the process up until it is recorded (decision 166).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_graceful_stop_waits_for_a_settlement_the_ledger_has_not_recorded_yet() {
+    let mock = Mock::start();
+    let db = common::pg::fresh_database().await;
+    let opts = Opts { postgres_url: Some(db.clone()), grace_seconds: 60, ..Opts::default() };
+    let mut gw = Gateway::start_with(&mock, opts.clone());
+    let sent = reqwest::Client::new()
+        .post(gw.url("/v1/chat/completions"))
+        .bearer_auth(&gw.key)
+        .header("x-mock-tokens", "10")
+        .header("x-mock-token-delay-ms", "80")
+        .json(&chat_body("chat-model", true))
+        .send();
+    let stream = tokio::spawn(async move {
+        let r = sent.await.unwrap();
+        let rid = r.headers()["x-request-id"].to_str().unwrap().to_string();
+        (r.status().as_u16(), rid, r.text().await.unwrap())
+    });
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while requests_of(&mock).await == 0 {
+        assert!(Instant::now() < deadline, "the stream reached the replica (its hold is placed)");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The ledger's batch locks the workspace's row: while the test holds it, the settlement waits.
+    let (client, conn) = tokio_postgres::connect(&db, tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(conn);
+    client.batch_execute("BEGIN").await.unwrap();
+    client.query("SELECT id FROM workspaces WHERE id = $1 FOR UPDATE", &[&gw.workspace]).await.unwrap();
+    let (status, rid, text) = stream.await.unwrap();
+    assert!(status == 200 && text.contains("data: [DONE]"), "{status} {text}");
+
+    assert_eq!(unsafe { libc::kill(gw.pid() as i32, libc::SIGTERM) }, 0);
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert!(gw.exited().is_none(), "still up while its settlement waits: {}", gw.log());
+    client.batch_execute("COMMIT").await.unwrap();
+    let (exit, gw) = tokio::task::spawn_blocking(move || (gw.wait_exit(Duration::from_secs(20)), gw)).await.unwrap();
+    assert!(exit.is_some_and(|s| s.success()), "ended once it was recorded: {exit:?} {}", gw.log());
+
+    let mut after = Gateway::start_in(&mock, opts, gw.dir.clone());
+    after.workspace = gw.workspace.clone();
+    let ledger = after.settled_ledger();
+    assert_eq!(ledger["held_cents"], 0, "no hold left: {ledger}");
+    let settled =
+        ledger["entries"].as_array().unwrap().iter().any(|e| e["kind"] == "settlement" && e["request_id"] == rid);
+    assert!(settled, "request {rid} settled before the process ended: {ledger}");
+}

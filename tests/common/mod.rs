@@ -389,6 +389,11 @@ impl Gateway {
         self.proc.child.id()
     }
 
+    /// The exit status if the process has ended (never waits).
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.proc.child.try_wait().unwrap()
+    }
+
     /// Wait for the process to exit (after a signal that ends it); its exit status.
     pub fn wait_exit(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
         let deadline = Instant::now() + within;
