@@ -102,13 +102,39 @@ pub fn from_provider(usage: &Value, model: &ModelEntry, priced_at: Millis) -> Op
 /// `from_provider` read straight from the report's text: the usual report (an object of
 /// distinct members) without building a `Value`, anything else through `from_provider`, so
 /// both read every report alike.
-pub fn from_provider_text(usage: &str, model: &ModelEntry, priced_at: Millis) -> Option<UsageFigures> {
-    match reported_counts(usage) {
+pub fn from_provider_text(
+    usage: &str,
+    model: &ModelEntry,
+    priced_at: Millis,
+    ceilings: Ceilings,
+) -> Option<UsageFigures> {
+    let reported = match reported_counts(usage) {
         Some(counts) => {
             let (prompt, cached, completion, total) = counts?;
-            Some(figures(model, priced_at, prompt, cached, completion, total, UsageBasis::ProviderReported))
+            figures(model, priced_at, prompt, cached, completion, total, UsageBasis::ProviderReported)
         }
-        None => from_provider(&serde_json::from_str(usage).ok()?, model, priced_at),
+        None => from_provider(&serde_json::from_str(usage).ok()?, model, priced_at)?,
+    };
+    Some(ceilings.apply(reported, model, priced_at))
+}
+
+/// The most a usage report is believed for one request (`None`: no bound known).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Ceilings {
+    pub prompt: Option<u64>,
+    pub completion: Option<u64>,
+}
+
+impl Ceilings {
+    /// `f` with its counts held to the ceilings, priced again when one was above.
+    pub fn apply(self, f: UsageFigures, model: &ModelEntry, priced_at: Millis) -> UsageFigures {
+        let prompt = self.prompt.map_or(f.prompt_tokens, |c| f.prompt_tokens.min(c));
+        let completion = self.completion.map_or(f.completion_tokens, |c| f.completion_tokens.min(c));
+        if (prompt, completion) == (f.prompt_tokens, f.completion_tokens) {
+            return f;
+        }
+        let total = prompt.saturating_add(completion);
+        figures(model, priced_at, prompt, f.cached_tokens.min(prompt), completion, total, f.basis)
     }
 }
 
@@ -222,6 +248,9 @@ pub fn from_forwarded(
         (None, None) => (input_estimate, 0, UsageBasis::RequestEstimate),
         (p, c) => (p.unwrap_or(0), c.unwrap_or(0), UsageBasis::ProviderReported),
     };
+    // A token is at least a byte of the request (the estimate is a quarter of its bytes): a
+    // report of more input than that, plus a template's share, is not believed (decision 180).
+    let prompt = prompt.min(input_estimate.saturating_mul(4).saturating_add(1024));
     let pricing = model.pricing_at(priced_at);
     UsageFigures {
         prompt_tokens: prompt,
@@ -380,11 +409,34 @@ mod tests {
                 .ok()
                 .and_then(|value| from_provider(&value, &model, 0))
                 .map(|f| (f.prompt_tokens, f.cached_tokens, f.completion_tokens, f.total_tokens, f.cost));
-            let text = from_provider_text(r, &model, 0)
+            let text = from_provider_text(r, &model, 0, Ceilings::default())
                 .map(|f| (f.prompt_tokens, f.cached_tokens, f.completion_tokens, f.total_tokens, f.cost));
             assert_eq!(text, general, "{r}");
         }
-        assert!(from_provider_text(r#"{"prompt_tokens":100,"completion_tokens":20}"#, &model, 0).is_some());
+        assert!(
+            from_provider_text(r#"{"prompt_tokens":100,"completion_tokens":20}"#, &model, 0, Ceilings::default())
+                .is_some()
+        );
+        // A report above what the request allowed is believed only up to it (decision 180).
+        let bounded = Ceilings { prompt: Some(1_000), completion: Some(50) };
+        let f = from_provider_text(r#"{"prompt_tokens":100,"completion_tokens":1000000000000}"#, &model, 0, bounded);
+        let f = f.unwrap_or_else(|| panic!("priced"));
+        assert_eq!((f.prompt_tokens, f.completion_tokens, f.total_tokens), (100, 50, 150));
+        let honest =
+            from_provider_text(r#"{"prompt_tokens":100,"completion_tokens":50}"#, &model, 0, Ceilings::default());
+        assert_eq!(Some(f.cost), honest.map(|h| h.cost), "priced as the ceiling's count");
+        let f = from_provider_text(
+            r#"{"prompt_tokens":900000,"completion_tokens":5,"prompt_tokens_details":{"cached_tokens":900000}}"#,
+            &model,
+            0,
+            bounded,
+        );
+        assert_eq!(f.map(|f| (f.prompt_tokens, f.cached_tokens)), Some((1_000, 1_000)));
+        // A forwarded answer's input is at most a token per byte of the request, plus 1,024.
+        let claimed: Value = serde_json::json!({"prompt_tokens": 1_000_000_000_000u64});
+        assert_eq!(from_forwarded(&model, 0, Some(&claimed), 100).prompt_tokens, 1_424);
+        let honest: Value = serde_json::json!({"prompt_tokens": 90});
+        assert_eq!(from_forwarded(&model, 0, Some(&honest), 100).prompt_tokens, 90);
     }
 
     #[test]

@@ -141,13 +141,13 @@ async fn a_completion_without_output_settles_at_zero() {
         .post(
             "/v1/chat/completions",
             &chat_body("chat-model", false),
-            &[("x-mock-tokens", "0"), ("x-mock-prompt-tokens", "500000")],
+            &[("x-mock-tokens", "0"), ("x-mock-prompt-tokens", "30000")],
         )
         .await;
     assert_eq!(r.status, 200, "{}", r.text);
     let usage = &r.json()["usage"];
     assert_eq!(usage["completion_tokens"], 0, "{usage}");
-    assert_eq!(usage["prompt_tokens"], 500000, "{usage}");
+    assert_eq!(usage["prompt_tokens"], 30000, "{usage}");
     assert_eq!(usage["cost"].as_f64(), Some(0.0), "no billable output: cost 0: {usage}");
     assert_eq!(usage["service"]["cost_microcents"], 0, "{usage}");
     // The same in a stream's usage frame.
@@ -156,7 +156,7 @@ async fn a_completion_without_output_settles_at_zero() {
             "/v1/chat/completions",
             &json!({"model": "chat-model", "stream": true, "stream_options": {"include_usage": true},
                     "messages": [{"role": "user", "content": "hi"}]}),
-            &[("x-mock-tokens", "0"), ("x-mock-prompt-tokens", "500000")],
+            &[("x-mock-tokens", "0"), ("x-mock-prompt-tokens", "30000")],
         )
         .await;
     let usage_frame = r.sse_data().into_iter().rfind(|d| d.contains("\"usage\"")).unwrap_or_default();
@@ -164,9 +164,8 @@ async fn a_completion_without_output_settles_at_zero() {
     assert_eq!(v["usage"]["service"]["cost_microcents"], 0, "{v}");
     // Messages and Responses carry no cost field for credit-funded usage; the ledger shows it.
     for route in ["/v1/messages", "/v1/responses"] {
-        let r = gw
-            .post(route, &body_for(route, false), &[("x-mock-tokens", "0"), ("x-mock-prompt-tokens", "500000")])
-            .await;
+        let r =
+            gw.post(route, &body_for(route, false), &[("x-mock-tokens", "0"), ("x-mock-prompt-tokens", "30000")]).await;
         assert_eq!(r.status, 200, "{route}: {}", r.text);
     }
     let after = gw.settled_ledger();
@@ -176,8 +175,46 @@ async fn a_completion_without_output_settles_at_zero() {
         .post(
             "/v1/chat/completions",
             &chat_body("chat-model", false),
-            &[("x-mock-tokens", "1"), ("x-mock-prompt-tokens", "500000")],
+            &[("x-mock-tokens", "1"), ("x-mock-prompt-tokens", "30000")],
         )
         .await;
-    assert!(r.json()["usage"]["service"]["cost_microcents"].as_u64().unwrap() > 5_000_000, "{}", r.text);
+    assert!(r.json()["usage"]["service"]["cost_microcents"].as_u64().unwrap() >= 300_000, "{}", r.text);
+}
+
+/// A stream given for a whole answer, or a whole answer for a stream, is not an answer the
+/// client can read: `502 upstream_error`, uncharged, on every route (decision 180).
+#[tokio::test]
+async fn an_answer_in_the_other_form_is_502_and_uncharged() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&mock);
+    let before = gw.settled_ledger()["balance_cents"].clone();
+    let completion = r#"{"id":"c1","object":"chat.completion","created":1,"model":"org/Chat-Model-7B","choices":[{"index":0,"message":{"role":"assistant","content":"hello"},"finish_reason":"stop"}],"usage":{"prompt_tokens":5,"completion_tokens":2,"total_tokens":7}}"#;
+    let frame = r#"{"id":"c1","object":"chat.completion.chunk","created":1,"model":"org/Chat-Model-7B","choices":[{"index":0,"delta":{"content":"hello"},"finish_reason":null}]}"#;
+    for route in ROUTES {
+        let r = gw.post(route, &body_for(route, false), &[("x-mock-raw-frame", frame)]).await;
+        assert_upstream_error(route, &r, "a stream for a whole answer");
+        let r = gw.post(route, &body_for(route, true), &[("x-mock-raw-body", completion)]).await;
+        assert_upstream_error(route, &r, "a whole answer for a stream");
+    }
+    let after = gw.settled_ledger();
+    assert_eq!(after["balance_cents"], before, "nothing charged: {after}");
+    assert_eq!(after["held_cents"], 0, "every hold released: {after}");
+}
+
+/// A replica's usage report is believed only up to what the request allowed: output at most
+/// its `max_tokens` (decision 180). Here it claims a trillion tokens for a 2-token answer.
+#[tokio::test]
+async fn a_usage_report_above_the_output_ceiling_is_billed_at_the_ceiling() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&mock);
+    let inflated = r#"{"id":"c1","object":"chat.completion","created":1,"model":"org/Chat-Model-7B","choices":[{"index":0,"message":{"role":"assistant","content":"hello"},"finish_reason":"stop"}],"usage":{"prompt_tokens":5,"completion_tokens":1000000000000,"total_tokens":1000000000005}}"#;
+    let mut body = chat_body("chat-model", false);
+    body["max_tokens"] = json!(50);
+    let r = gw.post("/v1/chat/completions", &body, &[("x-mock-raw-body", inflated)]).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let usage = r.json()["usage"].clone();
+    assert_eq!((usage["completion_tokens"].as_u64(), usage["total_tokens"].as_u64()), (Some(50), Some(55)), "{usage}");
+    let l = gw.settled_ledger();
+    assert!(l["balance_cents"].as_i64().unwrap() >= 0, "no runaway debit: {l}");
+    assert_eq!(l["held_cents"], 0, "{l}");
 }

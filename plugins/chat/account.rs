@@ -137,7 +137,14 @@ pub fn delivered(cx: &RequestCtx) -> Option<tollgate::usage::UsageFigures> {
         .map(|f| f.paid_by(cx.paid_from))
 }
 
-/// The replica's usage report priced for the resolved model; `None` when it is not one.
+/// The replica's usage report priced for the resolved model; `None` when it is not one. The
+/// report is believed only up to what the request allowed: output at most its output ceiling
+/// (`max_tokens`, else the model's `max_output_tokens`), the prompt at most the context
+/// window. A replica claiming more is not billed for it (decision 180).
 pub fn priced(usage: &serde_json::value::RawValue, cx: &RequestCtx) -> Option<tollgate::usage::UsageFigures> {
-    tollgate::usage::from_provider_text(usage.get(), cx.model()?, cx.arrived_ms).map(|f| f.paid_by(cx.paid_from))
+    let model = cx.model()?;
+    let output = cx.ext.get::<crate::shared::ChatRequest>().and_then(|r| r.output_ceiling).or(model.max_output_tokens);
+    let ceilings =
+        tollgate::usage::Ceilings { prompt: model.context_window, completion: output.or(model.context_window) };
+    tollgate::usage::from_provider_text(usage.get(), model, cx.arrived_ms, ceilings).map(|f| f.paid_by(cx.paid_from))
 }

@@ -72,6 +72,14 @@ impl Plugin for ChatCompletions {
         if !is_chat(cx) {
             return Ok(());
         }
+        // A stream asked for and a whole answer given, or the reverse, is not an answer the
+        // client can read: `502 upstream_error`, nothing charged (decisions 47 and 180).
+        if resp.status.is_success() && cx.response.streaming != cx.stream {
+            return Err(GatewayError::new(
+                tollgate::error::ErrorKind::UpstreamFailed,
+                "The model server answered in the wrong form (a stream for a whole answer, or the reverse).",
+            ));
+        }
         // The body is rewritten, so its length changes: pingora then sends it chunked.
         resp.remove_header("content-length");
         if cx.response.streaming {
