@@ -281,6 +281,13 @@ async fn upstream_http_failures_map_to_the_catalogue() {
     assert_eq!(v["error"]["type"], "invalid_request_error");
     assert!(v["error"]["message"].as_str().unwrap().contains("mock failure"));
     assert!(r.header("retry-after").is_none(), "a 400 needs a changed request and carries no retry timing");
+    // A refusal of the gateway itself (a replica's 401, 404, ...) is not the request's fault
+    // (decision 181): the server side failed, streamed or not.
+    for (status, stream) in [("404", false), ("401", true), ("403", false)] {
+        let r = gw.post("/v1/chat/completions", &chat_body("chat-model", stream), &[("x-mock-status", status)]).await;
+        let v = r.assert_error(502, "upstream_error");
+        assert!(v["error"]["message"].as_str().unwrap().contains(&format!("HTTP {status}")), "{v}");
+    }
     // A full replica is a capacity refusal the client may wait out, streamed or not.
     for stream in [false, true] {
         let full = [("x-mock-status", "429"), ("x-mock-retry-after", "3")];

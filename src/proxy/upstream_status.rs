@@ -1,7 +1,8 @@
 //! The replica's status, judged once when its header arrives (clarification 11, decisions
 //! 153 and 156): a full replica is `429 hosted_model_at_capacity`, a 5xx is `502
-//! upstream_http_error`, an answer that cannot carry a body is `502 upstream_error`, and a
-//! 4xx about the content becomes our `400` once its message is read.
+//! upstream_http_error`, a refusal of the gateway itself (401, 403, 404, ...) and an answer
+//! that cannot carry a body are `502 upstream_error`, and a 4xx about the content becomes our
+//! `400` once its message is read.
 
 use pingora::http::ResponseHeader;
 use pingora::{Error, ErrorType, Result};
@@ -39,6 +40,16 @@ pub(super) fn judge(resp: &mut ResponseHeader, cx: &mut RequestCtx) -> Result<bo
         }
         cx.failure = Some(err);
         return Error::e_explain(ErrorType::HTTPStatus(502), "replica answered 5xx");
+    }
+    if matches!(status, 401 | 403 | 404 | 405 | 407 | 408 | 410 | 421) {
+        // Not about the content (clarification 11's 400 is for those): the server refused the
+        // gateway itself (its credential, the model name or path it was given). Fixing the
+        // request cannot help, so it is the server side's failure (decision 181). Uncharged.
+        cx.failure = Some(GatewayError::new(
+            ErrorKind::UpstreamFailed,
+            format!("The model server refused the gateway (HTTP {status}); this is not a fault of the request."),
+        ));
+        return Error::e_explain(ErrorType::HTTPStatus(502), "replica refused the gateway");
     }
     if cx.route.is_some_and(Route::is_inference) && has_no_body(resp) {
         // Clarification 11: the replica was reached and answered without a body (nothing
