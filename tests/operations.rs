@@ -363,18 +363,19 @@ async fn an_upgrade_under_load_refuses_no_connection_and_bills_every_stream_once
     drop(new);
 }
 
-/// A graceful stop (SIGTERM) lets the stream in flight finish and settle, then ends the
-/// process within a quiet second instead of sleeping out the grace period (decision 166).
-#[tokio::test(flavor = "multi_thread")]
-async fn a_graceful_stop_finishes_the_stream_in_flight_then_exits_without_waiting_out_the_grace() {
-    let mock = Mock::start();
-    let grace = Duration::from_secs(60);
-    let mut gw = Gateway::start_with(&mock, Opts { grace_seconds: grace.as_secs(), ..Opts::default() });
+/// A chat stream of `tokens` tokens, one every `delay_ms`, started and seen by the replica;
+/// the task answers (status, request id, body).
+async fn stream_reaching_the_replica(
+    gw: &Gateway,
+    mock: &Mock,
+    tokens: u32,
+    delay_ms: u32,
+) -> tokio::task::JoinHandle<(u16, String, String)> {
     let sent = reqwest::Client::new()
         .post(gw.url("/v1/chat/completions"))
         .bearer_auth(&gw.key)
-        .header("x-mock-tokens", "40")
-        .header("x-mock-token-delay-ms", "60")
+        .header("x-mock-tokens", tokens.to_string())
+        .header("x-mock-token-delay-ms", delay_ms.to_string())
         .json(&chat_body("chat-model", true))
         .send();
     let stream = tokio::spawn(async move {
@@ -383,10 +384,21 @@ async fn a_graceful_stop_finishes_the_stream_in_flight_then_exits_without_waitin
         (r.status().as_u16(), rid, r.text().await.unwrap())
     });
     let deadline = Instant::now() + Duration::from_secs(5);
-    while requests_of(&mock).await == 0 {
+    while requests_of(mock).await == 0 {
         assert!(Instant::now() < deadline, "the stream reached the replica");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    stream
+}
+
+/// A graceful stop (SIGTERM) lets the stream in flight finish and settle, then ends the
+/// process within a quiet second instead of sleeping out the grace period (decision 166).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_graceful_stop_finishes_the_stream_in_flight_then_exits_without_waiting_out_the_grace() {
+    let mock = Mock::start();
+    let grace = Duration::from_secs(60);
+    let mut gw = Gateway::start_with(&mock, Opts { grace_seconds: grace.as_secs(), ..Opts::default() });
+    let stream = stream_reaching_the_replica(&gw, &mock, 40, 60).await;
     let signalled = Instant::now();
     assert_eq!(unsafe { libc::kill(gw.pid() as i32, libc::SIGTERM) }, 0);
 
@@ -422,23 +434,7 @@ async fn a_graceful_stop_waits_for_a_settlement_the_ledger_has_not_recorded_yet(
     let db = common::pg::fresh_database().await;
     let opts = Opts { postgres_url: Some(db.clone()), grace_seconds: 60, ..Opts::default() };
     let mut gw = Gateway::start_with(&mock, opts.clone());
-    let sent = reqwest::Client::new()
-        .post(gw.url("/v1/chat/completions"))
-        .bearer_auth(&gw.key)
-        .header("x-mock-tokens", "10")
-        .header("x-mock-token-delay-ms", "80")
-        .json(&chat_body("chat-model", true))
-        .send();
-    let stream = tokio::spawn(async move {
-        let r = sent.await.unwrap();
-        let rid = r.headers()["x-request-id"].to_str().unwrap().to_string();
-        (r.status().as_u16(), rid, r.text().await.unwrap())
-    });
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while requests_of(&mock).await == 0 {
-        assert!(Instant::now() < deadline, "the stream reached the replica (its hold is placed)");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let stream = stream_reaching_the_replica(&gw, &mock, 10, 80).await; // its hold is placed
     // The ledger's batch locks the workspace's row: while the test holds it, the settlement waits.
     let (client, conn) = tokio_postgres::connect(&db, tokio_postgres::NoTls).await.unwrap();
     tokio::spawn(conn);
