@@ -11,7 +11,6 @@ use serde_json::Value;
 use siphasher::sip::SipHasher13;
 use std::hash::Hasher;
 
-/// Headers that may name a session; none of them reaches a replica.
 /// Header names as constants: a lookup by a `HeaderName` hashes it without parsing and
 /// lowercasing the name again on every request.
 mod names {
@@ -30,6 +29,7 @@ mod names {
 }
 use names::*;
 
+/// Headers that may name a session; none of them reaches a replica.
 pub const SESSION_HEADERS: [http::HeaderName; 11] = [
     SERVICE_SESSION,
     SESSION_ID,

@@ -417,13 +417,19 @@ async fn a_graceful_stop_finishes_the_stream_in_flight_then_exits_without_waitin
     assert!(gw.log().contains("graceful stop: nothing left in flight"), "{}", gw.log());
 
     // The stream's settlement reached the ledger before the process ended.
-    let mut after = Gateway::start_in(&mock, Opts::default(), dir);
-    after.workspace = gw.workspace.clone();
+    assert_settled_on_its_store(&mock, Opts::default(), dir, &gw.workspace, &rid);
+}
+
+/// Request `rid` of `workspace` is settled and no hold is left, as a new gateway on the
+/// stopped one's store (`dir`, `opts`) reads its ledger.
+fn assert_settled_on_its_store(mock: &Mock, opts: Opts, dir: std::path::PathBuf, workspace: &str, rid: &str) {
+    let mut after = Gateway::start_in(mock, opts, dir);
+    after.workspace = workspace.to_string();
     let ledger = after.settled_ledger();
     assert_eq!(ledger["held_cents"], 0, "no hold left: {ledger}");
     let settled =
         ledger["entries"].as_array().unwrap().iter().any(|e| e["kind"] == "settlement" && e["request_id"] == rid);
-    assert!(settled, "request {rid} settled: {ledger}");
+    assert!(settled, "request {rid} settled before the process ended: {ledger}");
 }
 
 /// A graceful stop also waits for work a request left behind: here its settlement, held up by
@@ -450,11 +456,5 @@ async fn a_graceful_stop_waits_for_a_settlement_the_ledger_has_not_recorded_yet(
     let (exit, gw) = tokio::task::spawn_blocking(move || (gw.wait_exit(Duration::from_secs(20)), gw)).await.unwrap();
     assert!(exit.is_some_and(|s| s.success()), "ended once it was recorded: {exit:?} {}", gw.log());
 
-    let mut after = Gateway::start_in(&mock, opts, gw.dir.clone());
-    after.workspace = gw.workspace.clone();
-    let ledger = after.settled_ledger();
-    assert_eq!(ledger["held_cents"], 0, "no hold left: {ledger}");
-    let settled =
-        ledger["entries"].as_array().unwrap().iter().any(|e| e["kind"] == "settlement" && e["request_id"] == rid);
-    assert!(settled, "request {rid} settled before the process ended: {ledger}");
+    assert_settled_on_its_store(&mock, opts, gw.dir.clone(), &gw.workspace, &rid);
 }

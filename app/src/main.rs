@@ -16,7 +16,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 fn main() -> ExitCode {
     let logger = env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).build();
     let max = logger.filter();
-    if log::set_boxed_logger(Box::new(NoPingoraTrace(logger))).is_ok() {
+    if log::set_boxed_logger(Box::new(PingoraLogFilter(logger))).is_ok() {
         log::set_max_level(max);
     }
     cli::main(std::env::args().skip(1).collect())
@@ -27,7 +27,7 @@ fn main() -> ExitCode {
 /// the replicas' own credential among them, and a key is never logged (decision 170); and
 /// one ERROR its connection pool writes when a pooled upstream connection is busy, after
 /// which it simply opens another (an alert on ERROR lines would fire on healthy traffic).
-struct NoPingoraTrace(env_logger::Logger);
+struct PingoraLogFilter(env_logger::Logger);
 
 fn kept(level: log::Level, target: &str, message: &dyn Fn() -> String) -> bool {
     if !target.starts_with("pingora") {
@@ -41,9 +41,10 @@ fn kept(level: log::Level, target: &str, message: &dyn Fn() -> String) -> bool {
     }
 }
 
-impl log::Log for NoPingoraTrace {
+impl log::Log for PingoraLogFilter {
     fn enabled(&self, meta: &log::Metadata<'_>) -> bool {
-        !(meta.level() == log::Level::Trace && meta.target().starts_with("pingora")) && self.0.enabled(meta)
+        // Without its message only the level and target decide (all of Pingora's trace).
+        kept(meta.level(), meta.target(), &String::new) && self.0.enabled(meta)
     }
 
     fn log(&self, record: &log::Record<'_>) {

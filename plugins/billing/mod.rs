@@ -213,10 +213,11 @@ impl Plugin for Billing {
                 expires_at: now + self.hold_ttl_ms,
                 now,
             };
-            let out = match self.ledger.fund(op).await.and_then(|out| match tollgate::faults::reply_lost("hold") {
-                true => Err(tollgate::store::StoreError::Unavailable("the hold's answer was lost (fault)".into())),
-                false => Ok(out),
-            }) {
+            let mut funded = self.ledger.fund(op).await;
+            if funded.is_ok() && tollgate::faults::reply_lost("hold") {
+                funded = Err(tollgate::store::StoreError::Unavailable("the hold's answer was lost (fault)".into()));
+            }
+            let out = match funded {
                 Ok(out) => out,
                 Err(e) => {
                     self.release_unanswered_hold(&cx.request_id, &e);

@@ -157,7 +157,7 @@ pub(super) fn check_model(
         models_dir,
         EFFORTS,
     );
-    if m.id.is_empty() || m.id.len() > 256 || m.id.chars().any(|c| c.is_control() || c == ' ') {
+    if !super::valid_model_name(&m.id) {
         p.add(at("id"), "must be 1 to 256 characters without spaces or control characters");
     }
     if m.supported_endpoints.is_empty() {

@@ -126,6 +126,12 @@ impl Config {
     }
 }
 
+/// A model name as the catalog and the pools take it (a catalog id, an `upstream_model`):
+/// 1 to 256 characters without spaces or control characters.
+pub(crate) fn valid_model_name(name: &str) -> bool {
+    !name.is_empty() && name.len() <= 256 && !name.chars().any(|c| c.is_control() || c == ' ')
+}
+
 /// Load and check `tollgate.yaml` and the files it names.
 pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
     let mut out = Vec::new();

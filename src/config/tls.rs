@@ -42,24 +42,20 @@ pub(super) fn ca_list(der: Vec<Vec<u8>>) -> Result<std::sync::Arc<pingora::proto
 pub(super) fn listener(p: &mut Problems, settings_file: &Path, cert: &str, key: &str) -> Option<ListenerTls> {
     let cert_file = super::sibling(settings_file, cert);
     let key_file = super::sibling(settings_file, key);
-    let mut ok = false;
     let certs =
         pem_certificates(&cert_file).map_err(|e| p.add("tls.cert_file", format!("{}: {e}", cert_file.display())));
     let key = PrivateKeyDer::from_pem_file(&key_file).map_err(|e| {
         p.add("tls.key_file", format!("{}: not a readable PEM private key: {e}", key_file.display()));
     });
-    if let (Ok(certs), Ok(key)) = (certs, key) {
-        // The pair as Pingora's listener will build it: a key that is not the certificate's
-        // would panic there at start (a renewal deployed with the wrong key).
-        pingora::tls::install_default_crypto_provider();
-        let chain = certs.into_iter().map(CertificateDer::from).collect();
-        match pingora::tls::ServerConfig::builder().with_no_client_auth().with_single_cert(chain, key) {
-            Ok(_) => ok = true,
-            Err(e) => p.add(
-                "tls.key_file",
-                format!("{}: does not go with the certificate in tls.cert_file ({e})", key_file.display()),
-            ),
-        }
+    let (Ok(certs), Ok(key)) = (certs, key) else { return None };
+    // The pair as Pingora's listener will build it: a key that is not the certificate's
+    // would panic there at start (a renewal deployed with the wrong key).
+    pingora::tls::install_default_crypto_provider();
+    let chain = certs.into_iter().map(CertificateDer::from).collect();
+    if let Err(e) = pingora::tls::ServerConfig::builder().with_no_client_auth().with_single_cert(chain, key) {
+        let problem = format!("{}: does not go with the certificate in tls.cert_file ({e})", key_file.display());
+        p.add("tls.key_file", problem);
+        return None;
     }
-    ok.then_some(ListenerTls { cert_file, key_file })
+    Some(ListenerTls { cert_file, key_file })
 }

@@ -284,7 +284,7 @@ pub(super) fn load(
             None => None,
         };
         if let Some(name) = &pool.upstream_model {
-            if name.is_empty() || name.len() > 256 || name.chars().any(|c| c.is_control() || c == ' ') {
+            if !super::valid_model_name(name) {
                 p.add(at("upstream_model"), "must be 1 to 256 characters without spaces or control characters");
             }
         }

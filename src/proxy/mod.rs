@@ -24,6 +24,13 @@ use crate::plugin::{Chain, Flow};
 use crate::request::{self, read_json_body};
 use crate::responder;
 use crate::routes::Route;
+use crate::watchdog::Watchdog;
+
+mod affinity;
+mod failure;
+mod upstream_status;
+
+use failure::{guarded, panicked};
 
 /// Request headers never sent to a replica (besides the session headers): the client's
 /// credentials and cookies, a compression the gateway would have to undo, `Expect`
@@ -35,13 +42,6 @@ const NOT_FORWARDED: [http::HeaderName; 5] = [
     http::header::EXPECT,
     http::header::COOKIE,
 ];
-use crate::watchdog::Watchdog;
-
-mod affinity;
-mod failure;
-mod upstream_status;
-
-use failure::{guarded, panicked};
 
 pub struct Gateway {
     /// The catalog and pools in force; each request takes the current one when it starts.
