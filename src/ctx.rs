@@ -38,6 +38,9 @@ pub struct ResponseState {
     pub delivered_tokens: u64,
     /// `data: [DONE]` passed through.
     pub saw_done: bool,
+    /// The priced usage-only frame of a chat stream, held until `[DONE]` goes out with it: a
+    /// stream that ends in an error frame instead never quotes a cost.
+    pub usage_frame: Option<bytes::Bytes>,
     /// Answer or reasoning text delivered to the client (bytes; fallback estimate).
     pub delivered_text_bytes: u64,
     /// Streams: when the first output token arrived, after the request's start.

@@ -18,12 +18,19 @@ const ARMED: u8 = 0;
 const DISARMED: u8 = 1;
 const FIRED_FIRST_TOKEN: u8 = 2;
 const FIRED_RESPONSE: u8 = 3;
+const FIRED_TAIL: u8 = 4;
+
+/// How long a replica has to end its HTTP body once its stream has ended (`[DONE]`, or the
+/// gateway's error frame): a correct one ends it in the same write.
+pub const TAIL_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Which budget ran out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fired {
     FirstToken,
     Response,
+    /// The stream had ended, but the replica did not end its body within [`TAIL_GRACE`].
+    Tail,
 }
 
 #[derive(Debug)]
@@ -31,6 +38,8 @@ pub struct Watchdog {
     state: Arc<AtomicU8>,
     fd: RawFd,
     task: JoinHandle<()>,
+    /// The tail timer (`end_within`), once started.
+    tail: Option<JoinHandle<()>>,
 }
 
 fn fire(state: &AtomicU8, fd: RawFd, why: u8) {
@@ -73,13 +82,31 @@ impl Watchdog {
             tokio::time::sleep_until(response_deadline).await;
             fire(&st, dup, FIRED_RESPONSE);
         });
-        Some(Watchdog { state, fd: dup, task })
+        Some(Watchdog { state, fd: dup, task, tail: None })
+    }
+
+    /// The stream has ended for the client: the replica's body must end within `grace`, or
+    /// its socket is shut down (a replica that holds the connection open after `[DONE]` must
+    /// not keep the client waiting out the response budget). Started once.
+    pub fn end_within(&mut self, grace: std::time::Duration) {
+        if self.tail.is_some() || self.state.load(Ordering::Acquire) != ARMED {
+            return;
+        }
+        let (st, fd) = (self.state.clone(), self.fd);
+        self.tail = Some(tokio::spawn(async move {
+            tokio::time::sleep(grace).await;
+            // A no-op after `disarm` (the exchange fails), so `fd` is never touched then.
+            fire(&st, fd, FIRED_TAIL);
+        }));
     }
 
     /// Stop the timer (the response ended in time). Safe to call more than once.
     pub fn disarm(&self) {
         if self.state.compare_exchange(ARMED, DISARMED, Ordering::AcqRel, Ordering::Acquire).is_ok() {
             self.task.abort();
+            if let Some(tail) = &self.tail {
+                tail.abort();
+            }
             // SAFETY: we won the exchange, so the timer will never touch `fd`.
             unsafe {
                 libc::close(self.fd);
@@ -91,6 +118,7 @@ impl Watchdog {
         match self.state.load(Ordering::Acquire) {
             FIRED_FIRST_TOKEN => Some(Fired::FirstToken),
             FIRED_RESPONSE => Some(Fired::Response),
+            FIRED_TAIL => Some(Fired::Tail),
             _ => None,
         }
     }

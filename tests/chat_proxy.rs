@@ -248,12 +248,22 @@ async fn mid_stream_failures_end_with_one_error_frame_and_no_done() {
     assert_eq!(frames.iter().filter(|f| f.get("error").is_some()).count(), 1);
     assert!(frames.iter().any(|f| f["choices"][0]["delta"]["content"] == "tok0 "));
 
-    // The replica ends cleanly without [DONE].
-    let r = gw.post("/v1/chat/completions", &chat_body("chat-model", true), &[("x-mock-no-done", "1")]).await;
+    // The replica ends cleanly without [DONE], after its usage frame: the error frame ends the
+    // stream, and the usage frame (priced, asked for) is not forwarded: an errored stream
+    // never quotes a cost.
+    let mut asked = chat_body("chat-model", true);
+    asked["stream_options"] = json!({"include_usage": true});
+    let r = gw.post("/v1/chat/completions", &asked, &[("x-mock-no-done", "1")]).await;
     let (frames, done) = parse_frames(&r);
     assert!(!done);
     assert_eq!(frames.last().unwrap()["error"]["code"], "upstream_stream_error");
     assert_eq!(frames.last().unwrap()["error"]["type"], "api_error");
+    assert!(frames.iter().all(|f| f.get("usage").is_none()), "{}", r.text);
+    // The same request with its [DONE]: the priced usage frame comes right before it.
+    let r = gw.post("/v1/chat/completions", &asked, &[]).await;
+    let (frames, done) = parse_frames(&r);
+    assert!(done, "{}", r.text);
+    assert!(frames.last().unwrap()["usage"]["cost"].is_number(), "{}", r.text);
 }
 
 #[tokio::test]

@@ -218,3 +218,54 @@ async fn a_usage_report_above_the_output_ceiling_is_billed_at_the_ceiling() {
     assert!(l["balance_cents"].as_i64().unwrap() >= 0, "no runaway debit: {l}");
     assert_eq!(l["held_cents"], 0, "{l}");
 }
+
+/// The ledger's settlements with a cost (one per request billed for output).
+fn paid_settlements(l: &Value) -> usize {
+    let entries = l["entries"].as_array().map(Vec::as_slice).unwrap_or_default();
+    entries.iter().filter(|e| e["kind"] == "settlement" && e["cost_microcents"].as_i64() > Some(0)).count()
+}
+
+/// A replica whose stream ended (`[DONE]`) but whose HTTP body then did not: it cut the
+/// connection without the chunked terminator, or held it open. The client already has the
+/// whole answer: its body ends cleanly (a client reading to the end gets no error), within
+/// the tail grace rather than the response budget, and the request is billed as completed.
+#[tokio::test]
+async fn a_replica_body_that_does_not_end_after_the_stream_still_ends_the_clients_cleanly() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&mock);
+    let end_of_stream = |route: &str| match route {
+        "/v1/messages" => "event: message_stop",
+        "/v1/responses" => "event: response.completed",
+        _ => "data: [DONE]",
+    };
+    for route in ROUTES {
+        for after in ["cut", "hold"] {
+            let what = format!("{route} after-done {after}");
+            let before = paid_settlements(&gw.settled_ledger());
+            let started = std::time::Instant::now();
+            let r = reqwest::Client::new()
+                .post(gw.url(route))
+                .header("authorization", gw.bearer())
+                .header("x-mock-after-done", after)
+                .json(&body_for(route, true))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200, "{what}");
+            // `text()` fails on a chunked body cut short (no terminator).
+            let text = r.text().await.unwrap_or_else(|e| panic!("{what}: the body did not end cleanly: {e}"));
+            assert!(
+                started.elapsed() < std::time::Duration::from_secs(10),
+                "{what}: the client waited {:?} (response budget 30 s)",
+                started.elapsed()
+            );
+            assert!(text.contains(end_of_stream(route)), "{what}: {text}");
+            for failure in ["upstream_", "response.failed", "event: error"] {
+                assert!(!text.contains(failure), "{what}: no error frame after a complete stream: {text}");
+            }
+            let l = gw.settled_ledger();
+            assert_eq!(paid_settlements(&l), before + 1, "{what}: billed as completed: {l}");
+            assert_eq!(l["held_cents"], 0, "{what}: {l}");
+        }
+    }
+}

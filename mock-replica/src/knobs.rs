@@ -38,6 +38,20 @@ pub struct Knobs {
     pub body_delay: Duration,
     /// Stream this one `data:` payload, then `[DONE]` (`x-mock-raw-frame`).
     pub raw_frame: Option<String>,
+    /// What a stream does after its `[DONE]` frame (`x-mock-after-done`): end properly (absent),
+    /// cut the connection without the chunked terminator (`cut`), or keep it open (`hold`).
+    pub after_done: AfterDone,
+}
+
+/// How a stream's HTTP body ends once its `[DONE]` frame is out.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub enum AfterDone {
+    #[default]
+    End,
+    /// Broken framing: the connection drops with no terminating chunk.
+    Cut,
+    /// The body never ends: the connection stays open with nothing more on it.
+    Hold,
 }
 
 impl Knobs {
@@ -75,6 +89,12 @@ impl Knobs {
             malformed: flag(headers, "x-mock-malformed"),
             raw_body: text(headers, "x-mock-raw-body")?,
             raw_frame: text(headers, "x-mock-raw-frame")?,
+            after_done: match text(headers, "x-mock-after-done")?.as_deref() {
+                None => AfterDone::End,
+                Some("cut") => AfterDone::Cut,
+                Some("hold") => AfterDone::Hold,
+                Some(other) => return Err(format!("x-mock-after-done must be cut or hold, not {other}")),
+            },
             body_delay: millis(headers, "x-mock-body-delay-ms")?,
             raw_status: match number(headers, "x-mock-raw-status")? {
                 Some(code) => Some(

@@ -19,7 +19,7 @@ use tokio::time::Sleep;
 use crate::body::Abort;
 use crate::completion::{Completion, TOOL_ARGUMENTS_JSON, TOOL_CALL_ID, Usage, push_token, push_usage};
 use crate::json::{push_opt_str, push_str, push_u64};
-use crate::knobs::Knobs;
+use crate::knobs::{AfterDone, Knobs};
 
 pub struct SseStream {
     /// `data: {"id":..,"object":"chat.completion.chunk",..,"choices":[`,
@@ -33,6 +33,7 @@ pub struct SseStream {
     /// Sent as a final frame only when asked for (`include_usage`).
     usage: Option<Usage>,
     send_done: bool,
+    after_done: AfterDone,
     ttft: Duration,
     token_delay: Duration,
     abort_after: Option<u64>,
@@ -81,6 +82,7 @@ impl SseStream {
             finish_reason: completion.finish_reason,
             usage: completion.usage.filter(|_| include_usage),
             send_done: !knobs.no_done,
+            after_done: knobs.after_done,
             ttft: knobs.ttft,
             token_delay: knobs.token_delay,
             abort_after: knobs.abort_after,
@@ -177,7 +179,15 @@ impl SseStream {
                 if self.send_done {
                     self.out.put_slice(b"data: [DONE]\n\n");
                 }
-                Step::Ended { abort: false }
+                match self.after_done {
+                    AfterDone::End => Step::Ended { abort: false },
+                    AfterDone::Cut => Step::Ended { abort: true },
+                    AfterDone::Hold => {
+                        // `[DONE]` goes out first (chunks are taken before the sleep is polled).
+                        self.sleep = Some(Box::pin(tokio::time::sleep(Duration::from_secs(3600))));
+                        Step::Ended { abort: false }
+                    }
+                }
             }
             ended @ Step::Ended { .. } => ended,
         };

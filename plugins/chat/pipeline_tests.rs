@@ -145,6 +145,10 @@ fn run(frames: &[String], pipeline: bool) -> (Vec<Value>, String) {
         let mut out = BytesMut::new();
         if pipeline {
             on_frame(&frame, &mut cx, &mut out);
+            if out.is_empty() {
+                // The usage frame is held for `[DONE]`: compare it as the frame's output.
+                out.extend_from_slice(&cx.response.usage_frame.take().unwrap());
+            }
         } else {
             reference::frame(&frame, &data, &mut cx, &mut out);
         }
@@ -178,6 +182,36 @@ fn stream_frames_match_the_reference() {
     let mut out = BytesMut::new();
     on_frame(frames[3].as_bytes(), &mut cx, &mut out);
     assert_eq!(out, frames[3].replace(UP, "llama-3.1-8b-instruct").as_bytes());
+}
+
+/// Spec, chat stream: `[DONE]` is "sent with the usage frame", and "an errored stream never
+/// quotes a cost": the priced usage frame waits for `[DONE]` and goes out only with it.
+#[test]
+fn the_usage_frame_goes_out_only_with_done() {
+    let usage = format!(
+        "data: {{\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"model\":\"{UP}\",\"choices\":[],\"usage\":{{\"prompt_tokens\":4,\"completion_tokens\":2,\"total_tokens\":6}}}}\n\n"
+    );
+    let content = format!(
+        "data: {{\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"model\":\"{UP}\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"hi\"}},\"finish_reason\":\"stop\"}}]}}\n\n"
+    );
+    let stream = |frames: &[&str], eos: bool| {
+        let mut cx = ctx();
+        cx.ext.insert(crate::shared::ChatRequest { include_usage: true, output_ceiling: None });
+        let mut body = Some(Bytes::from(frames.concat()));
+        super::stream::on_chunk(&mut body, eos, &mut cx);
+        String::from_utf8(body.map(|b| b.to_vec()).unwrap_or_default()).unwrap()
+    };
+    // Before `[DONE]` arrives, the usage frame is not out yet.
+    let open = stream(&[&content, &usage], false);
+    assert!(open.contains("\"hi\"") && !open.contains("\"usage\""), "{open}");
+    // With `[DONE]`, it goes out right before it, priced.
+    let done = stream(&[&content, &usage, "data: [DONE]\n\n"], true);
+    let at = done.find("\"cost\"").expect("the usage frame is priced");
+    assert!(at < done.find("[DONE]").unwrap(), "{done}");
+    // A stream that ends without `[DONE]`: an error frame, and no cost anywhere.
+    let cut = stream(&[&content, &usage], true);
+    assert!(cut.contains("upstream_stream_error"), "{cut}");
+    assert!(!cut.contains("\"cost\"") && !cut.contains("\"usage\""), "{cut}");
 }
 
 #[test]

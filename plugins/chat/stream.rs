@@ -2,7 +2,8 @@
 //! frame). Each frame is read once into the borrowed view and accounted; then the chat
 //! dialect gets it copied as it arrived or edited in place (reasoning renamed,
 //! `service.output_status` on a no-answer terminal frame, the usage frame priced and
-//! forwarded only when asked for, or when no choice answered), while a dialect's translator
+//! forwarded only when asked for, or when no choice answered, and then only together with
+//! `[DONE]`), while a dialect's translator
 //! gets its typed pieces and usage. A stream that ends without `[DONE]` gets one error frame
 //! (or the translator's error event) instead.
 
@@ -54,6 +55,7 @@ fn end_with(cx: &mut RequestCtx, out: &mut BytesMut, kind: ErrorKind, message: &
     }
     cx.failure = Some(err);
     cx.response.saw_done = true;
+    cx.response.usage_frame = None; // an errored stream never quotes a cost
 }
 
 fn malformed(cx: &mut RequestCtx, out: &mut BytesMut) {
@@ -85,7 +87,12 @@ pub(super) fn on_frame(frame: &[u8], cx: &mut RequestCtx, out: &mut BytesMut) {
                 }
                 t.0.on_done(out);
             }
-            None => out.extend_from_slice(b"data: [DONE]\n\n"),
+            None => {
+                if let Some(usage_frame) = cx.response.usage_frame.take() {
+                    out.extend_from_slice(&usage_frame);
+                }
+                out.extend_from_slice(b"data: [DONE]\n\n");
+            }
         }
         return;
     }
@@ -117,8 +124,10 @@ pub(super) fn on_frame(frame: &[u8], cx: &mut RequestCtx, out: &mut BytesMut) {
         }
         return;
     }
+    let mut usage_only = false;
     if let Some(u) = usage_report {
         let choices_empty = view.choices.as_ref().is_none_or(Vec::is_empty);
+        usage_only = choices_empty;
         let asked = crate::shared::ChatRequest::of(cx).include_usage;
         let planned = match figures {
             Some(f) if asked || (no_answer && choices_empty) => {
@@ -132,11 +141,23 @@ pub(super) fn on_frame(frame: &[u8], cx: &mut RequestCtx, out: &mut BytesMut) {
             return malformed(cx, out);
         }
     }
+    if usage_only {
+        // Held until `[DONE]` (see `ResponseState::usage_frame`).
+        let mut held = BytesMut::with_capacity(data.len() + 64);
+        write_frame(edits, data.len(), &mut held);
+        cx.response.usage_frame = Some(held.freeze());
+        return;
+    }
     if edits.is_empty() && !joined {
         out.extend_from_slice(frame);
         return;
     }
-    out.reserve(data.len() + 16);
+    write_frame(edits, data.len(), out);
+}
+
+/// One `data:` frame of the edited payload.
+fn write_frame(edits: Edits<'_>, payload_len: usize, out: &mut BytesMut) {
+    out.reserve(payload_len + 16);
     out.extend_from_slice(b"data: ");
     edits.write(out);
     out.extend_from_slice(b"\n\n");

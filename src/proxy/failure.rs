@@ -22,11 +22,14 @@ use crate::watchdog::{Fired, Watchdog};
 fn classify(e: &Error, cx: &RequestCtx) -> GatewayError {
     use ErrorType::*;
     if let Some(fired) = cx.watchdog.as_ref().and_then(Watchdog::fired) {
-        let what = match fired {
-            Fired::FirstToken => "No token arrived within the first-token budget.",
-            Fired::Response => "The response did not finish within the response budget.",
+        return match fired {
+            Fired::FirstToken => timeout_error("No token arrived within the first-token budget."),
+            Fired::Response => timeout_error("The response did not finish within the response budget."),
+            Fired::Tail => GatewayError::new(
+                ErrorKind::UpstreamFailed,
+                "The model server did not end its response after the stream ended.",
+            ),
         };
-        return timeout_error(what);
     }
     match (e.etype(), e.esource()) {
         (ConnectTimedout | ConnectRefused | ConnectNoRoute | ConnectError | ConnectProxyFailure, _) => {
@@ -46,18 +49,25 @@ fn classify(e: &Error, cx: &RequestCtx) -> GatewayError {
 /// client can still receive: a whole error response, a replacement for a held answer, or an
 /// error frame on a stream that already opened.
 pub(super) async fn answer(s: &mut Session, e: &Error, cx: &mut RequestCtx, chain: &Chain) -> FailToProxy {
+    if let Some(h) = cx.heartbeat.take() {
+        h.stop(); // before our own write of the error frame or the body's end
+    }
+    if cx.failure.is_none() && cx.response.streaming && cx.response.saw_done && header_sent(s) {
+        // The client already has the whole stream, `[DONE]` included; only the replica's body
+        // failed after it (broken framing, or held open past the tail grace). The client's
+        // body ends properly and the request settles as the complete answer it was.
+        log::warn!("{}: the model server's body did not end cleanly after its stream ended: {e}", cx.request_id);
+        end_body(s, None, cx).await;
+        return FailToProxy { error_code: 200, can_reuse_downstream: false };
+    }
     let err = match cx.failure.take() {
         Some(err) => err,
         None => classify(e, cx),
     };
-    if let Some(h) = cx.heartbeat.take() {
-        h.stop(); // before our own write of the error frame
-    }
     let code = if replace_held(cx, &err) {
         // Nothing of the response had reached the client: all of it was replaced.
         err.status()
     } else if header_sent(s) {
-        // A stream that already ended (`[DONE]`, or an error frame) gets nothing more.
         if cx.response.streaming && !cx.response.saw_done {
             let frame_err = match err.kind {
                 ErrorKind::UpstreamFailed | ErrorKind::ResponseTimeout | ErrorKind::UpstreamHttpError => err.clone(),
@@ -67,9 +77,10 @@ pub(super) async fn answer(s: &mut Session, e: &Error, cx: &mut RequestCtx, chai
             let frame = chain
                 .stream_failure_frame(&frame_err, cx)
                 .unwrap_or_else(|| envelope::sse_error_frame(&frame_err, cx.envelope, &cx.request_id));
-            if let Err(we) = s.write_response_body(Some(frame), true).await {
-                log::debug!("{}: error frame not written: {we}", cx.request_id);
-            }
+            end_body(s, Some(frame), cx).await;
+        } else if cx.response.streaming {
+            // The stream already ended with its error frame: only the body's end is missing.
+            end_body(s, None, cx).await;
         }
         // A body that was not held (routes forwarded as they are) and already started cannot
         // change status: the connection is closed, so the client sees an incomplete response.
@@ -87,6 +98,14 @@ pub(super) async fn answer(s: &mut Session, e: &Error, cx: &mut RequestCtx, chai
     };
     cx.failure = Some(err);
     FailToProxy { error_code: code, can_reuse_downstream: false }
+}
+
+/// Write the last bytes of a stream the client already has the start of, and its end (the
+/// chunked terminator), so the client sees a cleanly ended body.
+async fn end_body(s: &mut Session, last: Option<bytes::Bytes>, cx: &RequestCtx) {
+    if let Err(we) = s.write_response_body(last, true).await {
+        log::debug!("{}: end of the stream not written: {we}", cx.request_id);
+    }
 }
 
 /// In `logging`: a held answer that never completed is replaced by an error, a replacement is

@@ -333,9 +333,15 @@ impl ProxyHttp for Gateway {
             if let Some(w) = &cx.watchdog {
                 w.disarm();
             }
+        } else if cx.response.saw_done {
+            // The client's stream has ended (`[DONE]` or an error frame): the replica's body
+            // must end soon after, or the client would wait for a terminator that never comes.
+            if let Some(w) = cx.watchdog.as_mut() {
+                w.end_within(crate::watchdog::TAIL_GRACE);
+            }
         }
         if let Some(h) = &cx.heartbeat {
-            if eos || cx.failure.is_some() {
+            if eos || cx.failure.is_some() || cx.response.saw_done {
                 h.stop(); // the end, or an error frame already ended the stream
             } else if body.as_ref().is_some_and(|b| !b.is_empty()) {
                 h.pulse.delivering();
