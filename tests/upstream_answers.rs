@@ -252,6 +252,7 @@ async fn a_replica_body_that_does_not_end_after_the_stream_still_ends_the_client
                 .await
                 .unwrap();
             assert_eq!(r.status(), 200, "{what}");
+            let rid = r.headers()["x-request-id"].to_str().unwrap().to_string();
             // `text()` fails on a chunked body cut short (no terminator).
             let text = r.text().await.unwrap_or_else(|e| panic!("{what}: the body did not end cleanly: {e}"));
             assert!(
@@ -266,6 +267,33 @@ async fn a_replica_body_that_does_not_end_after_the_stream_still_ends_the_client
             let l = gw.settled_ledger();
             assert_eq!(paid_settlements(&l), before + 1, "{what}: billed as completed: {l}");
             assert_eq!(l["held_cents"], 0, "{what}: {l}");
+            // A completed request: no failure code in its access line.
+            let access = format!("{rid} POST {route} status=200 code=- ");
+            assert!(gw.log().contains(&access), "{what}: no `{access}` in the log:\n{}", gw.log());
         }
     }
+    // Each named once as the replica's fault (WARN), never as a failed proxy (ERROR).
+    let log = gw.log();
+    assert_eq!(log.matches("did not end cleanly after its stream ended").count(), 6, "{log}");
+    assert!(!log.contains("Fail to proxy"), "{log}");
+
+    // A stream that ended in the gateway's error frame (the replica reported a failure) while
+    // the replica then held its body open: the client's body still ends, uncharged.
+    let before = gw.settled_ledger();
+    let started = std::time::Instant::now();
+    let r = reqwest::Client::new()
+        .post(gw.url("/v1/chat/completions"))
+        .header("authorization", gw.bearer())
+        .header("x-mock-raw-frame", r#"{"error":{"message":"boom"}}"#)
+        .header("x-mock-after-done", "hold")
+        .json(&body_for("/v1/chat/completions", true))
+        .send()
+        .await
+        .unwrap();
+    let text = r.text().await.unwrap_or_else(|e| panic!("error frame then hold: the body did not end: {e}"));
+    assert!(started.elapsed() < std::time::Duration::from_secs(10), "waited {:?}", started.elapsed());
+    assert!(text.contains("\"upstream_error\"") && !text.contains("[DONE]"), "{text}");
+    let l = gw.settled_ledger();
+    assert_eq!(paid_settlements(&l), paid_settlements(&before), "nothing charged: {l}");
+    assert_eq!(l["held_cents"], 0, "{l}");
 }

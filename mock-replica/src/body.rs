@@ -39,6 +39,8 @@ enum Kind {
     /// A full body sent only after the sleep: the header goes out first.
     Delayed(Pin<Box<tokio::time::Sleep>>, Option<Bytes>),
     Sse(Box<SseStream>),
+    /// A whole body sent chunked, after which the body never ends (`x-mock-after-done: hold`).
+    ThenHold(Option<Bytes>, Pin<Box<tokio::time::Sleep>>),
 }
 
 impl MockBody {
@@ -53,6 +55,12 @@ impl MockBody {
     pub fn delayed(data: impl Into<Bytes>, delay: std::time::Duration) -> Self {
         let data: Bytes = data.into();
         Self { kind: Kind::Delayed(Box::pin(tokio::time::sleep(delay)), Some(data)), _in_flight: None }
+    }
+
+    /// `data`, then a body that stays open for an hour (sent chunked: the length is unknown).
+    pub fn then_hold(data: impl Into<Bytes>) -> Self {
+        let sleep = Box::pin(tokio::time::sleep(std::time::Duration::from_secs(3600)));
+        Self { kind: Kind::ThenHold(Some(data.into()), sleep), _in_flight: None }
     }
 
     /// A generated event stream; hyper sends it chunked.
@@ -79,6 +87,10 @@ impl Body for MockBody {
                 Poll::Pending => Poll::Pending,
             },
             Kind::Sse(stream) => stream.poll_next(cx),
+            Kind::ThenHold(data, sleep) => match data.take() {
+                Some(d) => Poll::Ready(Some(Ok(Frame::data(d)))),
+                None => sleep.as_mut().poll(cx).map(|()| None),
+            },
         }
     }
 
@@ -91,7 +103,7 @@ impl Body for MockBody {
             Kind::Full(data) | Kind::Delayed(_, data) => {
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }
-            Kind::Sse(_) => SizeHint::default(),
+            Kind::Sse(_) | Kind::ThenHold(..) => SizeHint::default(),
         }
     }
 }

@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 use crate::body::{Abort, MockBody};
 use crate::completion::{Completion, unix_now};
 use crate::json::error_body;
-use crate::knobs::Knobs;
+use crate::knobs::{AfterDone, Knobs};
 use crate::request::ChatRequest;
 use crate::sse::SseStream;
 use crate::state::State;
@@ -109,8 +109,11 @@ async fn answer_v1(
         return Ok(response);
     }
     if let Some(frame) = &knobs.raw_frame {
-        let mut response =
-            with_type(StatusCode::OK, "text/event-stream", format!("data: {frame}\n\ndata: [DONE]\n\n").into());
+        let stream = Bytes::from(format!("data: {frame}\n\ndata: [DONE]\n\n"));
+        let mut response = with_type(StatusCode::OK, "text/event-stream", stream.clone());
+        if knobs.after_done == AfterDone::Hold {
+            *response.body_mut() = MockBody::then_hold(stream);
+        }
         response.headers_mut().insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
         return Ok(response);
     }

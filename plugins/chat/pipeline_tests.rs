@@ -146,7 +146,9 @@ fn run(frames: &[String], pipeline: bool) -> (Vec<Value>, String) {
         if pipeline {
             on_frame(&frame, &mut cx, &mut out);
             if out.is_empty() {
-                // The usage frame is held for `[DONE]`: compare it as the frame's output.
+                // The usage frame is held for `[DONE]` (dropped if the stream errors instead):
+                // this compares each frame's rendering, and
+                // `the_usage_frame_goes_out_only_with_done` checks when it goes out.
                 out.extend_from_slice(&cx.response.usage_frame.take().unwrap());
             }
         } else {

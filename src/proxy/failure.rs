@@ -52,11 +52,13 @@ pub(super) async fn answer(s: &mut Session, e: &Error, cx: &mut RequestCtx, chai
     if let Some(h) = cx.heartbeat.take() {
         h.stop(); // before our own write of the error frame or the body's end
     }
-    if cx.failure.is_none() && cx.response.streaming && cx.response.saw_done && header_sent(s) {
+    let replica_side = e.esource() == &ErrorSource::Upstream || cx.response.tail_fault;
+    if replica_side && cx.failure.is_none() && cx.response.streaming && cx.response.saw_done && header_sent(s) {
         // The client already has the whole stream, `[DONE]` included; only the replica's body
         // failed after it (broken framing, or held open past the tail grace). The client's
         // body ends properly and the request settles as the complete answer it was.
         log::warn!("{}: the model server's body did not end cleanly after its stream ended: {e}", cx.request_id);
+        cx.response.tail_fault = true; // no second (ERROR) line from Pingora
         end_body(s, None, cx).await;
         return FailToProxy { error_code: 200, can_reuse_downstream: false };
     }
@@ -101,12 +103,19 @@ pub(super) async fn answer(s: &mut Session, e: &Error, cx: &mut RequestCtx, chai
 }
 
 /// Write the last bytes of a stream the client already has the start of, and its end (the
-/// chunked terminator), so the client sees a cleanly ended body.
+/// chunked terminator), so the client sees a cleanly ended body. Bounded: Pingora writes the
+/// terminator without a timeout, and a client that stopped reading must not hold the request
+/// (and its settlement in `logging`) open.
 async fn end_body(s: &mut Session, last: Option<bytes::Bytes>, cx: &RequestCtx) {
-    if let Err(we) = s.write_response_body(last, true).await {
-        log::debug!("{}: end of the stream not written: {we}", cx.request_id);
+    match tokio::time::timeout(END_WRITE_LIMIT, s.write_response_body(last, true)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(we)) => log::debug!("{}: end of the stream not written: {we}", cx.request_id),
+        Err(_) => log::debug!("{}: end of the stream not written within {END_WRITE_LIMIT:?}", cx.request_id),
     }
 }
+
+/// How long the last write of a failed stream may take.
+const END_WRITE_LIMIT: Duration = Duration::from_secs(5);
 
 /// In `logging`: a held answer that never completed is replaced by an error, a replacement is
 /// sent before the connection closes, and the switch is reset for a kept connection. Returns

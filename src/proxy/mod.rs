@@ -28,6 +28,7 @@ use crate::watchdog::Watchdog;
 
 mod affinity;
 mod failure;
+mod stream_end;
 mod upstream_status;
 
 use failure::{guarded, panicked};
@@ -320,48 +321,19 @@ impl ProxyHttp for Gateway {
             cx.failure = Some(e);
             return Error::e_explain(ErrorType::InternalError, "response body phase failed");
         }
-        if eos {
-            if let Some(h) = &cx.output {
-                h.release(); // the body is good: what was held goes out before it
-            }
-            // The replica has answered: its slot frees now, before the client has the end of
-            // the answer (not after settlement in the log phase), so a client's next request
-            // finds the capacity this one used.
-            if let Some(p) = cx.placement.as_mut() {
-                p.slot = None;
-            }
-            if let Some(w) = &cx.watchdog {
-                w.disarm();
-            }
-        } else if cx.response.saw_done {
-            // The client's stream has ended (`[DONE]` or an error frame): the replica's body
-            // must end soon after, or the client would wait for a terminator that never comes.
-            if let Some(w) = cx.watchdog.as_mut() {
-                w.end_within(crate::watchdog::TAIL_GRACE);
-            }
-        }
-        if let Some(h) = &cx.heartbeat {
-            if eos || cx.failure.is_some() || cx.response.saw_done {
-                h.stop(); // the end, or an error frame already ended the stream
-            } else if body.as_ref().is_some_and(|b| !b.is_empty()) {
-                h.pulse.delivering();
-            }
-        }
+        stream_end::after_chunk(eos, body.as_ref().is_some_and(|b| !b.is_empty()), cx)?;
         Ok(None)
     }
 
     fn suppress_error_log(&self, _s: &Session, cx: &RequestCtx, e: &Error) -> bool {
         // Expected outcomes are logged once, as an access line, in `logging`: a client that
-        // closed or reset its connection included (its line says `client_gone`).
-        cx.failure.is_some()
-            || (e.esource() == &ErrorSource::Downstream
-                && matches!(e.etype(), ErrorType::ConnectionClosed | ErrorType::ReadError | ErrorType::WriteError))
+        // left included (its line says `client_gone`); a replica's fault after a stream it had
+        // ended has its own WARN line (decision 182).
+        cx.failure.is_some() || cx.response.tail_fault || stream_end::client_left(e)
     }
 
     async fn fail_to_proxy(&self, s: &mut Session, e: &Error, cx: &mut RequestCtx) -> FailToProxy {
-        if e.esource() == &ErrorSource::Downstream
-            && matches!(e.etype(), ErrorType::ConnectionClosed | ErrorType::ReadError | ErrorType::WriteError)
-        {
+        if stream_end::client_left(e) {
             cx.client_gone = true;
             return FailToProxy { error_code: 0, can_reuse_downstream: false };
         }

@@ -30,10 +30,11 @@ use rusqlite::Connection;
 
 const EVERY: Duration = Duration::from_secs(1);
 /// Frames in the WAL that make the writer finish a checkpoint (SQLite's own automatic
-/// checkpoint threshold: about 4 MB of pages).
+/// checkpoint threshold: about 1 MB of the 1 KiB pages of a file made since decision 184,
+/// 4 MB of 4 KiB pages).
 const LAG_FRAMES: i64 = 1_000;
 /// Frames in the WAL past which the thread starts it over even if writers must wait for it
-/// (about 128 MB of pages).
+/// (about 32 MB of 1 KiB pages, 128 MB of 4 KiB pages).
 const HARD_FRAMES: i64 = 32 * LAG_FRAMES;
 /// A WAL left larger than this by a burst is truncated to it when SQLite starts it over.
 const WAL_SIZE_LIMIT: i64 = 64 << 20;

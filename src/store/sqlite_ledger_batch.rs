@@ -9,14 +9,14 @@
 use std::sync::{Arc, LazyLock};
 
 use async_trait::async_trait;
-use rusqlite::{OptionalExtension, TransactionBehavior, params};
+use rusqlite::{Connection, OptionalExtension, params};
 
 use super::StoreError;
 use super::ledger_batch::LedgerWrites;
 use super::ledger_ops::{HoldRow, LedgerOp, Money, OpResult, Plan, Snapshot, plan};
 use super::sqlite::SqliteStore;
 use super::sqlite_plans::{plan_of, write_counters};
-use super::sqlite_rows::{Chunked, int, opt_int, opt_text, text};
+use super::sqlite_rows::{Chunked, immediate, int, opt_int, opt_text, text};
 use crate::clock::Millis;
 use crate::plans::decide::Funding;
 
@@ -24,12 +24,12 @@ use crate::plans::decide::Funding;
 impl LedgerWrites for SqliteStore {
     async fn apply(&self, ops: Arc<[LedgerOp]>) -> Result<Vec<OpResult>, StoreError> {
         self.with_conn(move |c| {
-            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let snap = snapshot(&tx, &ops)?;
-            let plan = plan(&ops, snap);
-            write(&tx, &plan)?;
-            tx.commit()?;
-            Ok(plan.outcomes)
+            immediate(c, |tx| {
+                let snap = snapshot(tx, &ops)?;
+                let plan = plan(&ops, snap);
+                write(tx, &plan)?;
+                Ok(plan.outcomes)
+            })
         })
         .await
     }
@@ -44,7 +44,7 @@ impl LedgerWrites for SqliteStore {
     }
 }
 
-fn snapshot(tx: &rusqlite::Transaction<'_>, ops: &[LedgerOp]) -> rusqlite::Result<Snapshot> {
+fn snapshot(tx: &Connection, ops: &[LedgerOp]) -> rusqlite::Result<Snapshot> {
     let mut snap = Snapshot::default();
     let mut wss: Vec<String> = Vec::new();
     {
@@ -126,7 +126,7 @@ static ENTRIES: LazyLock<Chunked> = LazyLock::new(|| {
     )
 });
 
-fn write(tx: &rusqlite::Transaction<'_>, p: &Plan) -> rusqlite::Result<()> {
+fn write(tx: &Connection, p: &Plan) -> rusqlite::Result<()> {
     HOLDS.run(tx, &[], &p.new_holds, |h| {
         let r = &h.row;
         [
