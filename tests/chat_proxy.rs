@@ -361,7 +361,8 @@ async fn response_budget_gives_504_and_first_token_budget_an_error_frame() {
     let gw = Gateway::start_with(&mock, Opts { response_seconds: 1.0, first_token_seconds: 0.5, ..Opts::default() });
     let t = std::time::Instant::now();
     let r = gw.post("/v1/chat/completions", &chat_body("chat-model", false), &[("x-mock-hang", "1")]).await;
-    r.assert_error(504, "hosted_inference_response_timeout");
+    let v = r.assert_error(504, "hosted_inference_response_timeout");
+    assert!(v["error"]["message"].as_str().unwrap().contains("set `stream: true`"), "{v}");
     assert!(r.header("retry-after").is_none());
     assert!(t.elapsed().as_secs_f64() < 5.0, "cut at the budget, not a read timeout");
 
@@ -370,6 +371,9 @@ async fn response_budget_gives_504_and_first_token_budget_an_error_frame() {
     let (frames, done) = parse_frames(&r);
     assert!(!done);
     assert_eq!(frames.last().unwrap()["error"]["code"], "hosted_inference_response_timeout", "{}", r.text);
+    // A stream is never told to stream (decision 185).
+    let message = frames.last().unwrap()["error"]["message"].as_str().unwrap().to_string();
+    assert!(!message.contains("stream: true") && message.contains("max_tokens"), "{message}");
 
     // A stream that keeps producing past the whole-response budget is cut too.
     let r = gw

@@ -23,8 +23,8 @@ fn classify(e: &Error, cx: &RequestCtx) -> GatewayError {
     use ErrorType::*;
     if let Some(fired) = cx.watchdog.as_ref().and_then(Watchdog::fired) {
         return match fired {
-            Fired::FirstToken => timeout_error("No token arrived within the first-token budget."),
-            Fired::Response => timeout_error("The response did not finish within the response budget."),
+            Fired::FirstToken => timeout_error("No token arrived within the first-token budget.", cx.stream),
+            Fired::Response => timeout_error("The response did not finish within the response budget.", cx.stream),
             Fired::Tail => GatewayError::new(
                 ErrorKind::UpstreamFailed,
                 "The model server did not end its response after the stream ended.",
@@ -36,7 +36,7 @@ fn classify(e: &Error, cx: &RequestCtx) -> GatewayError {
             GatewayError::new(ErrorKind::UpstreamUnreachable, "The model server could not be reached.")
         }
         (ReadTimedout | WriteTimedout, ErrorSource::Upstream) => {
-            timeout_error("The model server did not answer within the response budget.")
+            timeout_error("The model server did not answer within the response budget.", cx.stream)
         }
         (_, ErrorSource::Upstream) => {
             GatewayError::new(ErrorKind::UpstreamFailed, "The model server failed after the request was admitted.")
@@ -167,11 +167,15 @@ pub(super) fn guarded<T>(
     }
 }
 
-fn timeout_error(what: &str) -> GatewayError {
-    GatewayError::new(
-        ErrorKind::ResponseTimeout,
-        format!("{what} For non-streaming requests set `stream: true` or lower `max_tokens`."),
-    )
+/// A budget ran out. The advice fits the request: a streamed one is already streaming
+/// (decision 185).
+fn timeout_error(what: &str, streamed: bool) -> GatewayError {
+    let advice = if streamed {
+        "Lower `max_tokens` or send a shorter prompt, or retry later."
+    } else {
+        "For non-streaming requests set `stream: true` or lower `max_tokens`."
+    };
+    GatewayError::new(ErrorKind::ResponseTimeout, format!("{what} {advice}"))
 }
 
 /// A replica answer that can carry no body: `204`, `304`, or a zero `Content-Length`.

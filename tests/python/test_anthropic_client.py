@@ -54,6 +54,23 @@ def test_messages_stream_survives_heartbeat_pings(gateway):
     assert "".join(b.text for b in final.content if b.type == "text") == "tok0 tok1 "
 
 
+@pytest.mark.parametrize("after_done", ["cut", "hold"])
+def test_messages_stream_completes_when_the_replica_body_does_not_end(gateway, after_done):
+    # Decision 182: the replica ended its stream, then cut the connection without the chunked
+    # terminator or held it open; the client still gets a complete stream, not an error.
+    c = client(gateway)
+    with c.messages.stream(
+        model="llama-3.1-8b-instruct",
+        max_tokens=50,
+        messages=[{"role": "user", "content": "Hi"}],
+        extra_headers={"x-mock-tokens": "3", "x-mock-after-done": after_done},
+    ) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert text == "tok0 tok1 tok2 "
+    assert final.stop_reason == "end_turn"
+
+
 def test_count_tokens(gateway):
     r = client(gateway).messages.count_tokens(
         model="llama-3.1-8b-instruct", messages=[{"role": "user", "content": "count me"}]

@@ -46,6 +46,27 @@ def test_streaming_completion_with_usage(gateway):
     assert usage is not None and usage.completion_tokens == 6
 
 
+@pytest.mark.parametrize("after_done", ["cut", "hold"])
+def test_streaming_completes_when_the_replica_body_does_not_end(gateway, after_done):
+    # Decision 182: the replica sent [DONE], then cut the connection without the chunked
+    # terminator or held it open; the client's iteration still ends without an error.
+    stream = client(gateway).chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "hello"}],
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_headers={"x-mock-tokens": "3", "x-mock-after-done": after_done},
+    )
+    text, usage = "", None
+    for chunk in stream:
+        if chunk.choices:
+            text += chunk.choices[0].delta.content or ""
+        if chunk.usage:
+            usage = chunk.usage
+    assert text == "tok0 tok1 tok2 "
+    assert usage is not None and usage.completion_tokens == 3
+
+
 def test_streaming_reasoning_arrives_on_reasoning(gateway):
     stream = client(gateway).chat.completions.create(
         model="qwen3-32b",
