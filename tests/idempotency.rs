@@ -232,6 +232,18 @@ async fn the_dialects_replay_in_their_own_shape() {
     let names: Vec<&str> = again.text.lines().filter_map(|l| l.strip_prefix("event: ")).collect();
     assert_eq!(names, ["response.created", "response.completed"], "{}", again.text);
     assert_eq!(replica_calls(&mock).await, 4);
+    // An original stream that ended early (`response.failed`) is not replayed as completed:
+    // it keeps `incomplete` (spec, Responses; decision 186), streamed or not.
+    let key = [("idempotency-key", "r-stream-cut"), ("x-mock-no-done", "1")];
+    let first = gw.post("/v1/responses", &responses, &key).await;
+    assert!(first.text.contains("event: response.failed"), "{}", first.text);
+    let again = gw.post("/v1/responses", &responses, &key).await;
+    let names: Vec<&str> = again.text.lines().filter_map(|l| l.strip_prefix("event: ")).collect();
+    assert_eq!(names, ["response.created", "response.incomplete"], "{}", again.text);
+    let last = again.sse_data().last().cloned().unwrap();
+    let last: Value = serde_json::from_str(&last).unwrap();
+    assert_eq!(last["response"]["status"], "incomplete", "{last}");
+    assert_eq!(last["response"]["incomplete_details"]["reason"], "interrupted", "{last}");
 }
 
 fn redis_limits(url: &str, prefix: &str) -> String {

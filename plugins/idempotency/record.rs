@@ -140,9 +140,12 @@ impl Receipt {
         ChunkMeta { id: self.id.as_deref().map(Into::into), created: self.created }
     }
 
-    /// The pieces a translator renders the receipt from: no content, the finish reason.
+    /// The pieces a translator renders the receipt from: no content, the finish reason; an
+    /// original stream that ended early without one is `interrupted`, which the Responses
+    /// dialect renders `incomplete` (decision 186).
     pub fn pieces(&self) -> Vec<Piece<'_>> {
-        self.finish().map(|f| Piece::Finish(f.into())).into_iter().collect()
+        let finish = self.finish().or((!self.completed).then_some("interrupted"));
+        finish.map(|f| Piece::Finish(f.into())).into_iter().collect()
     }
 
     fn replay_object(&self, status: u16) -> Value {
