@@ -16,7 +16,7 @@ use crate::envelope;
 use crate::error::{ErrorKind, GatewayError};
 use crate::held_output::OutputHold;
 use crate::responder;
-use crate::watchdog::{Fired, Watchdog};
+use crate::watchdog::{Fired, TAIL_GRACE, Watchdog};
 
 /// Classify a proxy error that no phase classified.
 fn classify(e: &Error, cx: &RequestCtx) -> GatewayError {
@@ -57,7 +57,15 @@ pub(super) async fn answer(s: &mut Session, e: &Error, cx: &mut RequestCtx, chai
         // The client already has the whole stream, `[DONE]` included; only the replica's body
         // failed after it (broken framing, or held open past the tail grace). The client's
         // body ends properly and the request settles as the complete answer it was.
-        log::warn!("{}: the model server's body did not end cleanly after its stream ended: {e}", cx.request_id);
+        match cx.watchdog.as_ref().and_then(Watchdog::fired) {
+            Some(Fired::Tail) => log::warn!(
+                "{}: the model server's body did not end within {TAIL_GRACE:?} after its stream ended",
+                cx.request_id
+            ),
+            _ => {
+                log::warn!("{}: the model server's body did not end cleanly after its stream ended: {e}", cx.request_id)
+            }
+        }
         cx.response.tail_fault = true; // no second (ERROR) line from Pingora
         end_body(s, None, cx).await;
         return FailToProxy { error_code: 200, can_reuse_downstream: false };
