@@ -41,8 +41,9 @@ pub struct ResponseState {
     /// The priced usage-only frame of a chat stream, held until `[DONE]` goes out with it: a
     /// stream that ends in an error frame instead never quotes a cost.
     pub usage_frame: Option<bytes::Bytes>,
-    /// The replica's body failed or stayed open after the client's stream had ended whole
-    /// (decision 182): the request completed; the fault is logged once, as a WARN.
+    /// The replica's body failed or stayed open after the client's stream had ended whole, or
+    /// the tail timer shut its socket while a slow client took that end (decision 182): the
+    /// request completed; logged once (WARN for the replica's fault), never as a failure.
     pub tail_fault: bool,
     /// Answer or reasoning text delivered to the client (bytes; fallback estimate).
     pub delivered_text_bytes: u64,

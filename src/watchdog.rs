@@ -127,5 +127,11 @@ impl Watchdog {
 impl Drop for Watchdog {
     fn drop(&mut self) {
         self.disarm();
+        // After one timer fired, `disarm` does nothing: the other would sleep on to its
+        // deadline (the response budget, minutes) for a request already over.
+        self.task.abort();
+        if let Some(tail) = &self.tail {
+            tail.abort();
+        }
     }
 }

@@ -108,6 +108,10 @@ async fn answer_v1(
         response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         return Ok(response);
     }
+    if knobs.raw_frame.is_some() && knobs.after_done == AfterDone::Cut {
+        let msg = "x-mock-after-done: cut works on generated streams, not with x-mock-raw-frame";
+        return Ok(with_type(StatusCode::BAD_REQUEST, "text/plain", Bytes::from(msg)));
+    }
     if let Some(frame) = &knobs.raw_frame {
         let stream = Bytes::from(format!("data: {frame}\n\ndata: [DONE]\n\n"));
         let mut response = with_type(StatusCode::OK, "text/event-stream", stream.clone());

@@ -25,6 +25,8 @@ fn classify(e: &Error, cx: &RequestCtx) -> GatewayError {
         return match fired {
             Fired::FirstToken => timeout_error("No token arrived within the first-token budget.", cx.stream),
             Fired::Response => timeout_error("The response did not finish within the response budget.", cx.stream),
+            // Not reached in practice (`answer` ends a stream whose tail timer fired before
+            // classifying); kept so every firing has its error.
             Fired::Tail => GatewayError::new(
                 ErrorKind::UpstreamFailed,
                 "The model server did not end its response after the stream ended.",
@@ -58,6 +60,8 @@ pub(super) async fn answer(s: &mut Session, e: &Error, cx: &mut RequestCtx, chai
         // failed after it (broken framing, or held open past the tail grace). The client's
         // body ends properly and the request settles as the complete answer it was.
         match cx.watchdog.as_ref().and_then(Watchdog::fired) {
+            // Already set: a slow client, not the replica (logged in `stream_end`).
+            _ if cx.response.tail_fault => {}
             Some(Fired::Tail) => log::warn!(
                 "{}: the model server's body did not end within {TAIL_GRACE:?} after its stream ended",
                 cx.request_id

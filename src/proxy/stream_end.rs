@@ -25,7 +25,8 @@ pub(super) fn after_chunk(eos: bool, delivering: bool, cx: &mut RequestCtx) -> R
                 // The replica did end its body, but only after the tail timer had shut its
                 // socket (the client was slow to take the stream's end): failing here keeps
                 // that connection out of Pingora's pool. The client's body still ends
-                // cleanly (`failure::answer`).
+                // cleanly (`failure::answer`), and the replica is not blamed for it.
+                log::info!("{}: the client took the stream's end after the tail grace", cx.request_id);
                 cx.response.tail_fault = true;
                 return Error::e_explain(ErrorType::ReadError, "replica socket shut after the stream ended");
             }
@@ -40,7 +41,7 @@ pub(super) fn after_chunk(eos: bool, delivering: bool, cx: &mut RequestCtx) -> R
     }
     if let Some(h) = &cx.heartbeat {
         if eos || cx.failure.is_some() || cx.response.saw_done {
-            h.stop(); // the end, or an error frame already ended the stream
+            h.stop(); // the end, or `[DONE]` or an error frame already ended the stream
         } else if delivering {
             h.pulse.delivering();
         }

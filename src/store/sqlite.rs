@@ -62,6 +62,7 @@ impl SqliteStore {
         // never corrupt; only a power loss may roll back the last commits (decision 45).
         // 1 KiB pages for a new file (an existing one keeps its size): a ledger commit writes
         // every page it touched to the WAL, whole and checksummed, and the rows are small.
+        // Before `journal_mode = WAL`, whose switch writes the header and so fixes the size.
         conn.execute_batch(
             "PRAGMA page_size = 1024; PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON; PRAGMA busy_timeout = 5000;",
         )
