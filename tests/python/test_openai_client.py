@@ -28,13 +28,14 @@ def test_non_streaming_completion(gateway):
     assert abs(extra["cost"] - extra["service"]["cost_microcents"] / 1e8) < 1e-12
 
 
-def test_streaming_completion_with_usage(gateway):
+def stream_with_usage(gateway, headers):
+    """A chat stream asking for usage, read to its end: (text, usage)."""
     stream = client(gateway).chat.completions.create(
         model=MODEL,
         messages=[{"role": "user", "content": "hello"}],
         stream=True,
         stream_options={"include_usage": True},
-        extra_headers={"x-mock-tokens": "6"},
+        extra_headers=headers,
     )
     text, usage = "", None
     for chunk in stream:
@@ -42,6 +43,11 @@ def test_streaming_completion_with_usage(gateway):
             text += chunk.choices[0].delta.content or ""
         if chunk.usage:
             usage = chunk.usage
+    return text, usage
+
+
+def test_streaming_completion_with_usage(gateway):
+    text, usage = stream_with_usage(gateway, {"x-mock-tokens": "6"})
     assert text == "tok0 tok1 tok2 tok3 tok4 tok5 "
     assert usage is not None and usage.completion_tokens == 6
 
@@ -50,19 +56,7 @@ def test_streaming_completion_with_usage(gateway):
 def test_streaming_completes_when_the_replica_body_does_not_end(gateway, after_done):
     # Decision 182: the replica sent [DONE], then cut the connection without the chunked
     # terminator or held it open; the client's iteration still ends without an error.
-    stream = client(gateway).chat.completions.create(
-        model=MODEL,
-        messages=[{"role": "user", "content": "hello"}],
-        stream=True,
-        stream_options={"include_usage": True},
-        extra_headers={"x-mock-tokens": "3", "x-mock-after-done": after_done},
-    )
-    text, usage = "", None
-    for chunk in stream:
-        if chunk.choices:
-            text += chunk.choices[0].delta.content or ""
-        if chunk.usage:
-            usage = chunk.usage
+    text, usage = stream_with_usage(gateway, {"x-mock-tokens": "3", "x-mock-after-done": after_done})
     assert text == "tok0 tok1 tok2 "
     assert usage is not None and usage.completion_tokens == 3
 
