@@ -103,14 +103,18 @@ impl Watchdog {
     /// Stop the timer (the response ended in time). Safe to call more than once.
     pub fn disarm(&self) {
         if self.state.compare_exchange(ARMED, DISARMED, Ordering::AcqRel, Ordering::Acquire).is_ok() {
-            self.task.abort();
-            if let Some(tail) = &self.tail {
-                tail.abort();
-            }
+            self.stop_timers();
             // SAFETY: we won the exchange, so the timer will never touch `fd`.
             unsafe {
                 libc::close(self.fd);
             }
+        }
+    }
+
+    fn stop_timers(&self) {
+        self.task.abort();
+        if let Some(tail) = &self.tail {
+            tail.abort();
         }
     }
 
@@ -129,9 +133,6 @@ impl Drop for Watchdog {
         self.disarm();
         // After one timer fired, `disarm` does nothing: the other would sleep on to its
         // deadline (the response budget, minutes) for a request already over.
-        self.task.abort();
-        if let Some(tail) = &self.tail {
-            tail.abort();
-        }
+        self.stop_timers();
     }
 }

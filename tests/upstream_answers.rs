@@ -32,6 +32,13 @@ fn assert_upstream_error(route: &str, r: &Reply, what: &str) {
     }
 }
 
+/// The balance is still `before` and no hold is left: nothing was charged.
+fn assert_uncharged(gw: &Gateway, before: &Value) {
+    let after = gw.settled_ledger();
+    assert_eq!(&after["balance_cents"], before, "nothing charged: {after}");
+    assert_eq!(after["held_cents"], 0, "every hold released: {after}");
+}
+
 const NOT_COMPLETIONS: [&str; 7] =
     ["", "not json{", "{\"foo\":1}", "{\"choices\":\"nope\"}", "{\"choices\":[1]}", "[]", "null"];
 
@@ -51,9 +58,7 @@ async fn non_streamed_answers_that_are_not_completions_are_502_and_uncharged() {
             assert_upstream_error(route, &r, &format!("late body {raw:?}"));
         }
     }
-    let after = gw.settled_ledger();
-    assert_eq!(after["balance_cents"], before, "nothing charged: {after}");
-    assert_eq!(after["held_cents"], 0, "every hold released: {after}");
+    assert_uncharged(&gw, &before);
 }
 
 #[tokio::test]
@@ -196,9 +201,7 @@ async fn an_answer_in_the_other_form_is_502_and_uncharged() {
         let r = gw.post(route, &body_for(route, true), &[("x-mock-raw-body", completion)]).await;
         assert_upstream_error(route, &r, "a whole answer for a stream");
     }
-    let after = gw.settled_ledger();
-    assert_eq!(after["balance_cents"], before, "nothing charged: {after}");
-    assert_eq!(after["held_cents"], 0, "every hold released: {after}");
+    assert_uncharged(&gw, &before);
 }
 
 /// A replica's usage report is believed only up to what the request allowed: output at most

@@ -3,8 +3,7 @@
 //! dialect gets it copied as it arrived or edited in place (reasoning renamed,
 //! `service.output_status` on a no-answer terminal frame, the usage frame priced and
 //! forwarded only when asked for, or when no choice answered, and then only together with
-//! `[DONE]`), while a dialect's translator
-//! gets its typed pieces and usage. A stream that ends without `[DONE]` gets one error frame
+//! `[DONE]`), while a dialect's translator gets its typed pieces and usage. A stream that ends without `[DONE]` gets one error frame
 //! (or the translator's error event) instead.
 
 use bytes::{Bytes, BytesMut};
@@ -124,10 +123,8 @@ pub(super) fn on_frame(frame: &[u8], cx: &mut RequestCtx, out: &mut BytesMut) {
         }
         return;
     }
-    let mut usage_only = false;
+    let choices_empty = view.choices.as_ref().is_none_or(Vec::is_empty);
     if let Some(u) = usage_report {
-        let choices_empty = view.choices.as_ref().is_none_or(Vec::is_empty);
-        usage_only = choices_empty;
         let asked = crate::shared::ChatRequest::of(cx).include_usage;
         let planned = match figures {
             Some(f) if asked || (no_answer && choices_empty) => {
@@ -141,7 +138,7 @@ pub(super) fn on_frame(frame: &[u8], cx: &mut RequestCtx, out: &mut BytesMut) {
             return malformed(cx, out);
         }
     }
-    if usage_only {
+    if usage_report.is_some() && choices_empty {
         // Held until `[DONE]` (see `ResponseState::usage_frame`).
         let mut held = BytesMut::with_capacity(data.len() + 64);
         write_frame(edits, data.len(), &mut held);

@@ -67,7 +67,7 @@ pub(super) fn status_of(finish_reason: Option<&str>) -> (&'static str, Value) {
         Some("length") => ("incomplete", json!({ "reason": "max_output_tokens" })),
         Some("content_filter") => ("incomplete", json!({ "reason": "content_filter" })),
         // An idempotent replay of an original stream that ended early (decision 186).
-        Some("interrupted") => ("incomplete", json!({ "reason": "interrupted" })),
+        Some(crate::shared::answer::INTERRUPTED) => ("incomplete", json!({ "reason": "interrupted" })),
         _ => ("completed", Value::Null),
     }
 }

@@ -144,7 +144,7 @@ impl Receipt {
     /// original stream that ended early without one is `interrupted`, which the Responses
     /// dialect renders `incomplete` (decision 186).
     pub fn pieces(&self) -> Vec<Piece<'_>> {
-        let finish = self.finish().or((!self.completed).then_some("interrupted"));
+        let finish = self.finish().or((!self.completed).then_some(crate::shared::answer::INTERRUPTED));
         finish.map(|f| Piece::Finish(f.into())).into_iter().collect()
     }
 

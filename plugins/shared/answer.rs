@@ -256,6 +256,10 @@ pub struct ChunkMeta<'a> {
     pub created: Option<i64>,
 }
 
+/// The finish reason of an idempotent replay's receipt whose original stream ended early
+/// without one (decision 186); the Responses dialect renders it `incomplete`.
+pub const INTERRUPTED: &str = "interrupted";
+
 /// Output of the first choice, in the order it applies. Empty strings are not output and
 /// give no piece.
 #[derive(Debug, Clone, PartialEq)]

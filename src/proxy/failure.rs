@@ -59,15 +59,14 @@ pub(super) async fn answer(s: &mut Session, e: &Error, cx: &mut RequestCtx, chai
         // The client already has the whole stream, `[DONE]` included; only the replica's body
         // failed after it (broken framing, or held open past the tail grace). The client's
         // body ends properly and the request settles as the complete answer it was.
-        match cx.watchdog.as_ref().and_then(Watchdog::fired) {
-            // Already set: a slow client, not the replica (logged in `stream_end`).
-            _ if cx.response.tail_fault => {}
-            Some(Fired::Tail) => log::warn!(
-                "{}: the model server's body did not end within {TAIL_GRACE:?} after its stream ended",
-                cx.request_id
-            ),
-            _ => {
-                log::warn!("{}: the model server's body did not end cleanly after its stream ended: {e}", cx.request_id)
+        // Already set: a slow client, not the replica (logged in `stream_end`).
+        if !cx.response.tail_fault {
+            let rid = &cx.request_id;
+            match cx.watchdog.as_ref().and_then(Watchdog::fired) {
+                Some(Fired::Tail) => log::warn!(
+                    "{rid}: the model server's body did not end within {TAIL_GRACE:?} after its stream ended"
+                ),
+                _ => log::warn!("{rid}: the model server's body did not end cleanly after its stream ended: {e}"),
             }
         }
         cx.response.tail_fault = true; // no second (ERROR) line from Pingora
