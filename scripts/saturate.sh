@@ -21,16 +21,20 @@
 #   SAT_PERF_POSTGRES=1  record every postgres process instead of the gateway
 #   SAT_SYSCALLS=1       also count the gateway's system calls per request (perf stat)
 #   SAT_STREAM=1         streamed requests (the mock's 64-token SSE answer, usage included)
+#   BENCH_DELAY_MS=      each connection waits this long before every request (wrk_post.lua):
+#                        with SAT_CONNECTIONS=5 and 5, about 1,000 requests/s, the bench's paced case
+#   TMPDIR=/tmp          where the run's files go, the SQLite store included (/dev/shm: in memory)
 #   DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres   REDIS_URL=redis://127.0.0.1:6379
 #
 # Output, one line per run: requests/s, the gateway's CPU per request (us, every thread,
 # from schedstat), its context switches per request (every thread) and, on pg, PostgreSQL's
-# CPU per request (every postgres process).
+# CPU per request (every postgres process), and wrk's p50 and p99 latency (at saturation mostly
+# queueing; with SAT_CONNECTIONS=1 the latency of one request at a time).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/bench/config_yaml.sh
 
-[[ $# -ge 1 ]] || { sed -n '2,25p' "$0"; exit 2; }
+[[ $# -ge 1 ]] || { sed -n '2,32p' "$0"; exit 2; }
 SECS=${SAT_SECONDS:-8}
 CONNS=${SAT_CONNECTIONS:-32}
 ROUNDS=${SAT_ROUNDS:-2}
@@ -43,7 +47,7 @@ MOCK_PORT=19380 GW_PORT=19381 ADMIN_PORT=19382
 for d in "$@"; do [[ -x $d/tollgate && -x $d/tollgate-mock-replica ]] || { echo "no binaries in $d" >&2; exit 2; }; done
 command -v wrk >/dev/null || { echo "wrk is needed (apt-get install wrk)" >&2; exit 2; }
 
-WORK=$(mktemp -d /tmp/tollgate-sat.XXXXXX)
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/tollgate-sat.XXXXXX")
 PIDS=()
 cleanup() {
     for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
@@ -141,6 +145,9 @@ run_one() {
     [[ -n $calls ]] && wait "$calls"
     g1=$(cpu_ns "$gw") p1=$(pg_ns) s1=$(switches "$gw")
     req=$(sed -n 's/.*requests=\([0-9]*\).*/\1/p' <<<"$out" | head -1)
+    local p50 p99
+    p50=$(sed -n 's/.* p50_us=\([0-9]*\).*/\1/p' <<<"$out" | head -1)
+    p99=$(sed -n 's/.* p99_us=\([0-9]*\).*/\1/p' <<<"$out" | head -1)
     [[ -n $req && $req -gt 0 ]] || { echo "no requests counted: $out" >&2; exit 1; }
     # A run with refusals or errors measured something else (a refusal is cheap): stop.
     grep -q "err_connect=0 err_read=0 err_write=0 err_status=0 err_timeout=0" <<<"$out" ||
@@ -149,10 +156,11 @@ run_one() {
     wait "$gw" 2>/dev/null || true
     [[ -n $db ]] && psql "$DATABASE_URL" -qtAX -c "DROP DATABASE $db" >/dev/null
     [[ -n $calls ]] && sc=$(awk -F, '/sys_enter/ { print $1 }' "$RUN/syscalls.csv")
-    awk -v b="$bin" -v r="$req" -v s="$SECS" -v g=$((g1 - g0)) -v p=$((p1 - p0)) -v w=$((s1 - s0)) -v sc="$sc" 'BEGIN {
+    awk -v b="$bin" -v r="$req" -v s="$SECS" -v g=$((g1 - g0)) -v p=$((p1 - p0)) -v w=$((s1 - s0)) -v sc="$sc" -v p50="$p50" -v p99="$p99" 'BEGIN {
         printf "%-24s %7.0f req/s  gateway %6.1f us/req  %5.2f switches/req", b, r / s, g / r / 1000, w / r
         if (sc > 0) printf "  %5.2f syscalls/req", sc * s / r / s
         if (p > 0) printf "  postgres %6.1f us/req", p / r / 1000
+        printf "  p50 %.3f ms  p99 %.3f ms", p50 / 1000, p99 / 1000
         printf "\n" }'
 }
 
