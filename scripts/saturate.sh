@@ -28,7 +28,7 @@
 #
 # Output, one line per run: requests/s, the gateway's CPU per request (us, every thread,
 # from schedstat), its context switches per request (every thread) and, on pg, PostgreSQL's
-# CPU per request (every postgres process), and wrk's p50 and p99 latency (at saturation mostly
+# CPU per request (every postgres process), and wrk's p50, p99 and p99.9 latency (at saturation mostly
 # queueing; with SAT_CONNECTIONS=1 the latency of one request at a time).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -145,9 +145,10 @@ run_one() {
     [[ -n $calls ]] && wait "$calls"
     g1=$(cpu_ns "$gw") p1=$(pg_ns) s1=$(switches "$gw")
     req=$(sed -n 's/.*requests=\([0-9]*\).*/\1/p' <<<"$out" | head -1)
-    local p50 p99
+    local p50 p99 p999
     p50=$(sed -n 's/.* p50_us=\([0-9]*\).*/\1/p' <<<"$out" | head -1)
     p99=$(sed -n 's/.* p99_us=\([0-9]*\).*/\1/p' <<<"$out" | head -1)
+    p999=$(sed -n 's/.* p999_us=\([0-9]*\).*/\1/p' <<<"$out" | head -1)
     [[ -n $req && $req -gt 0 ]] || { echo "no requests counted: $out" >&2; exit 1; }
     # A run with refusals or errors measured something else (a refusal is cheap): stop.
     grep -q "err_connect=0 err_read=0 err_write=0 err_status=0 err_timeout=0" <<<"$out" ||
@@ -156,11 +157,11 @@ run_one() {
     wait "$gw" 2>/dev/null || true
     [[ -n $db ]] && psql "$DATABASE_URL" -qtAX -c "DROP DATABASE $db" >/dev/null
     [[ -n $calls ]] && sc=$(awk -F, '/sys_enter/ { print $1 }' "$RUN/syscalls.csv")
-    awk -v b="$bin" -v r="$req" -v s="$SECS" -v g=$((g1 - g0)) -v p=$((p1 - p0)) -v w=$((s1 - s0)) -v sc="$sc" -v p50="$p50" -v p99="$p99" 'BEGIN {
+    awk -v b="$bin" -v r="$req" -v s="$SECS" -v g=$((g1 - g0)) -v p=$((p1 - p0)) -v w=$((s1 - s0)) -v sc="$sc" -v p50="$p50" -v p99="$p99" -v p999="$p999" 'BEGIN {
         printf "%-24s %7.0f req/s  gateway %6.1f us/req  %5.2f switches/req", b, r / s, g / r / 1000, w / r
         if (sc > 0) printf "  %5.2f syscalls/req", sc * s / r / s
         if (p > 0) printf "  postgres %6.1f us/req", p / r / 1000
-        printf "  p50 %.3f ms  p99 %.3f ms", p50 / 1000, p99 / 1000
+        printf "  p50 %.3f  p99 %.3f  p99.9 %.3f ms", p50 / 1000, p99 / 1000, p999 / 1000
         printf "\n" }'
 }
 
