@@ -28,13 +28,14 @@
 #
 # Output, one line per run: requests/s, the gateway's CPU per request (us, every thread,
 # from schedstat), its context switches per request (every thread) and, on pg, PostgreSQL's
-# CPU per request (every postgres process), and wrk's p50, p99 and p99.9 latency (at saturation mostly
-# queueing; with SAT_CONNECTIONS=1 the latency of one request at a time).
+# CPU per request (every postgres process), and wrk's p50, p99 and p99.9 latency (at
+# saturation mostly queueing; with SAT_CONNECTIONS=1 the latency of one request at a time).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/bench/config_yaml.sh
 
-[[ $# -ge 1 ]] || { sed -n '2,32p' "$0"; exit 2; }
+# The usage: this file's opening comment.
+[[ $# -ge 1 ]] || { awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0"; exit 2; }
 SECS=${SAT_SECONDS:-8}
 CONNS=${SAT_CONNECTIONS:-32}
 ROUNDS=${SAT_ROUNDS:-2}
@@ -144,11 +145,10 @@ run_one() {
     [[ -n $perf ]] && wait "$perf"
     [[ -n $calls ]] && wait "$calls"
     g1=$(cpu_ns "$gw") p1=$(pg_ns) s1=$(switches "$gw")
-    req=$(sed -n 's/.*requests=\([0-9]*\).*/\1/p' <<<"$out" | head -1)
+    # A number from wrk_post.lua's BENCH line.
+    field() { sed -n "s/.* $1=\([0-9]*\).*/\1/p" <<<"$out" | head -1; }
     local p50 p99 p999
-    p50=$(sed -n 's/.* p50_us=\([0-9]*\).*/\1/p' <<<"$out" | head -1)
-    p99=$(sed -n 's/.* p99_us=\([0-9]*\).*/\1/p' <<<"$out" | head -1)
-    p999=$(sed -n 's/.* p999_us=\([0-9]*\).*/\1/p' <<<"$out" | head -1)
+    req=$(field requests) p50=$(field p50_us) p99=$(field p99_us) p999=$(field p999_us)
     [[ -n $req && $req -gt 0 ]] || { echo "no requests counted: $out" >&2; exit 1; }
     # A run with refusals or errors measured something else (a refusal is cheap): stop.
     grep -q "err_connect=0 err_read=0 err_write=0 err_status=0 err_timeout=0" <<<"$out" ||
