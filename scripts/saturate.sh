@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Saturation harness: the gateway's CPU per request at a fixed connection count, for
 # comparing builds or chains side by side. Narrower than scripts/bench.sh (no nginx, no
-# ladder, no latency cases) and quicker, so builds can be alternated many times in a noisy
+# ladder of targets, one case at a time) and quicker, so builds can be alternated many times in a noisy
 # machine's quiet stretch. Not a headline figure: scripts/bench.sh is.
 #
 #   scripts/saturate.sh BIN_DIR [BIN_DIR...]
