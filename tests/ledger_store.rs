@@ -560,3 +560,67 @@ async fn a_postgres_batch_finds_its_workspaces_by_key_not_by_scanning_them() {
     let ids: Vec<String> = locked.iter().map(|r| r.get(0)).collect();
     assert_eq!(ids, ["ws5", "ws7", "ws9"], "the named workspace and those of the hold rows, in id order");
 }
+
+/// Holds taken from leases (decision 187) on both backends: waves of concurrent requests,
+/// funded and settled; once the leases are given back nothing stays held and the stored
+/// balance is the sum of the entries and exactly the initial credit less the settled costs.
+/// `leased`: the store runs group commit, so the leases must have been used.
+async fn holds_from_leases_keep_the_ledger_exact(s: Stores, leased: bool) {
+    let ws = workspace(&s).await;
+    let l: Arc<dyn LedgerStore> = s.ledger.clone();
+    l.top_up(&ws, 1_000_000, "purchase", None, now_ms()).await.unwrap();
+    let mut most_leased = 0;
+    for wave in 0..8 {
+        let requests: Vec<_> = (0..50)
+            .map(|i| {
+                let (l, ws) = (l.clone(), ws.clone());
+                tokio::spawn(async move {
+                    let rid = format!("lq_{wave}_{i}");
+                    let funded = l.fund(fund_op(&ws, &rid, 7, now_ms() + 60_000)).await.unwrap();
+                    assert_eq!(funded.verdict, Ok(Funding::PayAsYouGo));
+                    let settled = l.settle(&settlement(&ws, &rid, 3_300_000)).await.unwrap();
+                    assert!(matches!(settled, SettleOutcome::Settled { .. }), "{settled:?}");
+                })
+            })
+            .collect();
+        for r in requests {
+            r.await.unwrap();
+        }
+        most_leased = most_leased.max(l.leased_cents(&ws));
+    }
+    assert_eq!(leased, most_leased > 0, "leases used: {most_leased} cents unused at most");
+    // Given back within a second of their last use.
+    tokio::time::sleep(tollgate::store::ledger_lease::LEASE_USE).await;
+    let mut b = l.balance(&ws).await.unwrap().unwrap();
+    for _ in 0..100 {
+        if b.held_cents == 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        b = l.balance(&ws).await.unwrap().unwrap();
+    }
+    assert_eq!(l.leased_cents(&ws), 0);
+    // 400 settlements of 3.3 cents: 1,320 cents, whatever the carry's order.
+    assert_eq!((b.balance_cents, b.held_cents), (1_000_000 - 1_320, 0));
+    assert_eq!(l.derived_balance(&ws).await.unwrap(), b.balance_cents);
+    assert!(l.expired_holds(i64::MAX).await.unwrap().is_empty(), "no hold row open, leases' included");
+}
+
+mod holds_from_leases_keep_the_ledger_exact {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sqlite() {
+        super::holds_from_leases_keep_the_ledger_exact(super::sqlite().await, true).await
+    }
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres() {
+        super::holds_from_leases_keep_the_ledger_exact(super::postgres().await, true).await
+    }
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sqlite_unbatched() {
+        super::holds_from_leases_keep_the_ledger_exact(super::sqlite_unbatched().await, false).await
+    }
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres_unbatched() {
+        super::holds_from_leases_keep_the_ledger_exact(super::postgres_unbatched().await, false).await
+    }
+}

@@ -106,7 +106,7 @@ pub fn run(config: Config, chain: Chain, services: Services, start: Start<'_>) -
     }
     tollgate::health::spawn(live.clone());
     spawn_reload_on_hangup(live);
-    end_stop_when_drained(&server, config.gateway.grace_period_seconds);
+    end_stop_when_drained(&server, config.gateway.grace_period_seconds, services.ledger.clone());
     server.run_forever()
 }
 
@@ -150,7 +150,11 @@ fn exit_on_listener_panic() {
 /// of an upgrade) even when nothing runs. Once the grace period has begun, this ends the
 /// process as soon as no request is in flight and no settlement waits for the ledger, for a
 /// quiet second (decision 166); a request still running keeps it alive up to the grace period.
-fn end_stop_when_drained(server: &Server, grace_seconds: u64) {
+fn end_stop_when_drained(
+    server: &Server,
+    grace_seconds: u64,
+    ledger: Option<Arc<dyn tollgate::store::ledger::LedgerStore>>,
+) {
     use pingora::server::ExecutionPhase;
     let mut phases = server.watch_execution_phase();
     let watch = move || {
@@ -166,11 +170,29 @@ fn end_stop_when_drained(server: &Server, grace_seconds: u64) {
         let deadline = began.checked_add(grace).unwrap_or(began + std::time::Duration::from_secs(86_400));
         if tollgate::drain::PROCESS.wait_until_quiet(tollgate::drain::QUIET, deadline) {
             log::info!("graceful stop: nothing left in flight after {:.1} s; exiting", began.elapsed().as_secs_f64());
+            if let Some(ledger) = &ledger {
+                give_back_leases(&**ledger);
+            }
             std::process::exit(0);
         }
     };
     if let Err(e) = std::thread::Builder::new().name("stop-watch".into()).spawn(watch) {
         log::warn!("graceful stop watcher could not start ({e}); a stop waits the whole grace period");
+    }
+}
+
+/// Give back this instance's unused leases (decision 187) before it exits, so their money is
+/// not held until their rows expire; two seconds at most.
+fn give_back_leases(ledger: &dyn tollgate::store::ledger::LedgerStore) {
+    let rt = match tokio::runtime::Builder::new_current_thread().enable_time().build() {
+        Ok(rt) => rt,
+        Err(e) => return log::warn!("leases not given back ({e}); their rows expire and are swept"),
+    };
+    let wait = std::time::Duration::from_secs(2);
+    match rt.block_on(async { tokio::time::timeout(wait, ledger.give_back_leases()).await }) {
+        Ok(n) if n > 0 => log::info!("gave back {n} unused leases"),
+        Ok(_) => {}
+        Err(_) => log::warn!("leases not all given back in 2 s; their rows expire and are swept"),
     }
 }
 

@@ -20,7 +20,8 @@ pub async fn snapshot(b: &Billing, s: &mut Session, cx: &mut RequestCtx) -> Resu
     let ws = &principal.workspace_id;
     let now = now_ms();
     let (plan, balance) = tokio::try_join!(b.ledger.plan(ws), b.ledger.balance(ws)).map_err(store_down)?;
-    let balance_cents = balance.map_or(0, |m| m.balance_cents);
+    // This instance's unused lease is balance no request holds yet (`ledger_lease.rs`).
+    let balance_cents = balance.map_or(0, |m| m.balance_cents) + b.ledger.leased_cents(ws);
     let current = plan.map(|mut record| {
         record.counters.roll(record.terms.started_at, now);
         let limits = b.plans.limits(record.terms.tier);

@@ -34,7 +34,11 @@ pub(super) async fn signup_grant(app: &AdminApp, ws: &str) -> Result<(), AdminEr
 
 pub(super) async fn balance(app: &AdminApp, ws: &str) -> Result<Option<Balance>, AdminError> {
     match &app.ledger {
-        Some(l) => l.balance(ws).await.map_err(store_err),
+        // This instance's unused lease is shown as balance, as the credits read shows it.
+        Some(l) => Ok(l.balance(ws).await.map_err(store_err)?.map(|b| {
+            let leased = l.leased_cents(ws);
+            Balance { balance_cents: b.balance_cents + leased, held_cents: b.held_cents - leased, ..b }
+        })),
         None => Ok(None),
     }
 }
@@ -58,6 +62,7 @@ pub(super) async fn top_up(app: &AdminApp, ws: &str, body: &Value) -> Answer {
     let now = now_ms();
     let expires_at = (source != "grant").then_some(now + TOPUP_LIFETIME_MS);
     let (entry, balance) = ledger(app)?.top_up(ws, amount, source, expires_at, now).await.map_err(store_err)?;
+    let balance = balance + ledger(app)?.leased_cents(ws);
     Ok(json_response(201, &json!({ "entry_id": entry, "balance_cents": balance })))
 }
 
@@ -86,6 +91,9 @@ pub(super) async fn ledger_listing(app: &AdminApp, ws: &str) -> Answer {
             break (stored, derived);
         }
     };
+    // This instance's unused lease (decision 187): held in the stored balance, which the
+    // check compares; shown as balance, as the credits read shows it.
+    let leased = l.leased_cents(ws);
     let entries = l.entries(ws, 500).await.map_err(store_err)?;
     let entries: Vec<Value> = entries
         .iter()
@@ -101,10 +109,15 @@ pub(super) async fn ledger_listing(app: &AdminApp, ws: &str) -> Answer {
         200,
         &json!({
             "workspace_id": ws,
-            "balance_cents": stored.balance_cents,
-            "held_cents": stored.held_cents,
+            "balance_cents": stored.balance_cents + leased,
+            "held_cents": stored.held_cents - leased,
+            "leased_cents": leased,
             "carry_microcents": stored.carry_microcents,
-            "check": { "derived_balance_cents": derived, "consistent": derived == stored.balance_cents },
+            "check": {
+                "stored_balance_cents": stored.balance_cents,
+                "derived_balance_cents": derived,
+                "consistent": derived == stored.balance_cents,
+            },
             "entries": entries,
         }),
     ))

@@ -104,6 +104,17 @@ pub trait LedgerStore: Send + Sync {
         tokio::spawn(async move { done(self.submit(op).await) });
     }
 
+    /// Cents this instance has reserved for holds in a lease and not yet used: counted as
+    /// held by the stored balance, added back by the credits read (`ledger_lease.rs`).
+    fn leased_cents(&self, _workspace_id: &str) -> i64 {
+        0
+    }
+
+    /// Give back every lease this instance holds (it is stopping); how many were given back.
+    async fn give_back_leases(&self) -> usize {
+        0
+    }
+
     /// Request ids of open holds whose expiry has passed.
     async fn expired_holds(&self, now: Millis) -> Result<Vec<String>, StoreError>;
 

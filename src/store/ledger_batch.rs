@@ -35,7 +35,8 @@ use tokio::sync::{mpsc, oneshot};
 use super::StoreError;
 use super::ledger::{Balance, LedgerEntry, LedgerStore};
 use super::ledger_congestion::Congestion;
-use super::ledger_ops::{LedgerOp, OpResult};
+use super::ledger_lease::{LEASE_USE, Leases};
+use super::ledger_ops::{FundOp, FundOutcome, LedgerOp, OpOutcome, OpResult};
 use crate::clock::Millis;
 use crate::plans::{PlanRecord, PlanTerms};
 
@@ -121,6 +122,8 @@ pub struct BatchedLedger {
     congestion: Arc<Congestion>,
     /// Holds are shed while ops wait longer than this.
     max_hold_wait: Duration,
+    /// Balance this instance places holds from in memory (`ledger_lease.rs`).
+    leases: Arc<Leases>,
 }
 
 impl BatchedLedger {
@@ -158,6 +161,8 @@ impl BatchedLedger {
         let w = writes.clone();
         let congestion = Arc::new(Congestion::new());
         let seen = congestion.clone();
+        let leases = Arc::new(Leases::default());
+        rt.spawn(return_leases(tx.downgrade(), leases.clone()));
         std::thread::Builder::new()
             .name("ledger-writer".into())
             .spawn(move || {
@@ -168,9 +173,62 @@ impl BatchedLedger {
                 rt.block_on(writer(rx, w, seen))
             })
             .map_err(|e| StoreError::Unavailable(format!("ledger writer thread: {e}")))?;
-        Ok(BatchedLedger { store, writes, queue: tx, reserve: queue / 4, congestion, max_hold_wait: MAX_HOLD_WAIT })
+        Ok(BatchedLedger {
+            store,
+            writes,
+            queue: tx,
+            reserve: queue / 4,
+            congestion,
+            max_hold_wait: MAX_HOLD_WAIT,
+            leases,
+        })
     }
 
+    /// Queue an op nobody waits for, if there is a free slot now; `done` gets its outcome on
+    /// the writer's thread.
+    fn queue_now(&self, op: LedgerOp, done: super::ledger::Detached) -> bool {
+        let job = Job { op, reply: Reply::Then(done), queued: Instant::now() };
+        match self.queue.try_send(job) {
+            Ok(()) => true,
+            Err(mpsc::error::TrySendError::Full(job) | mpsc::error::TrySendError::Closed(job)) => {
+                job.reply.send(Err(StoreError::NotQueued("the ledger queue is full".into())));
+                false
+            }
+        }
+    }
+
+    /// The funding decision from this instance's lease when one covers the hold; else the
+    /// ledger's, after which a lease is asked for (`ledger_lease.rs`).
+    async fn fund_op(&self, op: FundOp) -> Result<FundOutcome, StoreError> {
+        // A lease hold takes a slot without waiting: not while holds would be shed or the
+        // queue is down to the room kept for settlements.
+        if self.congested().is_none() && self.queue.capacity() > self.reserve {
+            let placed = self.leases.take(&op, |row| self.queue_now(row, Box::new(written)));
+            if let Some(outcome) = placed {
+                return Ok(outcome);
+            }
+        }
+        let asked = op.clone();
+        let outcome = match self.enqueue(LedgerOp::Fund(Box::new(op))).await? {
+            OpOutcome::Fund(f) => *f,
+            other => return Err(StoreError::Unavailable(format!("unexpected ledger answer {other:?}"))),
+        };
+        if let Some(grant) = self.leases.ask(&asked, &outcome) {
+            let (leases, sent) = (self.leases.clone(), grant.clone());
+            self.queue_now(grant, Box::new(move |r| leases.granted(&sent, &r)));
+        }
+        Ok(outcome)
+    }
+
+    /// Give back `workspace`'s lease now (its plan changed here).
+    fn give_back(&self, workspace: &str) {
+        for op in self.leases.due(Some(workspace), crate::clock::now_ms()) {
+            self.queue_now(op, Box::new(written));
+        }
+    }
+}
+
+impl BatchedLedger {
     async fn enqueue(&self, op: LedgerOp) -> OpResult {
         let (reply, answer) = oneshot::channel();
         let job = Job { op, reply: Reply::Wait(reply), queued: Instant::now() };
@@ -204,6 +262,28 @@ impl BatchedLedger {
             }
         }
         answer.await.map_err(|_| StoreError::Unavailable("the ledger writer stopped".into()))?
+    }
+}
+
+/// The outcome of a row nobody waits for: logged if it failed.
+fn written(r: OpResult) {
+    if let Err(e) = r {
+        log::warn!("a lease's ledger row was not written: {e}");
+    }
+}
+
+/// Give back leases past their use, four times per [`LEASE_USE`], until the writer stops.
+async fn return_leases(queue: mpsc::WeakSender<Job>, leases: Arc<Leases>) {
+    let mut tick = tokio::time::interval(LEASE_USE / 4);
+    loop {
+        tick.tick().await;
+        let Some(queue) = queue.upgrade() else { return };
+        for op in leases.due(None, crate::clock::now_ms()) {
+            let job = Job { op, reply: Reply::Then(Box::new(written)), queued: Instant::now() };
+            if queue.try_send(job).is_err() {
+                log::warn!("a lease could not be given back now (full queue); its row expires and is swept");
+            }
+        }
     }
 }
 
@@ -310,6 +390,20 @@ impl LedgerStore for BatchedLedger {
         self.enqueue(op).await
     }
 
+    async fn fund(&self, op: FundOp) -> Result<FundOutcome, StoreError> {
+        self.fund_op(op).await
+    }
+
+    fn leased_cents(&self, workspace_id: &str) -> i64 {
+        self.leases.unused(workspace_id)
+    }
+
+    async fn give_back_leases(&self) -> usize {
+        let ops = self.leases.all();
+        let answers = futures_util::future::join_all(ops.into_iter().map(|op| self.enqueue(op))).await;
+        answers.iter().filter(|r| matches!(r, Ok(OpOutcome::Release(true)))).count()
+    }
+
     fn submit_detached(self: Arc<Self>, op: LedgerOp, done: super::ledger::Detached) {
         let job = Job { op, reply: Reply::Then(done), queued: Instant::now() };
         match self.queue.try_send(job) {
@@ -349,7 +443,9 @@ impl LedgerStore for BatchedLedger {
         terms: &PlanTerms,
         now: Millis,
     ) -> Result<Option<PlanRecord>, StoreError> {
-        self.store.set_plan(workspace_id, terms, now).await
+        let set = self.store.set_plan(workspace_id, terms, now).await;
+        self.give_back(workspace_id);
+        set
     }
 
     async fn clear_plan(&self, workspace_id: &str) -> Result<bool, StoreError> {

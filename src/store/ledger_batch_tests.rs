@@ -18,7 +18,7 @@ impl LedgerWrites for Gated {
                 LedgerOp::Hold { .. } => Ok(OpOutcome::Hold(HoldOutcome::Placed { balance_cents: 0 })),
                 LedgerOp::Settle(_) => Ok(OpOutcome::Settle(SettleOutcome::AlreadySettled)),
                 LedgerOp::Release { .. } => Ok(OpOutcome::Release(true)),
-                LedgerOp::Fund(_) => Err(StoreError::Unavailable("not in this test".into())),
+                _ => Err(StoreError::Unavailable("not in this test".into())),
             })
             .collect())
     }
@@ -154,4 +154,143 @@ async fn a_settlement_rides_with_the_next_hold_and_is_written_alone_when_none_co
     assert_eq!(l.settle(&settlement("s2")).await, Ok(SettleOutcome::AlreadySettled));
     assert_eq!(rec.0.lock().unwrap().last().unwrap(), &vec!["s2".to_string()]);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+mod leases {
+    use super::*;
+    use crate::identity::{RateTier, Workspace};
+    use crate::plans::PlanSettings;
+    use crate::plans::decide::{FundAsk, Funding};
+    use crate::store::IdentityStore;
+    use crate::store::ledger::Settlement;
+    use crate::store::ledger_lease::LEASE_USE;
+    use crate::store::ledger_ops::{FundOp, FundRefusal};
+    use crate::store::sqlite::SqliteStore;
+
+    async fn funded(cents: i64) -> (std::path::PathBuf, Arc<SqliteStore>, Arc<BatchedLedger>) {
+        let dir = std::env::temp_dir().join(format!("tollgate-lease-{}", uuid::Uuid::new_v4().simple()));
+        let store = Arc::new(SqliteStore::open(&dir.join("l.db")).unwrap());
+        store.migrate().await.unwrap();
+        let ws = Workspace {
+            id: "w".into(),
+            name: "w".into(),
+            rate_tier: RateTier::Core,
+            created_at: 0,
+            frozen: None,
+            lifetime_purchases_cents: 0,
+            plan: None,
+        };
+        store.create_workspace(&ws).await.unwrap();
+        store.top_up("w", cents, "purchase", None, 1).await.unwrap();
+        let l = Arc::new(BatchedLedger::new(store.clone()).unwrap());
+        (dir, store, l)
+    }
+
+    fn fund(rid: &str, hold_cents: i64, key_limit_reached: bool) -> FundOp {
+        let now = crate::clock::now_ms();
+        FundOp {
+            request_id: rid.into(),
+            workspace_id: "w".into(),
+            key_id: None,
+            ask: FundAsk {
+                value_microcents: hold_cents * 1_000_000,
+                hold_cents,
+                credits_only: false,
+                key_limit_reached,
+                covered: true,
+                standby_pressure: false,
+                standby_closed: false,
+            },
+            settings: Arc::new(PlanSettings::default()),
+            expires_at: now + 60_000,
+            now,
+        }
+    }
+
+    fn settlement(rid: &str, cost: u64) -> Settlement {
+        Settlement {
+            request_id: rid.into(),
+            workspace_id: "w".into(),
+            key_id: None,
+            cost: crate::money::Microcents(cost),
+            value: crate::money::Microcents(cost),
+            now: crate::clock::now_ms(),
+            month: "2026-11".into(),
+        }
+    }
+
+    /// Polls (the lease's rows are written in the background) up to two seconds.
+    async fn until(mut ok: impl AsyncFnMut() -> bool) {
+        for _ in 0..200 {
+            if ok().await {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("not reached in 2 s");
+    }
+
+    #[tokio::test]
+    async fn holds_come_from_a_lease_once_granted_and_the_ledger_is_exact_after_it_is_given_back() {
+        let (dir, store, l) = funded(100_000).await;
+        // The first request is decided by the ledger; it asks for a lease of 1,024 holds.
+        let first = l.fund(fund("r1", 5, false)).await.unwrap();
+        assert_eq!(first.verdict, Ok(Funding::PayAsYouGo));
+        until(async || l.leased_cents("w") == 5 * 1_024).await;
+        let b = store.balance("w").await.unwrap().unwrap();
+        assert_eq!((b.balance_cents, b.held_cents), (100_000 - 5 - 5_120, 5 + 5_120), "the lease is held");
+        // The next one is placed from the lease: its row comes after, moved out of the lease's.
+        let second = l.fund(fund("r2", 5, false)).await.unwrap();
+        assert_eq!((second.verdict, second.plan), (Ok(Funding::PayAsYouGo), None));
+        assert_eq!(l.leased_cents("w"), 5_115);
+        until(async || LedgerStore::expired_holds(&*store, Millis::MAX).await.unwrap().contains(&"r2".to_string()))
+            .await;
+        let b = store.balance("w").await.unwrap().unwrap();
+        assert_eq!((b.balance_cents, b.held_cents), (100_000 - 5 - 5_120, 5 + 5_120), "moved, not added");
+        // A key at its limit is refused by the ledger, as without a lease.
+        let limited = l.fund(fund("r3", 5, true)).await.unwrap();
+        assert_eq!(limited.verdict, Err(FundRefusal::KeyLimit));
+        l.settle(&settlement("r1", 3_500_000)).await.unwrap();
+        l.settle(&settlement("r2", 3_500_000)).await.unwrap();
+        // Past its use the lease is given back: nothing is held, every cent accounted for.
+        tokio::time::sleep(LEASE_USE).await;
+        until(async || LedgerStore::expired_holds(&*store, Millis::MAX).await.unwrap().is_empty()).await;
+        assert_eq!(l.leased_cents("w"), 0);
+        let b = store.balance("w").await.unwrap().unwrap();
+        assert_eq!((b.balance_cents, b.held_cents), (100_000 - 7, 0));
+        assert_eq!(store.derived_balance("w").await.unwrap(), b.balance_cents);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
+    async fn a_low_balance_gets_no_lease_and_each_hold_is_decided_by_the_ledger() {
+        // 1,000 cents: an eighth (125) is under 16 holds of 10 cents.
+        let (dir, store, l) = funded(1_000).await;
+        assert_eq!(l.fund(fund("r1", 10, false)).await.unwrap().verdict, Ok(Funding::PayAsYouGo));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(l.leased_cents("w"), 0);
+        assert_eq!(
+            LedgerStore::expired_holds(&*store, Millis::MAX).await.unwrap(),
+            vec!["r1".to_string()],
+            "no lease row"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
+    async fn a_hold_the_lease_cannot_cover_gives_it_back_and_goes_to_the_ledger() {
+        let (dir, store, l) = funded(1_000_000).await;
+        l.fund(fund("r1", 1, false)).await.unwrap();
+        until(async || l.leased_cents("w") == 1_024).await;
+        // 2,000 cents do not fit in the lease's 1,024: the ledger decides (after the lease is
+        // given back, queued first), and a new lease is asked for at that size.
+        let big = l.fund(fund("r2", 2_000, false)).await.unwrap();
+        assert_eq!(big.verdict, Ok(Funding::PayAsYouGo));
+        until(async || l.leased_cents("w") > 0).await;
+        let b = store.balance("w").await.unwrap().unwrap();
+        let leased = l.leased_cents("w");
+        assert_eq!(leased, (1_000_000 - 1 - 2_000) / 8, "an eighth of the balance, under 1,024 holds");
+        assert_eq!(b.held_cents, 1 + 2_000 + leased, "the first lease was released in full");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

@@ -19,6 +19,10 @@ use crate::money::{Microcents, debit_with_carry};
 use crate::plans::decide::{Funding, finish};
 use crate::plans::{Counters, PlanRecord};
 
+/// A lease takes at most this fraction of the balance (1/8), so what one instance reserves
+/// leaves the rest for the others' requests and leases.
+pub const LEASE_SHARE: i64 = 8;
+
 /// One write to the ledger.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LedgerOp {
@@ -37,12 +41,38 @@ pub enum LedgerOp {
         request_id: String,
         now: Millis,
     },
+    /// Reserve a chunk of a plan-less workspace's balance for this instance to place holds
+    /// from in memory (`ledger_lease.rs`), recorded as an open hold row under `lease_id`: up to
+    /// `want_cents` but never more than [`LEASE_SHARE`] of the balance, and not at all when
+    /// that is less than `min_cents`.
+    LeaseGrant {
+        lease_id: String,
+        workspace_id: String,
+        want_cents: i64,
+        min_cents: i64,
+        expires_at: Millis,
+        now: Millis,
+    },
+    /// The row of a hold this instance already placed from its lease `lease_id`: the amount
+    /// moves from the lease's row to the request's, the balance is unchanged.
+    LeaseHold {
+        lease_id: String,
+        request_id: String,
+        workspace_id: String,
+        key_id: Option<String>,
+        amount_cents: i64,
+        expires_at: Millis,
+        now: Millis,
+    },
 }
 
 impl LedgerOp {
     pub fn request_id(&self) -> &str {
         match self {
-            LedgerOp::Hold { request_id, .. } | LedgerOp::Release { request_id, .. } => request_id,
+            LedgerOp::Hold { request_id, .. }
+            | LedgerOp::Release { request_id, .. }
+            | LedgerOp::LeaseHold { request_id, .. } => request_id,
+            LedgerOp::LeaseGrant { lease_id, .. } => lease_id,
             LedgerOp::Fund(f) => &f.request_id,
             LedgerOp::Settle(s) => &s.request_id,
         }
@@ -51,11 +81,30 @@ impl LedgerOp {
     /// The workspace the op names itself (a release learns it from the hold row).
     pub fn workspace_id(&self) -> Option<&str> {
         match self {
-            LedgerOp::Hold { workspace_id, .. } => Some(workspace_id),
+            LedgerOp::Hold { workspace_id, .. }
+            | LedgerOp::LeaseGrant { workspace_id, .. }
+            | LedgerOp::LeaseHold { workspace_id, .. } => Some(workspace_id),
             LedgerOp::Fund(f) => Some(&f.workspace_id),
             LedgerOp::Settle(s) => Some(&s.workspace_id),
             LedgerOp::Release { .. } => None,
         }
+    }
+
+    /// The existing hold row the op reads besides its own: a lease hold's lease.
+    pub fn lease_id(&self) -> Option<&str> {
+        match self {
+            LedgerOp::LeaseHold { lease_id, .. } => Some(lease_id),
+            _ => None,
+        }
+    }
+
+    /// The op names a request id (or lease id) this process just made, so no row of it can
+    /// exist yet (a duplicate still fails, on the primary key).
+    pub fn is_fresh(&self) -> bool {
+        matches!(
+            self,
+            LedgerOp::Hold { .. } | LedgerOp::Fund(_) | LedgerOp::LeaseGrant { .. } | LedgerOp::LeaseHold { .. }
+        )
     }
 }
 
@@ -79,6 +128,8 @@ pub enum OpOutcome {
     Settle(SettleOutcome),
     /// `false` when there was no open hold.
     Release(bool),
+    /// The lease's amount, when granted.
+    Lease(Option<i64>),
 }
 
 pub type OpResult = Result<OpOutcome, StoreError>;
@@ -150,6 +201,8 @@ pub struct Plan {
     pub new_holds: Vec<NewHold>,
     /// Existing holds whose state changed: (request id, new state).
     pub hold_states: Vec<(String, &'static str)>,
+    /// Existing holds whose amount changed (leases that holds were placed from): (id, amount).
+    pub hold_amounts: Vec<(String, i64)>,
     pub entries: Vec<NewEntry>,
     /// Final money of each workspace the batch changed.
     pub workspaces: Vec<(String, Money)>,
@@ -168,6 +221,7 @@ pub fn plan(ops: &[LedgerOp], snap: Snapshot) -> Plan {
         changed_holds: Vec::new(),
         changed_ws: Vec::new(),
         changed_plans: Vec::new(),
+        resized: Vec::new(),
     };
     for op in ops {
         let result = match op {
@@ -180,6 +234,15 @@ pub fn plan(ops: &[LedgerOp], snap: Snapshot) -> Plan {
             LedgerOp::Settle(s) => p.settle(s),
             LedgerOp::Release { request_id, now } => {
                 Ok(OpOutcome::Release(p.release(request_id, "released", *now, None)))
+            }
+            LedgerOp::LeaseGrant { lease_id, workspace_id, want_cents, min_cents, expires_at, now } => {
+                let h = NewHoldArgs { rid: lease_id, ws: workspace_id, key: None, amount: *want_cents };
+                p.grant_lease(&h, *min_cents, *expires_at, *now)
+            }
+            LedgerOp::LeaseHold { lease_id, request_id, workspace_id, key_id, amount_cents, expires_at, now } => {
+                let h =
+                    NewHoldArgs { rid: request_id, ws: workspace_id, key: key_id.as_deref(), amount: *amount_cents };
+                p.hold_from_lease(lease_id, &h, *expires_at, *now)
             }
         };
         p.plan.outcomes.push(result);
@@ -194,8 +257,11 @@ struct Planner {
     changed_holds: Vec<String>,
     changed_ws: Vec<String>,
     changed_plans: Vec<String>,
+    /// Existing hold rows whose amount changed.
+    resized: Vec<String>,
 }
 
+#[derive(Clone, Copy)]
 struct NewHoldArgs<'a> {
     rid: &'a str,
     ws: &'a str,
@@ -223,12 +289,28 @@ impl Planner {
         if self.snap.holds.contains_key(h.rid) {
             return Err(StoreError::Conflict(format!("a hold for request {} exists already", h.rid)));
         }
-        let Some(m) = self.snap.workspaces.get_mut(h.ws) else {
+        let Some(m) = self.snap.workspaces.get(h.ws) else {
             return Ok(HoldOutcome::Insufficient { balance_cents: 0 });
         };
         if m.balance_cents < h.amount {
             return Ok(HoldOutcome::Insufficient { balance_cents: m.balance_cents });
         }
+        Ok(self.place(h, funding, value, expires_at, now))
+    }
+
+    /// Write the hold whatever the balance (the caller checked it, or the request is already
+    /// admitted). The workspace must be in the snapshot.
+    fn place(
+        &mut self,
+        h: &NewHoldArgs<'_>,
+        funding: Funding,
+        value: i64,
+        expires_at: Millis,
+        now: Millis,
+    ) -> HoldOutcome {
+        let Some(m) = self.snap.workspaces.get_mut(h.ws) else {
+            return HoldOutcome::Insufficient { balance_cents: 0 };
+        };
         m.balance_cents -= h.amount;
         m.held_cents += h.amount;
         let balance_cents = m.balance_cents;
@@ -249,7 +331,50 @@ impl Planner {
         if h.amount != 0 {
             touch(&mut self.changed_ws, h.ws);
         }
-        Ok(HoldOutcome::Placed { balance_cents })
+        HoldOutcome::Placed { balance_cents }
+    }
+
+    /// A lease: a hold row of the chunk (`h.amount` at most, a [`LEASE_SHARE`] of the balance
+    /// at most, `min` at least), for a workspace without a plan (a plan's decision needs the
+    /// ledger for every request).
+    fn grant_lease(&mut self, h: &NewHoldArgs<'_>, min: i64, expires_at: Millis, now: Millis) -> OpResult {
+        if self.snap.holds.contains_key(h.rid) {
+            return Err(StoreError::Conflict(format!("a lease {} exists already", h.rid)));
+        }
+        let balance = self.snap.workspaces.get(h.ws).map_or(0, |m| m.balance_cents);
+        let amount = h.amount.min(balance / LEASE_SHARE);
+        if amount < min || amount < 0 || self.snap.plans.contains_key(h.ws) {
+            return Ok(OpOutcome::Lease(None));
+        }
+        self.place(&NewHoldArgs { amount, ..*h }, Funding::PayAsYouGo, 0, expires_at, now);
+        Ok(OpOutcome::Lease(Some(amount)))
+    }
+
+    /// The row of a hold placed in memory from a lease: its amount leaves the lease's row
+    /// (credited back) and is held by the request's row, so the balance does not move. When
+    /// the lease is gone or short (it expired and was swept), the hold is written anyway: the
+    /// request is already running, and its settlement will debit whatever the balance.
+    fn hold_from_lease(&mut self, lease: &str, h: &NewHoldArgs<'_>, expires_at: Millis, now: Millis) -> OpResult {
+        if self.snap.holds.contains_key(h.rid) {
+            return Err(StoreError::Conflict(format!("a hold for request {} exists already", h.rid)));
+        }
+        if !self.snap.workspaces.contains_key(h.ws) {
+            return Err(StoreError::Conflict("a lease hold for a workspace that does not exist".into()));
+        }
+        let from_lease = self
+            .snap
+            .holds
+            .get_mut(lease)
+            .filter(|l| l.state == "open" && l.workspace_id == h.ws && l.amount_cents >= h.amount);
+        if let Some(l) = from_lease {
+            l.amount_cents -= h.amount;
+            if let Some(m) = self.snap.workspaces.get_mut(h.ws) {
+                m.balance_cents += h.amount;
+                m.held_cents -= h.amount;
+            }
+            touch(&mut self.resized, lease);
+        }
+        Ok(OpOutcome::Hold(self.place(h, Funding::PayAsYouGo, 0, expires_at, now)))
     }
 
     /// Release the hold (if open) and debit the cost with the carry, once per request id. A
@@ -338,6 +463,12 @@ impl Planner {
         for h in &mut self.plan.new_holds {
             if let Some(row) = self.snap.holds.get(&h.request_id) {
                 h.row.state.clone_from(&row.state);
+                h.row.amount_cents = row.amount_cents;
+            }
+        }
+        for id in self.resized.iter().filter(|r| !self.new_holds.contains(*r)) {
+            if let Some(row) = self.snap.holds.get(id) {
+                self.plan.hold_amounts.push((id.clone(), row.amount_cents));
             }
         }
         for rid in self.changed_holds.iter().filter(|r| !self.new_holds.contains(*r)) {

@@ -104,3 +104,102 @@ fn an_unknown_workspace_is_refused_without_writing() {
     assert!(matches!(p.outcomes[1], Err(StoreError::Conflict(_))));
     assert!(p.entries.is_empty() && p.workspaces.is_empty() && p.new_holds.is_empty());
 }
+
+fn grant(id: &str, want: i64, min: i64) -> LedgerOp {
+    LedgerOp::LeaseGrant {
+        lease_id: id.into(),
+        workspace_id: "w".into(),
+        want_cents: want,
+        min_cents: min,
+        expires_at: 10,
+        now: 1,
+    }
+}
+
+fn lease_hold(lease: &str, rid: &str, amount: i64) -> LedgerOp {
+    LedgerOp::LeaseHold {
+        lease_id: lease.into(),
+        request_id: rid.into(),
+        workspace_id: "w".into(),
+        key_id: Some("k".into()),
+        amount_cents: amount,
+        expires_at: 10,
+        now: 1,
+    }
+}
+
+#[test]
+fn a_lease_takes_at_most_an_eighth_of_the_balance_and_none_with_a_plan_or_below_its_minimum() {
+    let p = plan(&[grant("L", 200, 16)], snap(800));
+    assert_eq!(p.outcomes[0], Ok(OpOutcome::Lease(Some(100))), "an eighth of 800");
+    assert_eq!(p.workspaces[0].1, Money { balance_cents: 700, held_cents: 100, carry_microcents: 0 });
+    assert_eq!((p.new_holds[0].request_id.as_str(), p.new_holds[0].row.amount_cents), ("L", 100));
+    assert!(p.entries.is_empty(), "a lease is an open hold row: no entry");
+    let p = plan(&[grant("L", 200, 16)], snap(120));
+    assert_eq!(p.outcomes[0], Ok(OpOutcome::Lease(None)), "15 cents is under the minimum of 16");
+    assert!(p.new_holds.is_empty() && p.workspaces.is_empty());
+    let mut with_plan = snap(100_000);
+    let terms = crate::plans::PlanTerms {
+        tier: crate::plans::Tier::Starter,
+        status: crate::plans::Status::Active,
+        started_at: 0,
+        cancel_at: None,
+        grace_until: None,
+        credits_enabled: false,
+        cap_cents: None,
+        pending_tier: None,
+        pending_effective_at: None,
+    };
+    let record = crate::plans::PlanRecord { terms, counters: crate::plans::Counters::starting(0) };
+    with_plan.plans.insert("w".into(), record);
+    let p = plan(&[grant("L", 200, 16)], with_plan);
+    assert_eq!(p.outcomes[0], Ok(OpOutcome::Lease(None)), "a plan's decision needs the ledger every time");
+}
+
+#[test]
+fn a_hold_from_a_lease_moves_the_amount_and_the_balance_stays_the_sum_of_entries_less_open_holds() {
+    let mut s = snap(700);
+    s.workspaces.insert("w".into(), Money { balance_cents: 700, held_cents: 100, carry_microcents: 0 });
+    s.holds.insert(
+        "L".into(),
+        HoldRow {
+            workspace_id: "w".into(),
+            key_id: None,
+            amount_cents: 100,
+            state: "open".into(),
+            funding: Funding::PayAsYouGo,
+            value_microcents: 0,
+            created_at: 0,
+            entry_written: false,
+        },
+    );
+    let ops = [lease_hold("L", "a", 30), settle("a", 20_000_000), lease_hold("L", "b", 25)];
+    let p = plan(&ops, s.clone());
+    assert_eq!(p.outcomes[0], Ok(OpOutcome::Hold(HoldOutcome::Placed { balance_cents: 700 })));
+    // a's 30 left the lease and was settled at 20; b's 25 left the lease and is held.
+    assert_eq!(p.workspaces[0].1, Money { balance_cents: 710, held_cents: 70, carry_microcents: 0 });
+    assert_eq!(p.hold_amounts, vec![("L".to_string(), 45)]);
+    let rows: Vec<_> =
+        p.new_holds.iter().map(|h| (h.request_id.as_str(), h.row.amount_cents, h.row.state.as_str())).collect();
+    assert_eq!(rows, [("a", 30, "settled"), ("b", 25, "open")]);
+    // Stored 710 = 800 (entries before) - 20 (a's settlement) - 45 (L) - 25 (b).
+    assert_eq!(800 + sum(&p) - 45 - 25, 710);
+    // The lease given back in the same batch: its row is released with what was left.
+    let p = plan(&[lease_hold("L", "a", 30), LedgerOp::Release { request_id: "L".into(), now: 2 }], s.clone());
+    assert_eq!(p.outcomes[1], Ok(OpOutcome::Release(true)));
+    assert_eq!(p.workspaces[0].1, Money { balance_cents: 770, held_cents: 30, carry_microcents: 0 });
+    assert_eq!(p.hold_states, vec![("L".to_string(), "released")]);
+    assert_eq!(p.hold_amounts, vec![("L".to_string(), 70)]);
+}
+
+#[test]
+fn a_hold_from_a_lease_that_is_gone_is_written_anyway_against_the_balance() {
+    // The lease expired and was swept before its hold's row came: the request is running, so
+    // the hold is placed even though the balance (5) does not cover it.
+    let p = plan(&[lease_hold("L", "a", 30)], snap(5));
+    assert_eq!(p.outcomes[0], Ok(OpOutcome::Hold(HoldOutcome::Placed { balance_cents: -25 })));
+    assert_eq!(p.workspaces[0].1, Money { balance_cents: -25, held_cents: 30, carry_microcents: 0 });
+    assert!(p.hold_amounts.is_empty());
+    let dup = plan(&[lease_hold("L", "a", 1), lease_hold("L", "a", 1)], snap(5));
+    assert!(matches!(dup.outcomes[1], Err(StoreError::Conflict(_))), "a request id holds once");
+}

@@ -6,6 +6,7 @@
 pub mod ledger;
 pub mod ledger_batch;
 mod ledger_congestion;
+pub mod ledger_lease;
 pub mod ledger_ops;
 pub mod plan_rows;
 pub mod postgres;

@@ -66,7 +66,8 @@ const WRITE: &str = "WITH \
                         $33::BIGINT[], $34::BIGINT[], $35::BIGINT[], $36::BIGINT[], $37::BIGINT[], $38::BIGINT[], $39::BIGINT[], \
                         $40::BIGINT[], $41::BIGINT[]) AS u(ws, c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14) \
             WHERE plans.workspace_id = ANY($26::TEXT[]) AND plans.workspace_id = u.ws), \
-     hs AS (UPDATE holds SET state = u.state FROM unnest($8::TEXT[], $9::TEXT[]) AS u(rid, state) \
+     hs AS (UPDATE holds SET state = u.state, amount_cents = COALESCE(u.amount, holds.amount_cents) \
+            FROM unnest($8::TEXT[], $9::TEXT[], $42::BIGINT[]) AS u(rid, state, amount) \
             WHERE holds.request_id = ANY($8::TEXT[]) AND holds.request_id = u.rid), \
      le AS (INSERT INTO ledger_entries (workspace_id, kind, amount_cents, request_id, key_id, cost_microcents, created_at) \
             SELECT w, k, a, r, key, c, t \
@@ -95,7 +96,9 @@ async fn apply_in_transaction(
     st: &Statements,
     ops: &[LedgerOp],
 ) -> Result<Vec<OpResult>, tokio_postgres::Error> {
-    let rids: Vec<&str> = ops.iter().map(LedgerOp::request_id).collect();
+    // The ops' own rows and the leases that lease holds are placed from.
+    let rids: Vec<&str> =
+        ops.iter().map(LedgerOp::request_id).chain(ops.iter().filter_map(LedgerOp::lease_id)).collect();
     let settles: Vec<&str> =
         ops.iter().filter(|o| matches!(o, LedgerOp::Settle(_))).map(LedgerOp::request_id).collect();
     let mut wss: Vec<&str> = ops.iter().filter_map(LedgerOp::workspace_id).collect();
@@ -145,7 +148,8 @@ async fn apply_in_transaction(
         snap.settled.insert(r.try_get(0)?);
     }
     let plan = plan(ops, snap);
-    if plan.entries.is_empty() && plan.workspaces.is_empty() && plan.new_holds.is_empty() && plan.plans.is_empty() {
+    let nothing = plan.entries.is_empty() && plan.workspaces.is_empty() && plan.new_holds.is_empty();
+    if nothing && plan.plans.is_empty() && plan.hold_states.is_empty() && plan.hold_amounts.is_empty() {
         c.batch_execute("COMMIT").await?;
     } else {
         let columns = Columns::of(&plan);
@@ -234,6 +238,8 @@ struct Columns<'a> {
     h_created: Vec<i64>,
     s_rid: Vec<&'a str>,
     s_state: Vec<&'a str>,
+    /// A lease's new amount; `None` leaves the row's.
+    s_amount: Vec<Option<i64>>,
     e_ws: Vec<&'a str>,
     e_kind: Vec<&'a str>,
     e_amount: Vec<i64>,
@@ -274,9 +280,18 @@ impl<'a> Columns<'a> {
                 col.push(v);
             }
         }
+        // One row per hold in the one UPDATE (two CTEs updating one row would keep only one
+        // change): its new state and, for a lease, its new amount.
+        let amount_of = |rid: &str| p.hold_amounts.iter().find(|(id, _)| id == rid).map(|(_, a)| *a);
         for (rid, state) in &p.hold_states {
             c.s_rid.push(rid);
             c.s_state.push(state);
+            c.s_amount.push(amount_of(rid));
+        }
+        for (rid, amount) in p.hold_amounts.iter().filter(|(id, _)| !p.hold_states.iter().any(|(r, _)| r == id)) {
+            c.s_rid.push(rid);
+            c.s_state.push("open");
+            c.s_amount.push(Some(*amount));
         }
         for e in &p.entries {
             c.e_ws.push(&e.workspace_id);
@@ -301,7 +316,7 @@ impl<'a> Columns<'a> {
         c
     }
 
-    fn params(&self) -> [&(dyn ToSql + Sync); 41] {
+    fn params(&self) -> [&(dyn ToSql + Sync); 42] {
         let pc = &self.p_counters;
         [
             &self.h_rid,
@@ -345,6 +360,7 @@ impl<'a> Columns<'a> {
             &pc[12],
             &pc[13],
             &pc[14],
+            &self.s_amount,
         ]
     }
 }

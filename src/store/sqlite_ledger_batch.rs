@@ -54,13 +54,13 @@ fn snapshot(tx: &Connection, ops: &[LedgerOp]) -> rusqlite::Result<Snapshot> {
             tx.prepare_cached("SELECT 1 FROM ledger_entries WHERE request_id = ?1 AND kind = 'settlement'")?;
         for op in ops {
             let rid = op.request_id();
-            // A hold or funding op names a request id this process just made: its row is not
+            // A hold, funding or lease op names an id this process just made: its row is not
             // looked up (a duplicate still fails, on the primary key, and the batch is then
-            // retried op by op, so only that op fails).
-            let fresh = matches!(op, LedgerOp::Hold { .. } | LedgerOp::Fund(_));
-            if !fresh && !snap.holds.contains_key(rid) {
+            // retried op by op, so only that op fails). A lease hold reads its lease's row.
+            let existing = if op.is_fresh() { op.lease_id() } else { Some(rid) };
+            if let Some(id) = existing.filter(|id| !snap.holds.contains_key(*id)) {
                 let row = hold
-                    .query_row([rid], |r| {
+                    .query_row([id], |r| {
                         Ok(HoldRow {
                             workspace_id: r.get(0)?,
                             key_id: r.get(1)?,
@@ -75,7 +75,7 @@ fn snapshot(tx: &Connection, ops: &[LedgerOp]) -> rusqlite::Result<Snapshot> {
                     .optional()?;
                 if let Some(row) = row {
                     wss.push(row.workspace_id.clone());
-                    snap.holds.insert(rid.to_string(), row);
+                    snap.holds.insert(id.to_string(), row);
                 }
             }
             // A settlement turns its open hold into a settled one in the same transaction, so
@@ -148,6 +148,11 @@ fn write(tx: &Connection, p: &Plan) -> rusqlite::Result<()> {
     for state in states {
         let rids: Vec<&str> = p.hold_states.iter().filter(|(_, s)| *s == state).map(|(r, _)| r.as_str()).collect();
         HOLD_STATE.run(tx, &[text(state)], &rids, |r| [text(r)])?;
+    }
+    // Leases that holds were placed from (one or two a batch).
+    let mut resize = tx.prepare_cached("UPDATE holds SET amount_cents = ?2 WHERE request_id = ?1")?;
+    for (id, amount) in &p.hold_amounts {
+        resize.execute(params![id, amount])?;
     }
     ENTRIES.run(tx, &[], &p.entries, |e| {
         [

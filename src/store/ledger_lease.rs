@@ -1,0 +1,196 @@
+//! Holds placed in memory from a lease (issue 12, decision 187). A request's hold used to wait
+//! for its transaction's commit, and on SQLite that commit sometimes waits milliseconds
+//! behind the checkpoint's writes: the embedded store's p99. Instead, once a plan-less
+//! workspace has shown it can pay, this instance asks the ledger for a lease: a chunk of the
+//! balance recorded as an open hold row of its own (`LedgerOp::LeaseGrant`). A request's hold
+//! is then taken from that chunk in memory, and its row is written in the background
+//! (`LedgerOp::LeaseHold`, which moves the amount from the lease's row to the request's), so
+//! the request goes upstream without waiting for the ledger.
+//!
+//! What stays exact: the money a lease holds is deducted from the stored balance before any
+//! hold is taken from it, so a hold from a lease is in force (no other request, on any
+//! instance, can spend it) before the replica sees the request; the rows are written in queue
+//! order (the lease hold before its request's settlement or release, the last lease hold
+//! before the lease's return); settlement stays once per request id. A lease is used for
+//! [`LEASE_USE`] at most and then given back (`LedgerOp::Release` of its row), so a plan set
+//! on another instance applies within that time; its row expires with a request's hold (and
+//! the sweeper gives it back) if this instance dies. A crash loses what it always lost: the
+//! queued rows of requests that die with it.
+//!
+//! What a lease changes: the stored balance counts the unused part of every open lease as
+//! held; the credits read adds this instance's unused leases back (`LedgerStore::leased_cents`).
+//! A lease takes at most an eighth of the balance and is only asked for when the balance
+//! covers [`LEASE_MIN_HOLDS`] holds of the request's size, so a low balance is decided hold
+//! by hold by the ledger, as before.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use super::ledger_ops::{FundOp, FundOutcome, LedgerOp, OpOutcome};
+use crate::clock::Millis;
+use crate::fast_map::FastMap;
+use crate::plans::decide::Funding;
+
+/// Longest a lease is used before it is given back (and a fresh one asked for).
+pub const LEASE_USE: Duration = Duration::from_secs(1);
+/// A lease asks for this many holds of the request that asked for it.
+pub const LEASE_HOLDS: i64 = 1_024;
+/// No lease is granted smaller than this many holds (the ledger decides each hold then).
+pub const LEASE_MIN_HOLDS: i64 = 16;
+
+/// This instance's leases, by workspace.
+pub struct Leases {
+    slots: Mutex<FastMap<String, Slot>>,
+    /// Lease ids: `lease_` + a per-process random prefix + a counter.
+    prefix: u64,
+    counter: AtomicU64,
+}
+
+#[derive(Default)]
+struct Slot {
+    lease: Option<Lease>,
+    /// A grant is queued: ask no other.
+    granting: bool,
+    /// A refused grant is not asked for again before this.
+    quiet_until: Option<Instant>,
+}
+
+struct Lease {
+    id: String,
+    left_cents: i64,
+    use_until: Instant,
+}
+
+impl Default for Leases {
+    fn default() -> Leases {
+        let b = uuid::Uuid::new_v4().into_bytes();
+        let prefix = u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]);
+        Leases { slots: Mutex::new(FastMap::default()), prefix, counter: AtomicU64::new(0) }
+    }
+}
+
+impl Leases {
+    fn slots(&self) -> std::sync::MutexGuard<'_, FastMap<String, Slot>> {
+        self.slots.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Take `f`'s hold from the workspace's lease if one covers it; `queue` sends the op (the
+    /// request's hold row, or a lease that ran out given back) and says whether it was queued.
+    /// `queue` runs with the map locked, so a lease's rows are queued in the order taken and
+    /// before its return.
+    pub fn take(&self, f: &FundOp, queue: impl Fn(LedgerOp) -> bool) -> Option<FundOutcome> {
+        if f.ask.key_limit_reached || f.ask.hold_cents < 0 {
+            return None;
+        }
+        let mut slots = self.slots();
+        let slot = slots.get_mut(&f.workspace_id)?;
+        let lease = slot.lease.as_mut()?;
+        if lease.left_cents < f.ask.hold_cents || Instant::now() >= lease.use_until {
+            if let Some(l) = slot.lease.take() {
+                if !queue(give_back(l, f.now)) {
+                    log::warn!("a lease could not be given back now (full queue); its row expires and is swept");
+                }
+            }
+            return None;
+        }
+        let op = LedgerOp::LeaseHold {
+            lease_id: lease.id.clone(),
+            request_id: f.request_id.clone(),
+            workspace_id: f.workspace_id.clone(),
+            key_id: f.key_id.clone(),
+            amount_cents: f.ask.hold_cents,
+            expires_at: f.expires_at,
+            now: f.now,
+        };
+        if !queue(op) {
+            return None;
+        }
+        lease.left_cents -= f.ask.hold_cents;
+        Some(FundOutcome { verdict: Ok(Funding::PayAsYouGo), plan: None })
+    }
+
+    /// After the ledger admitted `f` pay-as-you-go without a plan: the op that asks for a
+    /// lease for its workspace, unless one is held, asked for or lately refused.
+    pub fn ask(&self, f: &FundOp, outcome: &FundOutcome) -> Option<LedgerOp> {
+        let pay_as_you_go = outcome.plan.is_none() && outcome.verdict == Ok(Funding::PayAsYouGo);
+        if !pay_as_you_go || f.ask.key_limit_reached {
+            return None;
+        }
+        let mut slots = self.slots();
+        let slot = slots.entry(f.workspace_id.clone()).or_default();
+        if slot.granting || slot.lease.is_some() || slot.quiet_until.is_some_and(|t| Instant::now() < t) {
+            return None;
+        }
+        slot.granting = true;
+        let n = self.counter.fetch_add(1, Ordering::Relaxed);
+        let use_ms = Millis::try_from(LEASE_USE.as_millis()).unwrap_or(Millis::MAX);
+        Some(LedgerOp::LeaseGrant {
+            lease_id: format!("lease_{:016x}{n:016x}", self.prefix),
+            workspace_id: f.workspace_id.clone(),
+            want_cents: f.ask.hold_cents.saturating_mul(LEASE_HOLDS),
+            min_cents: f.ask.hold_cents.saturating_mul(LEASE_MIN_HOLDS),
+            // Past every hold taken from it; the sweeper gives it back if this instance dies.
+            expires_at: f.expires_at.saturating_add(use_ms),
+            now: f.now,
+        })
+    }
+
+    /// The grant's answer (on the writer's thread): the lease is in use from now.
+    pub fn granted(&self, grant: &LedgerOp, answer: &super::ledger_ops::OpResult) {
+        let LedgerOp::LeaseGrant { lease_id, workspace_id, .. } = grant else { return };
+        let mut slots = self.slots();
+        let slot = slots.entry(workspace_id.clone()).or_default();
+        slot.granting = false;
+        match answer {
+            Ok(OpOutcome::Lease(Some(cents))) => {
+                slot.quiet_until = None;
+                slot.lease =
+                    Some(Lease { id: lease_id.clone(), left_cents: *cents, use_until: Instant::now() + LEASE_USE });
+            }
+            Ok(_) => slot.quiet_until = Some(Instant::now() + LEASE_USE),
+            Err(e) => {
+                log::warn!("lease for {workspace_id} not granted: {e}");
+                slot.quiet_until = Some(Instant::now() + LEASE_USE);
+            }
+        }
+    }
+
+    /// Leases past their use, and `workspace`'s lease if named, taken out to be given back;
+    /// slots with nothing left to remember are dropped.
+    pub fn due(&self, workspace: Option<&str>, now: Millis) -> Vec<LedgerOp> {
+        let at = Instant::now();
+        let mut slots = self.slots();
+        let mut ops = Vec::new();
+        slots.retain(|ws, slot| {
+            if slot.lease.as_ref().is_some_and(|l| at >= l.use_until || workspace == Some(ws.as_str())) {
+                ops.extend(slot.lease.take().map(|l| give_back(l, now)));
+            }
+            slot.granting || slot.lease.is_some() || slot.quiet_until.is_some_and(|t| at < t)
+        });
+        ops
+    }
+
+    /// Every lease, taken out to be given back (the instance is stopping, with nothing in
+    /// flight); no lease is asked for after. A grant still unanswered is left to expire.
+    pub fn all(&self) -> Vec<LedgerOp> {
+        let now = crate::clock::now_ms();
+        let mut slots = self.slots();
+        slots
+            .values_mut()
+            .filter_map(|slot| {
+                slot.quiet_until = Some(Instant::now() + Duration::from_secs(3_600));
+                slot.lease.take().map(|l| give_back(l, now))
+            })
+            .collect()
+    }
+
+    /// Unused cents of this instance's lease for `workspace`.
+    pub fn unused(&self, workspace: &str) -> i64 {
+        self.slots().get(workspace).and_then(|s| s.lease.as_ref()).map_or(0, |l| l.left_cents)
+    }
+}
+
+fn give_back(l: Lease, now: Millis) -> LedgerOp {
+    LedgerOp::Release { request_id: l.id, now }
+}
