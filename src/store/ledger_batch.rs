@@ -204,7 +204,10 @@ impl BatchedLedger {
         // queue is down to the room kept for settlements.
         if self.congested().is_none() && self.queue.capacity() > self.reserve {
             let placed = self.leases.take(&op, |row| self.queue_now(row, Box::new(written)));
-            if let Some(outcome) = placed {
+            if let Some((outcome, renewal)) = placed {
+                if let Some(grant) = renewal {
+                    self.queue_grant(grant);
+                }
                 return Ok(outcome);
             }
         }
@@ -214,10 +217,15 @@ impl BatchedLedger {
             other => return Err(StoreError::Unavailable(format!("unexpected ledger answer {other:?}"))),
         };
         if let Some(grant) = self.leases.ask(&asked, &outcome) {
-            let (leases, sent) = (self.leases.clone(), grant.clone());
-            self.queue_now(grant, Box::new(move |r| leases.granted(&sent, &r)));
+            self.queue_grant(grant);
         }
         Ok(outcome)
+    }
+
+    /// Queue a lease's grant, its answer to the leases (also when it could not be queued).
+    fn queue_grant(&self, grant: LedgerOp) {
+        let (leases, sent) = (self.leases.clone(), grant.clone());
+        self.queue_now(grant, Box::new(move |r| leases.granted(&sent, &r)));
     }
 
     /// Give back `workspace`'s lease now (its plan changed here).

@@ -293,4 +293,31 @@ mod leases {
         assert_eq!(b.held_cents, 1 + 2_000 + leased, "the first lease was released in full");
         let _ = std::fs::remove_dir_all(&dir);
     }
+
+    async fn open_leases(store: &SqliteStore) -> usize {
+        let open = LedgerStore::expired_holds(store, Millis::MAX).await.unwrap();
+        open.iter().filter(|id| id.starts_with("lease_")).count()
+    }
+
+    #[tokio::test]
+    async fn a_lease_running_out_is_renewed_before_it_is_empty_and_then_given_back() {
+        let (dir, store, l) = funded(1_000_000).await;
+        l.fund(fund("r0", 1, false)).await.unwrap();
+        until(async || l.leased_cents("w") == 1_024).await;
+        // Three quarters of the lease used: the next lease is asked for in the background.
+        for i in 1..=769 {
+            let out = l.fund(fund(&format!("r{i}"), 1, false)).await.unwrap();
+            assert_eq!(out.verdict, Ok(Funding::PayAsYouGo));
+        }
+        until(async || open_leases(&store).await == 2).await;
+        assert_eq!(l.leased_cents("w"), 255 + 1_024, "the old lease's rest is still held until given back");
+        // The next hold comes from the new lease and gives the old one back.
+        l.fund(fund("r770", 1, false)).await.unwrap();
+        until(async || open_leases(&store).await == 1).await;
+        assert_eq!(l.leased_cents("w"), 1_023);
+        let b = store.balance("w").await.unwrap().unwrap();
+        assert_eq!(b.held_cents, 771 + 1_023, "each request's hold and the new lease's rest");
+        assert_eq!(store.derived_balance("w").await.unwrap(), b.balance_cents);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

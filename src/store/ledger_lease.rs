@@ -54,12 +54,25 @@ struct Slot {
     granting: bool,
     /// A refused grant is not asked for again before this.
     quiet_until: Option<Instant>,
+    /// Leases replaced by a renewal, to be given back (after the holds already queued).
+    retired: Vec<Lease>,
 }
 
 struct Lease {
     id: String,
+    granted_cents: i64,
     left_cents: i64,
     use_until: Instant,
+}
+
+impl Slot {
+    /// A lease in use past three quarters of its time or of its money: ask for the next one
+    /// now, so the requests never wait for a grant.
+    fn renewal_due(&self) -> bool {
+        let Some(l) = self.lease.as_ref().filter(|_| !self.granting) else { return false };
+        let quiet = self.quiet_until.is_some_and(|t| Instant::now() < t);
+        !quiet && (l.left_cents < l.granted_cents / 4 || Instant::now() + LEASE_USE / 4 >= l.use_until)
+    }
 }
 
 impl Default for Leases {
@@ -75,16 +88,22 @@ impl Leases {
         self.slots.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Take `f`'s hold from the workspace's lease if one covers it; `queue` sends the op (the
-    /// request's hold row, or a lease that ran out given back) and says whether it was queued.
-    /// `queue` runs with the map locked, so a lease's rows are queued in the order taken and
-    /// before its return.
-    pub fn take(&self, f: &FundOp, queue: impl Fn(LedgerOp) -> bool) -> Option<FundOutcome> {
+    /// Take `f`'s hold from the workspace's lease if one covers it, with the grant of the
+    /// next lease to queue when this one is running out (answered to [`Leases::granted`]).
+    /// `queue` sends an op (the request's hold row, or a lease given back) and says whether it
+    /// was queued; it runs with the map locked, so a lease's rows are queued in the order
+    /// taken and before its return.
+    pub fn take(&self, f: &FundOp, queue: impl Fn(LedgerOp) -> bool) -> Option<(FundOutcome, Option<LedgerOp>)> {
         if f.ask.key_limit_reached || f.ask.hold_cents < 0 {
             return None;
         }
         let mut slots = self.slots();
         let slot = slots.get_mut(&f.workspace_id)?;
+        for l in std::mem::take(&mut slot.retired) {
+            if !queue(give_back(l, f.now)) {
+                log::warn!("a lease could not be given back now (full queue); its row expires and is swept");
+            }
+        }
         let lease = slot.lease.as_mut()?;
         if lease.left_cents < f.ask.hold_cents || Instant::now() >= lease.use_until {
             if let Some(l) = slot.lease.take() {
@@ -107,7 +126,8 @@ impl Leases {
             return None;
         }
         lease.left_cents -= f.ask.hold_cents;
-        Some(FundOutcome { verdict: Ok(Funding::PayAsYouGo), plan: None })
+        let renewal = slot.renewal_due().then(|| self.grant(slot, f));
+        Some((FundOutcome { verdict: Ok(Funding::PayAsYouGo), plan: None }, renewal))
     }
 
     /// After the ledger admitted `f` pay-as-you-go without a plan: the op that asks for a
@@ -122,10 +142,15 @@ impl Leases {
         if slot.granting || slot.lease.is_some() || slot.quiet_until.is_some_and(|t| Instant::now() < t) {
             return None;
         }
+        Some(self.grant(slot, f))
+    }
+
+    /// The op asking for a lease sized for `f`'s hold; the slot waits for its answer.
+    fn grant(&self, slot: &mut Slot, f: &FundOp) -> LedgerOp {
         slot.granting = true;
         let n = self.counter.fetch_add(1, Ordering::Relaxed);
         let use_ms = Millis::try_from(LEASE_USE.as_millis()).unwrap_or(Millis::MAX);
-        Some(LedgerOp::LeaseGrant {
+        LedgerOp::LeaseGrant {
             lease_id: format!("lease_{:016x}{n:016x}", self.prefix),
             workspace_id: f.workspace_id.clone(),
             want_cents: f.ask.hold_cents.saturating_mul(LEASE_HOLDS),
@@ -133,10 +158,11 @@ impl Leases {
             // Past every hold taken from it; the sweeper gives it back if this instance dies.
             expires_at: f.expires_at.saturating_add(use_ms),
             now: f.now,
-        })
+        }
     }
 
-    /// The grant's answer (on the writer's thread): the lease is in use from now.
+    /// The grant's answer (on the writer's thread): the lease is in use from now; the one it
+    /// renews is retired, given back by the next hold or the returner.
     pub fn granted(&self, grant: &LedgerOp, answer: &super::ledger_ops::OpResult) {
         let LedgerOp::LeaseGrant { lease_id, workspace_id, .. } = grant else { return };
         let mut slots = self.slots();
@@ -145,8 +171,15 @@ impl Leases {
         match answer {
             Ok(OpOutcome::Lease(Some(cents))) => {
                 slot.quiet_until = None;
-                slot.lease =
-                    Some(Lease { id: lease_id.clone(), left_cents: *cents, use_until: Instant::now() + LEASE_USE });
+                let fresh = Lease {
+                    id: lease_id.clone(),
+                    granted_cents: *cents,
+                    left_cents: *cents,
+                    use_until: Instant::now() + LEASE_USE,
+                };
+                if let Some(old) = slot.lease.replace(fresh) {
+                    slot.retired.push(old);
+                }
             }
             Ok(_) => slot.quiet_until = Some(Instant::now() + LEASE_USE),
             Err(e) => {
@@ -166,6 +199,7 @@ impl Leases {
             if slot.lease.as_ref().is_some_and(|l| at >= l.use_until || workspace == Some(ws.as_str())) {
                 ops.extend(slot.lease.take().map(|l| give_back(l, now)));
             }
+            ops.extend(slot.retired.drain(..).map(|l| give_back(l, now)));
             slot.granting || slot.lease.is_some() || slot.quiet_until.is_some_and(|t| at < t)
         });
         ops
@@ -175,19 +209,18 @@ impl Leases {
     /// flight); no lease is asked for after. A grant still unanswered is left to expire.
     pub fn all(&self) -> Vec<LedgerOp> {
         let now = crate::clock::now_ms();
-        let mut slots = self.slots();
-        slots
-            .values_mut()
-            .filter_map(|slot| {
-                slot.quiet_until = Some(Instant::now() + Duration::from_secs(3_600));
-                slot.lease.take().map(|l| give_back(l, now))
-            })
-            .collect()
+        let mut ops = Vec::new();
+        for slot in self.slots().values_mut() {
+            slot.quiet_until = Some(Instant::now() + Duration::from_secs(3_600));
+            ops.extend(slot.retired.drain(..).chain(slot.lease.take()).map(|l| give_back(l, now)));
+        }
+        ops
     }
 
-    /// Unused cents of this instance's lease for `workspace`.
+    /// Unused cents of this instance's leases for `workspace` (a retired one not yet given
+    /// back included: its row still holds them).
     pub fn unused(&self, workspace: &str) -> i64 {
-        self.slots().get(workspace).and_then(|s| s.lease.as_ref()).map_or(0, |l| l.left_cents)
+        self.slots().get(workspace).map_or(0, |s| s.retired.iter().chain(&s.lease).map(|l| l.left_cents).sum())
     }
 }
 
