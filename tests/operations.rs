@@ -458,3 +458,38 @@ async fn a_graceful_stop_waits_for_a_settlement_the_ledger_has_not_recorded_yet(
 
     assert_settled_on_its_store(&mock, opts, gw.dir.clone(), &gw.workspace, &rid);
 }
+
+/// A graceful stop gives back the instance's unused lease (decision 187): the store it
+/// leaves holds nothing, so the next process (or another instance) can spend all of it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_graceful_stop_leaves_no_lease_held() {
+    let mock = Mock::start();
+    let mut gw = Gateway::start_with(&mock, Opts { grace_seconds: 60, ..Opts::default() });
+    let credits = format!("/admin/v1/workspaces/{}/credits", gw.workspace);
+    let (s, v) = gw.admin("POST", &credits, Some(json!({"amount_cents": 100_000, "source": "purchase"})));
+    assert_eq!(s, 201, "{v}");
+    // pricey-model: a cent per output token, so each request holds 20 cents; the first one
+    // asks for a lease.
+    let mut body = chat_body("pricey-model", false);
+    body["max_tokens"] = json!(20);
+    let ledger = format!("/admin/v1/workspaces/{}/ledger", gw.workspace);
+    let mut leased = 0;
+    for _ in 0..20 {
+        assert_eq!(gw.post("/v1/chat/completions", &body, &[("x-mock-tokens", "5")]).await.status, 200);
+        leased = gw.admin("GET", &ledger, None).1["leased_cents"].as_i64().unwrap();
+        if leased > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(leased > 0, "a lease was granted");
+    assert_eq!(unsafe { libc::kill(gw.pid() as i32, libc::SIGTERM) }, 0);
+    let (exit, gw) = tokio::task::spawn_blocking(move || (gw.wait_exit(Duration::from_secs(20)), gw)).await.unwrap();
+    assert!(exit.is_some_and(|s| s.success()), "{exit:?} {}", gw.log());
+
+    let mut after = Gateway::start_in(&mock, Opts::default(), gw.dir.clone());
+    after.workspace = gw.workspace.clone();
+    let v = after.settled_ledger();
+    assert_eq!((v["held_cents"].as_i64(), v["leased_cents"].as_i64()), (Some(0), Some(0)), "{v}");
+    assert_eq!(v["check"]["stored_balance_cents"], v["balance_cents"], "nothing held in the store: {v}");
+}

@@ -24,6 +24,10 @@
 //! them in the background). A crash loses at most the ops queued or in the open batch: queued
 //! holds were never answered (their requests never went upstream), queued settlements are an
 //! undercharge whose hold the sweeper releases (decision 100).
+//!
+//! Most holds do not wait for the writer at all: a plan-less workspace's hold is taken in
+//! memory from a lease of its balance and its row queued like a settlement (`fund_op`,
+//! `ledger_lease.rs`, decision 187).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
