@@ -5,7 +5,9 @@
 //! balance recorded as an open hold row of its own (`LedgerOp::LeaseGrant`). A request's hold
 //! is then taken from that chunk in memory, and its row is written in the background
 //! (`LedgerOp::LeaseHold`, which moves the amount from the lease's row to the request's), so
-//! the request goes upstream without waiting for the ledger.
+//! the request goes upstream without waiting for the ledger. The next lease is asked for in
+//! the background once three quarters of this one's time or money is used, so at a steady
+//! load no request waits for a grant either.
 //!
 //! What stays exact: the money a lease holds is deducted from the stored balance before any
 //! hold is taken from it, so a hold from a lease is in force (no other request, on any
@@ -18,7 +20,8 @@
 //! queued rows of requests that die with it.
 //!
 //! What a lease changes: the stored balance counts the unused part of every open lease as
-//! held; the credits read adds this instance's unused leases back (`LedgerStore::leased_cents`).
+//! held; the credits read and the admin ledger listing add this instance's unused leases back
+//! (`LedgerStore::leased_cents`).
 //! A lease takes at most an eighth of the balance and is only asked for when the balance
 //! covers [`LEASE_MIN_HOLDS`] holds of the request's size, so a low balance is decided hold
 //! by hold by the ledger, as before.
