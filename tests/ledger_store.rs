@@ -392,6 +392,12 @@ async fn releases_and_the_expiry_sweep_charge_nothing(s: Stores) {
     ));
     assert_eq!(l.balance(&ws).await.unwrap().unwrap().balance_cents, 99);
     assert_eq!(l.derived_balance(&ws).await.unwrap(), 99);
+    // A hold of nothing (an unpriced model) released stays released: on PostgreSQL a batch
+    // that changed only a hold's state once wrote nothing, and the sweeper found it again.
+    l.place_hold("z", &ws, None, 0, now - 1, now).await.unwrap();
+    assert!(l.release_hold("z", now).await.unwrap());
+    assert!(!l.release_hold("z", now).await.unwrap(), "released once");
+    assert!(l.sweep_expired_holds(now).await.unwrap().is_empty());
 }
 
 async fn concurrent_holds_never_overdraw(s: Stores) {
