@@ -53,8 +53,9 @@ pub const QUEUE: usize = 8_192;
 pub const SETTLE_RESERVE: usize = QUEUE / 4;
 /// Longest a settlement or release waits for room in the queue.
 pub const ENQUEUE_WAIT: Duration = Duration::from_secs(5);
-/// Longest a batch of only settlements and releases waits for a hold to ride with.
-pub const SETTLE_LINGER: Duration = Duration::from_millis(2);
+/// Longest a batch of only settlements and releases (and lease holds) waits for a hold to
+/// ride with: with leases it sets how many requests share a commit (decision 189).
+pub const SETTLE_LINGER: Duration = Duration::from_millis(10);
 /// Default longest wait for the writer before holds are shed (`billing.ledger_max_wait_ms`).
 pub const MAX_HOLD_WAIT: Duration = Duration::from_millis(500);
 
