@@ -82,15 +82,14 @@ impl Billing {
         let balance = balance.ok_or_else(|| GatewayError::internal("workspace without a ledger row"))?;
         // This instance's unused lease is counted as held by the store but no request holds it
         // (`ledger_lease.rs`): shown as balance, as before leases.
-        let leased = self.ledger.leased_cents(&principal.workspace_id);
-        let (balance_cents, held_cents) = (balance.balance_cents + leased, balance.held_cents - leased);
+        let balance = balance.with_lease_unused(self.ledger.leased_cents(&principal.workspace_id));
         let spent = self.ledger.spent_since(&principal.workspace_id, month_start).await.map_err(store_down)?;
         let body = json!({
             "object": "credits",
             "workspace_id": principal.workspace_id,
-            "balance_cents": balance_cents,
-            "held_cents": held_cents,
-            "available_cents": balance_cents.max(0),
+            "balance_cents": balance.balance_cents,
+            "held_cents": balance.held_cents,
+            "available_cents": balance.balance_cents.max(0),
             "currency": "usd",
             "period": { "start": iso(month_start), "spent_cents": spent },
             "spend_cap": { "limit_cents": null, "hard": false, "used_cents": null, "remaining_cents": null, "gates_inference": false },

@@ -35,10 +35,7 @@ pub(super) async fn signup_grant(app: &AdminApp, ws: &str) -> Result<(), AdminEr
 pub(super) async fn balance(app: &AdminApp, ws: &str) -> Result<Option<Balance>, AdminError> {
     match &app.ledger {
         // This instance's unused lease is shown as balance, as the credits read shows it.
-        Some(l) => Ok(l.balance(ws).await.map_err(store_err)?.map(|b| {
-            let leased = l.leased_cents(ws);
-            Balance { balance_cents: b.balance_cents + leased, held_cents: b.held_cents - leased, ..b }
-        })),
+        Some(l) => Ok(l.balance(ws).await.map_err(store_err)?.map(|b| b.with_lease_unused(l.leased_cents(ws)))),
         None => Ok(None),
     }
 }
@@ -94,6 +91,7 @@ pub(super) async fn ledger_listing(app: &AdminApp, ws: &str) -> Answer {
     // This instance's unused lease (decision 187): held in the stored balance, which the
     // check compares; shown as balance, as the credits read shows it.
     let leased = l.leased_cents(ws);
+    let shown = stored.with_lease_unused(leased);
     let entries = l.entries(ws, 500).await.map_err(store_err)?;
     let entries: Vec<Value> = entries
         .iter()
@@ -109,8 +107,8 @@ pub(super) async fn ledger_listing(app: &AdminApp, ws: &str) -> Answer {
         200,
         &json!({
             "workspace_id": ws,
-            "balance_cents": stored.balance_cents + leased,
-            "held_cents": stored.held_cents - leased,
+            "balance_cents": shown.balance_cents,
+            "held_cents": shown.held_cents,
             "leased_cents": leased,
             "carry_microcents": stored.carry_microcents,
             "check": {

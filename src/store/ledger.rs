@@ -25,6 +25,14 @@ pub struct Balance {
     pub lifetime_purchases_cents: i64,
 }
 
+impl Balance {
+    /// As a client is shown it: `leased` cents of this instance's unused lease, held by the
+    /// store but by no request (`ledger_lease.rs`), counted as balance.
+    pub fn with_lease_unused(self, leased: i64) -> Balance {
+        Balance { balance_cents: self.balance_cents + leased, held_cents: self.held_cents - leased, ..self }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HoldOutcome {
     Placed {

@@ -111,6 +111,11 @@ impl Reply {
 }
 
 impl Job {
+    /// An op nobody waits for: `done` gets its outcome on whichever thread completes it.
+    fn then(op: LedgerOp, done: super::ledger::Detached) -> Job {
+        Job { op, reply: Reply::Then(done), queued: Instant::now() }
+    }
+
     /// A hold or funding decision: a request waits for it before going upstream.
     fn holds(&self) -> bool {
         matches!(self.op, LedgerOp::Hold { .. } | LedgerOp::Fund(_))
@@ -192,11 +197,14 @@ impl BatchedLedger {
     /// Queue an op nobody waits for, if there is a free slot now; `done` gets its outcome on
     /// the writer's thread.
     fn queue_now(&self, op: LedgerOp, done: super::ledger::Detached) -> bool {
-        let job = Job { op, reply: Reply::Then(done), queued: Instant::now() };
-        match self.queue.try_send(job) {
+        match self.queue.try_send(Job::then(op, done)) {
             Ok(()) => true,
-            Err(mpsc::error::TrySendError::Full(job) | mpsc::error::TrySendError::Closed(job)) => {
+            Err(mpsc::error::TrySendError::Full(job)) => {
                 job.reply.send(Err(StoreError::NotQueued("the ledger queue is full".into())));
+                false
+            }
+            Err(mpsc::error::TrySendError::Closed(job)) => {
+                job.reply.send(Err(StoreError::NotQueued("the ledger writer stopped".into())));
                 false
             }
         }
@@ -292,8 +300,7 @@ async fn return_leases(queue: mpsc::WeakSender<Job>, leases: Arc<Leases>) {
         tick.tick().await;
         let Some(queue) = queue.upgrade() else { return };
         for op in leases.due(None, crate::clock::now_ms()) {
-            let job = Job { op, reply: Reply::Then(Box::new(written)), queued: Instant::now() };
-            if queue.try_send(job).is_err() {
+            if queue.try_send(Job::then(op, Box::new(written))).is_err() {
                 log::warn!("a lease could not be given back now (full queue); its row expires and is swept");
             }
         }
@@ -418,7 +425,7 @@ impl LedgerStore for BatchedLedger {
     }
 
     fn submit_detached(self: Arc<Self>, op: LedgerOp, done: super::ledger::Detached) {
-        let job = Job { op, reply: Reply::Then(done), queued: Instant::now() };
+        let job = Job::then(op, done);
         match self.queue.try_send(job) {
             Ok(()) => {}
             Err(mpsc::error::TrySendError::Closed(job)) => {

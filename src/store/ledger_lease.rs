@@ -102,20 +102,16 @@ impl Leases {
         }
         let mut slots = self.slots();
         let slot = slots.get_mut(&f.workspace_id)?;
-        for l in std::mem::take(&mut slot.retired) {
+        // Retired leases, and this one if it cannot cover the hold, go back first.
+        let spent =
+            slot.lease.as_ref().is_some_and(|l| l.left_cents < f.ask.hold_cents || Instant::now() >= l.use_until);
+        let gone = if spent { slot.lease.take() } else { None };
+        for l in slot.retired.drain(..).chain(gone) {
             if !queue(give_back(l, f.now)) {
                 log::warn!("a lease could not be given back now (full queue); its row expires and is swept");
             }
         }
         let lease = slot.lease.as_mut()?;
-        if lease.left_cents < f.ask.hold_cents || Instant::now() >= lease.use_until {
-            if let Some(l) = slot.lease.take() {
-                if !queue(give_back(l, f.now)) {
-                    log::warn!("a lease could not be given back now (full queue); its row expires and is swept");
-                }
-            }
-            return None;
-        }
         let op = LedgerOp::LeaseHold {
             lease_id: lease.id.clone(),
             request_id: f.request_id.clone(),
