@@ -630,3 +630,92 @@ mod holds_from_leases_keep_the_ledger_exact {
         super::holds_from_leases_keep_the_ledger_exact(super::postgres_unbatched().await, false).await
     }
 }
+
+/// Two instances on one store (decision 190): each reads the balance as if there were no
+/// leases, the other instance's unused lease counted as balance (before, it showed as held
+/// for up to a second); a lease row whose instance stopped renewing it (older than
+/// `LEASE_LIVE`) is money nobody can spend until it is swept, so it stays held.
+async fn another_instances_unused_lease_reads_as_balance(a: Stores, b: Stores) {
+    use tollgate::store::ledger_ops::LedgerOp;
+    let ws = workspace(&a).await;
+    let (la, lb): (Arc<dyn LedgerStore>, Arc<dyn LedgerStore>) = (a.ledger.clone(), b.ledger.clone());
+    la.top_up(&ws, 1_000_000, "purchase", None, now_ms()).await.unwrap();
+    // Instance A admits one request through the ledger, is granted a lease, and takes five
+    // more holds from it; all six stay in flight (42 cents held by requests).
+    la.fund(fund_op(&ws, "two_0", 7, now_ms() + 60_000)).await.unwrap();
+    for _ in 0..200 {
+        if la.leased_cents(&ws) > 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert!(la.leased_cents(&ws) > 0, "instance A holds a lease");
+    for i in 1..6 {
+        let funded = la.fund(fund_op(&ws, &format!("two_{i}"), 7, now_ms() + 60_000)).await.unwrap();
+        assert_eq!(funded.verdict, Ok(Funding::PayAsYouGo));
+    }
+    let shown = async |l: &Arc<dyn LedgerStore>| {
+        let stored = l.balance(&ws).await.unwrap().unwrap();
+        stored.with_lease_unused(l.unused_lease_cents(&ws).await.unwrap())
+    };
+    let a_view = shown(&la).await;
+    assert_eq!((a_view.balance_cents, a_view.held_cents), (1_000_000 - 42, 42), "A, from memory at once");
+    // B sees A's lease row once A's lease holds are written (a settlement linger later).
+    let mut b_view = shown(&lb).await;
+    for _ in 0..200 {
+        if b_view.held_cents == 42 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        b_view = shown(&lb).await;
+    }
+    assert!(lb.balance(&ws).await.unwrap().unwrap().held_cents > 42, "the store holds A's lease");
+    assert_eq!((b_view.balance_cents, b_view.held_cents), (1_000_000 - 42, 42), "B: A's unused lease is balance");
+    // A lease row of an instance that stopped ten seconds ago stays held on both.
+    let now = now_ms();
+    let dead = LedgerOp::LeaseGrant {
+        lease_id: "lease_00000000000000000000000000000001".into(),
+        workspace_id: ws.clone(),
+        want_cents: 5_000,
+        min_cents: 1,
+        expires_at: now + 60_000,
+        now: now - 10_000,
+    };
+    assert!(matches!(lb.submit(dead).await.unwrap(), tollgate::store::ledger_ops::OpOutcome::Lease(Some(5_000))));
+    for l in [&la, &lb] {
+        let v = shown(l).await;
+        assert_eq!((v.balance_cents, v.held_cents), (1_000_000 - 42 - 5_000, 42 + 5_000));
+    }
+    // Settled, given back and swept: the audit holds.
+    for i in 0..6 {
+        la.settle(&settlement(&ws, &format!("two_{i}"), 7_000_000)).await.unwrap();
+    }
+    la.give_back_leases().await;
+    lb.release_hold("lease_00000000000000000000000000000001", now_ms()).await.unwrap();
+    let end = lb.balance(&ws).await.unwrap().unwrap();
+    assert_eq!((end.balance_cents, end.held_cents), (1_000_000 - 42, 0));
+    assert_eq!(lb.derived_balance(&ws).await.unwrap(), end.balance_cents);
+    assert_eq!(lb.unused_lease_cents(&ws).await.unwrap(), 0);
+}
+
+mod another_instances_unused_lease_reads_as_balance {
+    use tollgate::store::{StoreConfig, open_stores};
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sqlite() {
+        let dir = std::env::temp_dir().join(format!("tollgate-ledger-{}", uuid::Uuid::new_v4().simple()));
+        let cfg = StoreConfig::Sqlite { path: dir.join("l.db") };
+        let a = open_stores(&cfg).await.unwrap();
+        a.identity.migrate().await.unwrap();
+        let b = open_stores(&cfg).await.unwrap();
+        super::another_instances_unused_lease_reads_as_balance(a, b).await
+    }
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres() {
+        let cfg = StoreConfig::Postgres { url: super::pg::fresh_database().await };
+        let a = open_stores(&cfg).await.unwrap();
+        a.identity.migrate().await.unwrap();
+        let b = open_stores(&cfg).await.unwrap();
+        super::another_instances_unused_lease_reads_as_balance(a, b).await
+    }
+}

@@ -80,9 +80,10 @@ impl Billing {
         let (month_start, _, _) = utc_month_bounds(now);
         let balance = self.ledger.balance(&principal.workspace_id).await.map_err(store_down)?;
         let balance = balance.ok_or_else(|| GatewayError::internal("workspace without a ledger row"))?;
-        // This instance's unused lease is counted as held by the store but no request holds it
+        // Unused leases are counted as held by the store but no request holds them
         // (`ledger_lease.rs`): shown as balance, as before leases.
-        let balance = balance.with_lease_unused(self.ledger.leased_cents(&principal.workspace_id));
+        let leased = self.ledger.unused_lease_cents(&principal.workspace_id).await.map_err(store_down)?;
+        let balance = balance.with_lease_unused(leased);
         let spent = self.ledger.spent_since(&principal.workspace_id, month_start).await.map_err(store_down)?;
         let body = json!({
             "object": "credits",

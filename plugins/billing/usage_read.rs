@@ -20,8 +20,9 @@ pub async fn snapshot(b: &Billing, s: &mut Session, cx: &mut RequestCtx) -> Resu
     let ws = &principal.workspace_id;
     let now = now_ms();
     let (plan, balance) = tokio::try_join!(b.ledger.plan(ws), b.ledger.balance(ws)).map_err(store_down)?;
-    // This instance's unused lease is balance no request holds yet (`ledger_lease.rs`).
-    let balance_cents = balance.map_or(0, |m| m.balance_cents) + b.ledger.leased_cents(ws);
+    // Unused leases are balance no request holds yet (`ledger_lease.rs`).
+    let balance_cents =
+        balance.map_or(0, |m| m.balance_cents) + b.ledger.unused_lease_cents(ws).await.map_err(store_down)?;
     let current = plan.map(|mut record| {
         record.counters.roll(record.terms.started_at, now);
         let limits = b.plans.limits(record.terms.tier);

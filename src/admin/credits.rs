@@ -34,8 +34,12 @@ pub(super) async fn signup_grant(app: &AdminApp, ws: &str) -> Result<(), AdminEr
 
 pub(super) async fn balance(app: &AdminApp, ws: &str) -> Result<Option<Balance>, AdminError> {
     match &app.ledger {
-        // This instance's unused lease is shown as balance, as the credits read shows it.
-        Some(l) => Ok(l.balance(ws).await.map_err(store_err)?.map(|b| b.with_lease_unused(l.leased_cents(ws)))),
+        // Unused leases are shown as balance, as the credits read shows them.
+        Some(l) => {
+            let stored = l.balance(ws).await.map_err(store_err)?;
+            let leased = l.unused_lease_cents(ws).await.map_err(store_err)?;
+            Ok(stored.map(|b| b.with_lease_unused(leased)))
+        }
         None => Ok(None),
     }
 }
@@ -59,7 +63,7 @@ pub(super) async fn top_up(app: &AdminApp, ws: &str, body: &Value) -> Answer {
     let now = now_ms();
     let expires_at = (source != "grant").then_some(now + TOPUP_LIFETIME_MS);
     let (entry, balance) = ledger(app)?.top_up(ws, amount, source, expires_at, now).await.map_err(store_err)?;
-    let balance = balance + ledger(app)?.leased_cents(ws);
+    let balance = balance + ledger(app)?.unused_lease_cents(ws).await.map_err(store_err)?;
     Ok(json_response(201, &json!({ "entry_id": entry, "balance_cents": balance })))
 }
 
@@ -88,9 +92,9 @@ pub(super) async fn ledger_listing(app: &AdminApp, ws: &str) -> Answer {
             break (stored, derived);
         }
     };
-    // This instance's unused lease (decision 187): held in the stored balance, which the
-    // check compares; shown as balance, as the credits read shows it.
-    let leased = l.leased_cents(ws);
+    // Unused leases (decisions 187 and 190): held in the stored balance, which the check
+    // compares; shown as balance, as the credits read shows them.
+    let leased = l.unused_lease_cents(ws).await.map_err(store_err)?;
     let shown = stored.with_lease_unused(leased);
     let entries = l.entries(ws, 500).await.map_err(store_err)?;
     let entries: Vec<Value> = entries

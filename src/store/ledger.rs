@@ -26,8 +26,8 @@ pub struct Balance {
 }
 
 impl Balance {
-    /// As a client is shown it: `leased` cents of this instance's unused lease, held by the
-    /// store but by no request (`ledger_lease.rs`), counted as balance.
+    /// As a client is shown it: `leased` cents of unused leases, held by the store but by no
+    /// request (`LedgerStore::unused_lease_cents`), counted as balance.
     pub fn with_lease_unused(self, leased: i64) -> Balance {
         Balance { balance_cents: self.balance_cents + leased, held_cents: self.held_cents - leased, ..self }
     }
@@ -112,10 +112,16 @@ pub trait LedgerStore: Send + Sync {
         tokio::spawn(async move { done(self.submit(op).await) });
     }
 
-    /// Cents this instance has reserved for holds in a lease and not yet used: counted as
-    /// held by the stored balance, added back by the credits read (`ledger_lease.rs`).
+    /// Cents this instance has reserved for holds in a lease and not yet used (from memory).
     fn leased_cents(&self, _workspace_id: &str) -> i64 {
         0
+    }
+
+    /// Cents the stored balance counts as held that no request holds: the unused part of every
+    /// instance's live leases (`Leases::unused_everywhere`). The balance a client or operator
+    /// is shown adds them back (`Balance::with_lease_unused`), so it reads as without leases.
+    async fn unused_lease_cents(&self, workspace_id: &str) -> Result<i64, StoreError> {
+        Ok(self.leased_cents(workspace_id))
     }
 
     /// Give back every lease this instance holds (it is stopping); how many were given back.

@@ -39,7 +39,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::StoreError;
 use super::ledger::{Balance, LedgerEntry, LedgerStore};
 use super::ledger_congestion::Congestion;
-use super::ledger_lease::{LEASE_USE, Leases};
+use super::ledger_lease::{LEASE_USE, LeaseRow, Leases};
 use super::ledger_ops::{FundOp, FundOutcome, LedgerOp, OpOutcome, OpResult};
 use crate::clock::Millis;
 use crate::plans::{PlanRecord, PlanTerms};
@@ -68,6 +68,11 @@ pub trait LedgerWrites: Send + Sync {
 
     /// Request ids of open holds whose expiry has passed.
     async fn expired_holds(&self, now: Millis) -> Result<Vec<String>, StoreError>;
+
+    /// The workspace's open lease rows, every instance's (`ledger_lease.rs`).
+    async fn open_leases(&self, _workspace_id: &str) -> Result<Vec<LeaseRow>, StoreError> {
+        Ok(Vec::new())
+    }
 
     /// Whether the writer's runtime needs an I/O driver: a store whose connections the writer
     /// drives itself (PostgreSQL, decision 151). Without one, waking the writer is a futex
@@ -416,6 +421,11 @@ impl LedgerStore for BatchedLedger {
 
     fn leased_cents(&self, workspace_id: &str) -> i64 {
         self.leases.unused(workspace_id)
+    }
+
+    async fn unused_lease_cents(&self, workspace_id: &str) -> Result<i64, StoreError> {
+        let rows = self.writes.open_leases(workspace_id).await?;
+        Ok(self.leases.unused_everywhere(workspace_id, &rows, crate::clock::now_ms()))
     }
 
     async fn give_back_leases(&self) -> usize {

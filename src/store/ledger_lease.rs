@@ -41,12 +41,25 @@ pub const LEASE_USE: Duration = Duration::from_secs(1);
 pub const LEASE_HOLDS: i64 = 1_024;
 /// No lease is granted smaller than this many holds (the ledger decides each hold then).
 pub const LEASE_MIN_HOLDS: i64 = 16;
+/// A lease row younger than this is a running instance's: a lease in use is renewed or given
+/// back within [`LEASE_USE`]. An older open one is a stalled or dead instance's, held until
+/// the sweeper gives it back.
+pub const LEASE_LIVE: Duration = Duration::from_secs(2);
+
+/// A lease as stored: an open hold row named `lease_…` (`LedgerWrites::open_leases`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseRow {
+    pub id: String,
+    pub amount_cents: i64,
+    pub created_at: Millis,
+}
 
 /// This instance's leases, by workspace.
 pub struct Leases {
     slots: Mutex<FastMap<String, Slot>>,
-    /// Lease ids: `lease_` + a per-process random prefix + a counter.
-    prefix: u64,
+    /// `lease_` and a per-process random prefix: this instance's lease ids are it and a
+    /// counter.
+    own: String,
     counter: AtomicU64,
 }
 
@@ -82,7 +95,11 @@ impl Default for Leases {
     fn default() -> Leases {
         let b = uuid::Uuid::new_v4().into_bytes();
         let prefix = u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]);
-        Leases { slots: Mutex::new(FastMap::default()), prefix, counter: AtomicU64::new(0) }
+        Leases {
+            slots: Mutex::new(FastMap::default()),
+            own: format!("lease_{prefix:016x}"),
+            counter: AtomicU64::new(0),
+        }
     }
 }
 
@@ -150,7 +167,7 @@ impl Leases {
         let n = self.counter.fetch_add(1, Ordering::Relaxed);
         let use_ms = Millis::try_from(LEASE_USE.as_millis()).unwrap_or(Millis::MAX);
         LedgerOp::LeaseGrant {
-            lease_id: format!("lease_{:016x}{n:016x}", self.prefix),
+            lease_id: format!("{}{n:016x}", self.own),
             workspace_id: f.workspace_id.clone(),
             want_cents: f.ask.hold_cents.saturating_mul(LEASE_HOLDS),
             min_cents: f.ask.hold_cents.saturating_mul(LEASE_MIN_HOLDS),
@@ -220,6 +237,21 @@ impl Leases {
     /// back included: its row still holds them).
     pub fn unused(&self, workspace: &str) -> i64 {
         self.slots().get(workspace).map_or(0, |s| s.retired.iter().chain(&s.lease).map(|l| l.left_cents).sum())
+    }
+
+    /// Cents held by leases of `workspace` and by no request, on every instance: this
+    /// instance's unused leases (exact, from memory) and the live lease rows of the others as
+    /// stored (`rows`: their holds of the last few milliseconds, not yet written, still inside
+    /// them). A stale row (older than [`LEASE_LIVE`]: its instance stalled or died) is money
+    /// nobody can spend until it is swept, so it stays held.
+    pub fn unused_everywhere(&self, workspace: &str, rows: &[LeaseRow], now: Millis) -> i64 {
+        let live_since = now.saturating_sub(Millis::try_from(LEASE_LIVE.as_millis()).unwrap_or(Millis::MAX));
+        let others: i64 = rows
+            .iter()
+            .filter(|r| !r.id.starts_with(&self.own) && r.created_at >= live_since)
+            .map(|r| r.amount_cents.max(0))
+            .sum();
+        self.unused(workspace) + others
     }
 }
 

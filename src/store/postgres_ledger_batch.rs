@@ -15,6 +15,7 @@ use tokio_postgres::types::ToSql;
 
 use super::StoreError;
 use super::ledger_batch::LedgerWrites;
+use super::ledger_lease::LeaseRow;
 use super::ledger_ops::{HoldRow, LedgerOp, Money, OpResult, Plan, Snapshot, plan};
 use super::plan_rows::{all_columns, counter_values, read_plan};
 use super::postgres::PostgresStore;
@@ -221,6 +222,23 @@ impl LedgerWrites for PostgresStore {
         self.with_client(move |c| async move {
             let st = c.prepare_cached("SELECT request_id FROM holds WHERE state = 'open' AND expires_at <= $1").await?;
             c.query(&st, &[&now]).await?.iter().map(|r| r.try_get(0)).collect()
+        })
+        .await
+    }
+
+    async fn open_leases(&self, workspace_id: &str) -> Result<Vec<LeaseRow>, StoreError> {
+        let ws = workspace_id.to_string();
+        self.with_client(move |c| async move {
+            let st = c
+                .prepare_cached(
+                    "SELECT request_id, amount_cents, created_at FROM holds \
+                     WHERE state = 'open' AND workspace_id = $1 AND left(request_id, 6) = 'lease_'",
+                )
+                .await?;
+            let rows = c.query(&st, &[&ws]).await?;
+            rows.iter()
+                .map(|r| Ok(LeaseRow { id: r.try_get(0)?, amount_cents: r.try_get(1)?, created_at: r.try_get(2)? }))
+                .collect()
         })
         .await
     }

@@ -13,6 +13,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use super::StoreError;
 use super::ledger_batch::LedgerWrites;
+use super::ledger_lease::LeaseRow;
 use super::ledger_ops::{HoldRow, LedgerOp, Money, OpResult, Plan, Snapshot, plan};
 use super::sqlite::SqliteStore;
 use super::sqlite_plans::{plan_of, write_counters};
@@ -39,6 +40,20 @@ impl LedgerWrites for SqliteStore {
             let mut st = c.prepare_cached("SELECT request_id FROM holds WHERE state = 'open' AND expires_at <= ?1")?;
             let ids = st.query_map([now], |r| r.get(0))?.collect::<Result<_, _>>()?;
             Ok(ids)
+        })
+        .await
+    }
+
+    async fn open_leases(&self, workspace_id: &str) -> Result<Vec<LeaseRow>, StoreError> {
+        let ws = workspace_id.to_string();
+        self.with_conn(move |c| {
+            let mut st = c.prepare_cached(
+                "SELECT request_id, amount_cents, created_at FROM holds \
+                 WHERE state = 'open' AND workspace_id = ?1 AND substr(request_id, 1, 6) = 'lease_'",
+            )?;
+            let rows =
+                st.query_map([ws], |r| Ok(LeaseRow { id: r.get(0)?, amount_cents: r.get(1)?, created_at: r.get(2)? }))?;
+            rows.collect::<Result<Vec<_>, _>>()
         })
         .await
     }
