@@ -483,3 +483,75 @@ async fn a_hold_recorded_but_unanswered_is_released_at_once() {
     assert!(!kinds.contains(&"settlement"), "released, not charged: {kinds:?}");
     assert!(gw.log().contains("unanswered hold released"), "{}", gw.log());
 }
+
+/// Two gateways on one store (decision 190): while one takes its requests' holds from a lease,
+/// both show the same balance, and `held_cents` counts only the running requests (before, the
+/// other showed the lease's unused part as held); a request the other instance must refuse
+/// because the lease holds part of the balance gets a 402 naming that same balance and why.
+#[tokio::test]
+async fn two_instances_show_one_balance_while_one_holds_a_lease() {
+    let mock = Mock::start();
+    let gw1 = Gateway::start(&mock);
+    let gw2 = Gateway::start_in(&mock, Opts::default(), gw1.dir.clone());
+    let ws = gw1.workspace.clone();
+    top_up(&gw1, &ws, 4_300); // 4,400 cents with the signup grant
+    let leased = |gw: &Gateway| balance(gw, &ws)["leased_cents"].as_i64().unwrap();
+    // pricey-model: a cent per output token, a 10-cent hold for max_tokens 10.
+    let mut small = chat_body("pricey-model", false);
+    small["max_tokens"] = json!(10);
+    let r = gw1.post("/v1/chat/completions", &small, &[("x-mock-tokens", "1")]).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    for _ in 0..100 {
+        if leased(&gw1) > 0 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert_eq!(leased(&gw1), 548, "gw1 leased an eighth of the 4,390 cents its first hold left");
+    // Two slow streams on gw1, their holds taken from the lease (3 s each).
+    small["stream"] = json!(true);
+    let streams: Vec<_> = (0..2)
+        .map(|_| {
+            let (url, bearer, body) = (gw1.url("/v1/chat/completions"), gw1.bearer(), small.clone());
+            tokio::spawn(async move {
+                let r = reqwest::Client::new()
+                    .post(url)
+                    .header("authorization", bearer)
+                    .header("x-mock-tokens", "10")
+                    .header("x-mock-token-delay-ms", "300")
+                    .json(&body)
+                    .send()
+                    .await
+                    .unwrap();
+                r.text().await.unwrap()
+            })
+        })
+        .collect();
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let auth = gw1.bearer();
+    let credits = |gw: &Gateway| {
+        let (url, auth) = (gw.url("/v1/credits"), auth.clone());
+        async move {
+            let r = reqwest::Client::new().get(url).header("authorization", auth).send().await.unwrap();
+            r.json::<Value>().await.unwrap()
+        }
+    };
+    let (on1, on2) = (credits(&gw1).await, credits(&gw2).await);
+    assert_eq!((on1["balance_cents"].as_i64(), on1["held_cents"].as_i64()), (Some(4_379), Some(20)), "{on1}");
+    assert_eq!((on2["balance_cents"].as_i64(), on2["held_cents"].as_i64()), (Some(4_379), Some(20)), "{on2}");
+    // 4,096 cents fit the 4,379 shown, not the 3,851 the lease leaves in the store.
+    let mut big = chat_body("pricey-model", false);
+    big["max_tokens"] = json!(4_096);
+    let r = gw2.post_as("/v1/chat/completions", &big, &[("authorization", &auth)]).await;
+    let v = r.assert_error(402, "insufficient_credits");
+    assert_eq!(
+        (v["error"]["required_cents"].as_i64(), v["error"]["current_balance_cents"].as_i64()),
+        (Some(4_096), Some(4_379))
+    );
+    let message = v["error"]["message"].as_str().unwrap();
+    assert!(message.contains("reserved for requests on other gateway instances"), "{message}");
+    assert!(leased(&gw1) > 0, "gw1 still held its lease through the checks");
+    for s in streams {
+        assert!(s.await.unwrap().contains("[DONE]"));
+    }
+}

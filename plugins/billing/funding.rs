@@ -120,10 +120,18 @@ fn limit_reached(r: Refusal, plan: Option<&PlanSeen>, now: Millis) -> GatewayErr
 /// `402 insufficient_credits`; when a plan exists but is not paying, the message ends with
 /// its state and the next step.
 fn insufficient(balance: i64, hold: i64, topup_url: &str, plan: Option<&PlanSeen>, now: Millis) -> GatewayError {
-    let mut message = format!(
-        "The balance cannot cover this request's reservation of {hold} cents; add at least {} cents.",
-        (hold - balance).max(1)
-    );
+    let mut message = if balance >= hold {
+        // Another gateway instance reserves part of the balance for the requests it is about
+        // to run (decision 190); it gives it back within a second of its last use.
+        format!(
+            "Part of the balance is reserved for requests on other gateway instances, so it cannot cover this request's reservation of {hold} cents now; retry in a few seconds or add at least {hold} cents."
+        )
+    } else {
+        format!(
+            "The balance cannot cover this request's reservation of {hold} cents; add at least {} cents.",
+            hold - balance
+        )
+    };
     if let Some(seen) = plan.filter(|s| !s.record.terms.serving(now)) {
         let t = &seen.record.terms;
         let step = match t.status {

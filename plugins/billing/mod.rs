@@ -74,6 +74,19 @@ impl Billing {
 }
 
 impl Billing {
+    /// A balance refusal names the balance `GET /v1/credits` shows (the spec: "same as the
+    /// balance endpoint"), so the unused leases are added back (decision 190); when they
+    /// cannot be read, the stored balance.
+    async fn as_shown(&self, r: FundRefusal, workspace_id: &str) -> FundRefusal {
+        match r {
+            FundRefusal::Insufficient { balance_cents } => {
+                let leased = self.ledger.unused_lease_cents(workspace_id).await.unwrap_or(0);
+                FundRefusal::Insufficient { balance_cents: balance_cents + leased }
+            }
+            other => other,
+        }
+    }
+
     async fn credits(&self, s: &mut Session, cx: &mut RequestCtx) -> Result<(), GatewayError> {
         let principal = cx.principal.clone().ok_or_else(|| GatewayError::internal("no principal"))?;
         let now = now_ms();
@@ -254,6 +267,7 @@ impl Plugin for Billing {
                     return Err(key_limit.unwrap_or_else(|| GatewayError::internal("key limit without a reading")));
                 }
                 Err(r) => {
+                    let r = self.as_shown(r, &p.workspace_id).await;
                     let err = funding::refusal(r, out.plan.as_ref(), &self.topup_url, hold, now);
                     return Err(if matches!(r, FundRefusal::Insufficient { .. }) {
                         with_free_window(err, cx)
