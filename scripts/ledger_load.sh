@@ -5,6 +5,8 @@
 # balance == sum of entries less open holds (the admin API's check), one settlement entry per request served
 # (2xx answers counted by wrk; requests wrk abandoned at the end may settle too), every hold
 # row settled (with its settlement entry) or released, no open hold. Loopback only; stops what it started and drops its database on exit.
+# During the run it reads GET /v1/credits through both instances every 5 s and prints the most
+# each showed as held and how far apart their balances were (decision 190).
 #
 #   scripts/ledger_load.sh [--store pg|sqlite]
 #
@@ -149,7 +151,25 @@ for i in 1 2; do
         "http://127.0.0.1:$((BASE + 2 * i - 1))/v1/chat/completions" >"$WORK/wrk$i.txt" 2>&1 &
     WRK[$i]=$!
 done
+# Every 5 s, GET /v1/credits through both instances at once: each shows every instance's
+# unused lease as balance (decision 190), so the two agree up to the requests that start or end
+# between the reads, and held_cents is what the running requests hold.
+sample_credits() {
+    local n=0 c1 c2
+    while ((n < SECONDS_RUN / 5 - 1)); do
+        sleep 5
+        n=$((n + 1))
+        curl -sS --max-time 5 -H "authorization: Bearer $KEY" "http://127.0.0.1:$((BASE + 1))/v1/credits" >"$WORK/credits1.$n.json" &
+        c1=$!
+        curl -sS --max-time 5 -H "authorization: Bearer $KEY" "http://127.0.0.1:$((BASE + 3))/v1/credits" >"$WORK/credits2.$n.json" &
+        c2=$!
+        wait "$c1" "$c2" || true
+    done
+}
+sample_credits &
+SAMPLER=$!
 wait "${WRK[1]}" "${WRK[2]}"
+wait "$SAMPLER" || true
 sleep 3 # the last settlements of requests wrk stopped waiting for
 
 field() { grep -o "$2=[0-9.]*" "$WORK/wrk$1.txt" | head -1 | cut -d= -f2; }
@@ -170,10 +190,18 @@ settled_unbooked=$(sql "SELECT count(*) FROM holds h WHERE h.workspace_id = '$WS
     AND NOT EXISTS (SELECT 1 FROM ledger_entries s WHERE s.request_id = h.request_id AND s.kind = 'settlement')")
 unmatched=$(sql "SELECT count(*) FROM ledger_entries s WHERE s.workspace_id = '$WS' AND s.kind = 'settlement' \
     AND NOT EXISTS (SELECT 1 FROM holds h WHERE h.request_id = s.request_id)")
+# The mid-run credits reads: pairs, the most held through each instance, the largest
+# difference between the two balances of a pair.
+credits_line=$(for f in "$WORK"/credits1.*.json; do
+    [[ -f $f && -f ${f/credits1/credits2} ]] || continue
+    jq -s '[.[0].balance_cents, .[0].held_cents, .[1].balance_cents, .[1].held_cents]' "$f" "${f/credits1/credits2}" -c
+done | jq -rs 'if length == 0 then "none" else
+    "pairs=\(length) held_max_i1=\(map(.[1]) | max) held_max_i2=\(map(.[3]) | max) balance_diff_max=\(map((.[0] - .[2]) | abs) | max)" end')
 audit=$(admin "/admin/v1/workspaces/$WS/ledger")
 consistent=$(jq -r '.check.consistent' <<<"$audit")
 echo "store=$STORE chain=$CHAIN limiter=$([[ $CHAIN == full ]] && echo "$LIMITER" || echo none) instances=2 threads=$THREADS connections=$((2 * CONNS)) seconds=$SECONDS_RUN"
 echo "requests=$total served_2xx=$ok non_2xx=$errors settled=$settled settled_per_s=$((settled / SECONDS_RUN))"
+echo "credits read mid-run through both instances: $credits_line"
 echo "audit: balance_equals_entries=$consistent balance=$(jq -r .balance_cents <<<"$audit") derived=$(jq -r .check.derived_balance_cents <<<"$audit") held=$(jq -r .held_cents <<<"$audit") open_holds=$open hold_rows=$holds closed_hold_rows=$closed settled_holds_without_entry=$settled_unbooked settlements_without_hold=$unmatched"
 pass=1
 [[ $consistent == true && $open == 0 && $holds == "$closed" && $unmatched == 0 && $settled_unbooked == 0 ]] || pass=0
