@@ -196,7 +196,7 @@ credits_line=$(for f in "$WORK"/credits1.*.json; do
     [[ -f $f && -f ${f/credits1/credits2} ]] || continue
     jq -s '[.[0].balance_cents, .[0].held_cents, .[1].balance_cents, .[1].held_cents]' "$f" "${f/credits1/credits2}" -c
 done | jq -rs 'if length == 0 then "none" else
-    "pairs=\(length) held_max_i1=\(map(.[1]) | max) held_max_i2=\(map(.[3]) | max) balance_diff_max=\(map((.[0] - .[2]) | abs) | max)" end')
+    "pairs=\(length) held_max_i1=\(map(.[1]) | max) held_max_i2=\(map(.[3]) | max) balance_diff_max=\(map(.[0] - .[2] | if . < 0 then -. else . end) | max)" end')
 audit=$(admin "/admin/v1/workspaces/$WS/ledger")
 consistent=$(jq -r '.check.consistent' <<<"$audit")
 echo "store=$STORE chain=$CHAIN limiter=$([[ $CHAIN == full ]] && echo "$LIMITER" || echo none) instances=2 threads=$THREADS connections=$((2 * CONNS)) seconds=$SECONDS_RUN"

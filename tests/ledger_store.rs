@@ -654,10 +654,7 @@ async fn another_instances_unused_lease_reads_as_balance(a: Stores, b: Stores) {
         let funded = la.fund(fund_op(&ws, &format!("two_{i}"), 7, now_ms() + 60_000)).await.unwrap();
         assert_eq!(funded.verdict, Ok(Funding::PayAsYouGo));
     }
-    let shown = async |l: &Arc<dyn LedgerStore>| {
-        let stored = l.balance(&ws).await.unwrap().unwrap();
-        stored.with_lease_unused(l.unused_lease_cents(&ws).await.unwrap())
-    };
+    let shown = async |l: &Arc<dyn LedgerStore>| l.balance_shown(&ws).await.unwrap().unwrap();
     let a_view = shown(&la).await;
     assert_eq!((a_view.balance_cents, a_view.held_cents), (1_000_000 - 42, 42), "A, from memory at once");
     // B sees A's lease row once A's lease holds are written (a settlement linger later).
@@ -695,7 +692,7 @@ async fn another_instances_unused_lease_reads_as_balance(a: Stores, b: Stores) {
     let end = lb.balance(&ws).await.unwrap().unwrap();
     assert_eq!((end.balance_cents, end.held_cents), (1_000_000 - 42, 0));
     assert_eq!(lb.derived_balance(&ws).await.unwrap(), end.balance_cents);
-    assert_eq!(lb.unused_lease_cents(&ws).await.unwrap(), 0);
+    assert_eq!(lb.balance_and_unused_leases(&ws).await.unwrap(), Some((end, 0)));
 }
 
 mod another_instances_unused_lease_reads_as_balance {

@@ -75,14 +75,14 @@ impl Billing {
 
 impl Billing {
     /// A balance refusal names the balance `GET /v1/credits` shows (the spec: "same as the
-    /// balance endpoint"), so the unused leases are added back (decision 190); when they
-    /// cannot be read, the stored balance.
+    /// balance endpoint"): read as that read does, unused leases added back (decision 190);
+    /// when it cannot be read, the balance the ledger refused against.
     async fn as_shown(&self, r: FundRefusal, workspace_id: &str) -> FundRefusal {
         match r {
-            FundRefusal::Insufficient { balance_cents } => {
-                let leased = self.ledger.unused_lease_cents(workspace_id).await.unwrap_or(0);
-                FundRefusal::Insufficient { balance_cents: balance_cents + leased }
-            }
+            FundRefusal::Insufficient { balance_cents } => match self.ledger.balance_shown(workspace_id).await {
+                Ok(Some(shown)) => FundRefusal::Insufficient { balance_cents: shown.balance_cents },
+                _ => FundRefusal::Insufficient { balance_cents },
+            },
             other => other,
         }
     }
@@ -91,12 +91,10 @@ impl Billing {
         let principal = cx.principal.clone().ok_or_else(|| GatewayError::internal("no principal"))?;
         let now = now_ms();
         let (month_start, _, _) = utc_month_bounds(now);
-        let balance = self.ledger.balance(&principal.workspace_id).await.map_err(store_down)?;
-        let balance = balance.ok_or_else(|| GatewayError::internal("workspace without a ledger row"))?;
         // Unused leases are counted as held by the store but no request holds them
         // (`ledger_lease.rs`): shown as balance, as before leases.
-        let leased = self.ledger.unused_lease_cents(&principal.workspace_id).await.map_err(store_down)?;
-        let balance = balance.with_lease_unused(leased);
+        let balance = self.ledger.balance_shown(&principal.workspace_id).await.map_err(store_down)?;
+        let balance = balance.ok_or_else(|| GatewayError::internal("workspace without a ledger row"))?;
         let spent = self.ledger.spent_since(&principal.workspace_id, month_start).await.map_err(store_down)?;
         let body = json!({
             "object": "credits",

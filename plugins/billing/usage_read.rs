@@ -19,10 +19,9 @@ pub async fn snapshot(b: &Billing, s: &mut Session, cx: &mut RequestCtx) -> Resu
     let principal = cx.principal.clone().ok_or_else(|| GatewayError::internal("no principal"))?;
     let ws = &principal.workspace_id;
     let now = now_ms();
-    let (plan, balance) = tokio::try_join!(b.ledger.plan(ws), b.ledger.balance(ws)).map_err(store_down)?;
     // Unused leases are balance no request holds yet (`ledger_lease.rs`).
-    let balance_cents =
-        balance.map_or(0, |m| m.balance_cents) + b.ledger.unused_lease_cents(ws).await.map_err(store_down)?;
+    let (plan, balance) = tokio::try_join!(b.ledger.plan(ws), b.ledger.balance_shown(ws)).map_err(store_down)?;
+    let balance_cents = balance.map_or(0, |m| m.balance_cents);
     let current = plan.map(|mut record| {
         record.counters.roll(record.terms.started_at, now);
         let limits = b.plans.limits(record.terms.tier);

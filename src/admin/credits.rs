@@ -35,11 +35,7 @@ pub(super) async fn signup_grant(app: &AdminApp, ws: &str) -> Result<(), AdminEr
 pub(super) async fn balance(app: &AdminApp, ws: &str) -> Result<Option<Balance>, AdminError> {
     match &app.ledger {
         // Unused leases are shown as balance, as the credits read shows them.
-        Some(l) => {
-            let stored = l.balance(ws).await.map_err(store_err)?;
-            let leased = l.unused_lease_cents(ws).await.map_err(store_err)?;
-            Ok(stored.map(|b| b.with_lease_unused(leased)))
-        }
+        Some(l) => l.balance_shown(ws).await.map_err(store_err),
         None => Ok(None),
     }
 }
@@ -62,8 +58,10 @@ pub(super) async fn top_up(app: &AdminApp, ws: &str, body: &Value) -> Answer {
     existing(app, ws).await?;
     let now = now_ms();
     let expires_at = (source != "grant").then_some(now + TOPUP_LIFETIME_MS);
-    let (entry, balance) = ledger(app)?.top_up(ws, amount, source, expires_at, now).await.map_err(store_err)?;
-    let balance = balance + ledger(app)?.unused_lease_cents(ws).await.map_err(store_err)?;
+    let (entry, stored) = ledger(app)?.top_up(ws, amount, source, expires_at, now).await.map_err(store_err)?;
+    // As the credits read shows it (read again, so the unused leases are of the same moment).
+    let shown = ledger(app)?.balance_shown(ws).await.map_err(store_err)?;
+    let balance = shown.map_or(stored, |b| b.balance_cents);
     Ok(json_response(201, &json!({ "entry_id": entry, "balance_cents": balance })))
 }
 
@@ -83,18 +81,21 @@ pub(super) async fn ledger_listing(app: &AdminApp, ws: &str) -> Answer {
     // between them would show a false mismatch under traffic. A pair is trusted when the
     // balance did not move across the sum's read; a real mismatch never agrees.
     let mut attempt = 0;
-    let (stored, derived) = loop {
+    // Unused leases (decisions 187 and 190) are read with the stored balance: held in it,
+    // which the check compares; shown as balance, as the credits read shows them.
+    let (stored, leased, derived) = loop {
         attempt += 1;
-        let stored = l.balance(ws).await.map_err(store_err)?.ok_or_else(|| AdminError::not_found("workspace"))?;
+        let (stored, leased) = l
+            .balance_and_unused_leases(ws)
+            .await
+            .map_err(store_err)?
+            .ok_or_else(|| AdminError::not_found("workspace"))?;
         let derived = l.derived_balance(ws).await.map_err(store_err)?;
         let again = l.balance(ws).await.map_err(store_err)?;
         if attempt >= 5 || (again == Some(stored) && derived == stored.balance_cents) {
-            break (stored, derived);
+            break (stored, leased, derived);
         }
     };
-    // Unused leases (decisions 187 and 190): held in the stored balance, which the check
-    // compares; shown as balance, as the credits read shows them.
-    let leased = l.unused_lease_cents(ws).await.map_err(store_err)?;
     let shown = stored.with_lease_unused(leased);
     let entries = l.entries(ws, 500).await.map_err(store_err)?;
     let entries: Vec<Value> = entries

@@ -27,7 +27,7 @@ pub struct Balance {
 
 impl Balance {
     /// As a client is shown it: `leased` cents of unused leases, held by the store but by no
-    /// request (`LedgerStore::unused_lease_cents`), counted as balance.
+    /// request (`LedgerStore::balance_and_unused_leases`), counted as balance.
     pub fn with_lease_unused(self, leased: i64) -> Balance {
         Balance { balance_cents: self.balance_cents + leased, held_cents: self.held_cents - leased, ..self }
     }
@@ -117,11 +117,18 @@ pub trait LedgerStore: Send + Sync {
         0
     }
 
-    /// Cents the stored balance counts as held that no request holds: the unused part of every
-    /// instance's live leases (`Leases::unused_everywhere`). The balance a client or operator
-    /// is shown adds them back (`Balance::with_lease_unused`), so it reads as without leases.
-    async fn unused_lease_cents(&self, workspace_id: &str) -> Result<i64, StoreError> {
-        Ok(self.leased_cents(workspace_id))
+    /// The stored balance and the cents it counts as held that no request holds: the unused
+    /// part of every instance's live leases (`Leases::unused_everywhere`), read with the
+    /// balance. The balance a client or operator is shown adds them back
+    /// (`Balance::with_lease_unused`, [`LedgerStore::balance_shown`]), so it reads as without
+    /// leases.
+    async fn balance_and_unused_leases(&self, workspace_id: &str) -> Result<Option<(Balance, i64)>, StoreError> {
+        Ok(self.balance(workspace_id).await?.map(|b| (b, self.leased_cents(workspace_id))))
+    }
+
+    /// The balance as a client is shown it (`GET /v1/credits`): unused leases added back.
+    async fn balance_shown(&self, workspace_id: &str) -> Result<Option<Balance>, StoreError> {
+        Ok(self.balance_and_unused_leases(workspace_id).await?.map(|(b, leased)| b.with_lease_unused(leased)))
     }
 
     /// Give back every lease this instance holds (it is stopping); how many were given back.

@@ -69,9 +69,10 @@ pub trait LedgerWrites: Send + Sync {
     /// Request ids of open holds whose expiry has passed.
     async fn expired_holds(&self, now: Millis) -> Result<Vec<String>, StoreError>;
 
-    /// The workspace's open lease rows, every instance's (`ledger_lease.rs`).
-    async fn open_leases(&self, _workspace_id: &str) -> Result<Vec<LeaseRow>, StoreError> {
-        Ok(Vec::new())
+    /// The workspace's stored balance and its open lease rows, every instance's, read in one
+    /// snapshot (`ledger_lease.rs`); `None` for no workspace.
+    async fn balance_with_leases(&self, _workspace_id: &str) -> Result<Option<(Balance, Vec<LeaseRow>)>, StoreError> {
+        Err(StoreError::Unavailable("this ledger backend reads no balance".into()))
     }
 
     /// Whether the writer's runtime needs an I/O driver: a store whose connections the writer
@@ -423,9 +424,10 @@ impl LedgerStore for BatchedLedger {
         self.leases.unused(workspace_id)
     }
 
-    async fn unused_lease_cents(&self, workspace_id: &str) -> Result<i64, StoreError> {
-        let rows = self.writes.open_leases(workspace_id).await?;
-        Ok(self.leases.unused_everywhere(workspace_id, &rows, crate::clock::now_ms()))
+    async fn balance_and_unused_leases(&self, workspace_id: &str) -> Result<Option<(Balance, i64)>, StoreError> {
+        let read = self.writes.balance_with_leases(workspace_id).await?;
+        let now = crate::clock::now_ms();
+        Ok(read.map(|(b, rows)| (b, self.leases.unused_everywhere(workspace_id, &rows, now))))
     }
 
     async fn give_back_leases(&self) -> usize {

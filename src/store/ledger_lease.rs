@@ -30,6 +30,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use super::ledger::Balance;
 use super::ledger_ops::{FundOp, FundOutcome, LedgerOp, OpOutcome};
 use crate::clock::Millis;
 use crate::fast_map::FastMap;
@@ -46,7 +47,7 @@ pub const LEASE_MIN_HOLDS: i64 = 16;
 /// the sweeper gives it back.
 pub const LEASE_LIVE: Duration = Duration::from_secs(2);
 
-/// A lease as stored: an open hold row named `lease_…` (`LedgerWrites::open_leases`).
+/// A lease as stored: an open hold row named `lease_…` (`LedgerWrites::balance_with_leases`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeaseRow {
     pub id: String,
@@ -253,6 +254,13 @@ impl Leases {
             .sum();
         self.unused(workspace) + others
     }
+}
+
+/// The rows of a workspace joined with its open lease rows (one row, its lease `None`, when it
+/// has none) as its balance and its leases; `None` for no workspace.
+pub fn balance_and_leases(rows: Vec<(Balance, Option<LeaseRow>)>) -> Option<(Balance, Vec<LeaseRow>)> {
+    let balance = rows.first()?.0;
+    Some((balance, rows.into_iter().filter_map(|(_, l)| l).collect()))
 }
 
 fn give_back(l: Lease, now: Millis) -> LedgerOp {

@@ -14,8 +14,9 @@ use async_trait::async_trait;
 use tokio_postgres::types::ToSql;
 
 use super::StoreError;
+use super::ledger::Balance;
 use super::ledger_batch::LedgerWrites;
-use super::ledger_lease::LeaseRow;
+use super::ledger_lease::{LeaseRow, balance_and_leases};
 use super::ledger_ops::{HoldRow, LedgerOp, Money, OpResult, Plan, Snapshot, plan};
 use super::plan_rows::{all_columns, counter_values, read_plan};
 use super::postgres::PostgresStore;
@@ -226,19 +227,38 @@ impl LedgerWrites for PostgresStore {
         .await
     }
 
-    async fn open_leases(&self, workspace_id: &str) -> Result<Vec<LeaseRow>, StoreError> {
+    async fn balance_with_leases(&self, workspace_id: &str) -> Result<Option<(Balance, Vec<LeaseRow>)>, StoreError> {
         let ws = workspace_id.to_string();
         self.with_client(move |c| async move {
+            // One statement, one snapshot: a lease granted or given back between two reads
+            // would count twice or not at all.
             let st = c
                 .prepare_cached(
-                    "SELECT request_id, amount_cents, created_at FROM holds \
-                     WHERE state = 'open' AND workspace_id = $1 AND left(request_id, 6) = 'lease_'",
+                    "SELECT w.balance_cents, w.held_cents, w.carry_microcents, w.lifetime_purchases_cents, \
+                            h.request_id, h.amount_cents, h.created_at \
+                     FROM workspaces w LEFT JOIN holds h ON h.workspace_id = w.id AND h.state = 'open' \
+                          AND left(h.request_id, 6) = 'lease_' \
+                     WHERE w.id = $1",
                 )
                 .await?;
             let rows = c.query(&st, &[&ws]).await?;
-            rows.iter()
-                .map(|r| Ok(LeaseRow { id: r.try_get(0)?, amount_cents: r.try_get(1)?, created_at: r.try_get(2)? }))
-                .collect()
+            let rows = rows
+                .iter()
+                .map(|r| {
+                    let b = Balance {
+                        balance_cents: r.try_get(0)?,
+                        held_cents: r.try_get(1)?,
+                        carry_microcents: r.try_get(2)?,
+                        lifetime_purchases_cents: r.try_get(3)?,
+                    };
+                    let lease = match r.try_get::<_, Option<String>>(4)? {
+                        Some(id) => Some(LeaseRow { id, amount_cents: r.try_get(5)?, created_at: r.try_get(6)? }),
+                        None => None,
+                    };
+                    Ok((b, lease))
+                })
+                .collect::<Result<Vec<_>, tokio_postgres::Error>>()?;
+            Ok(balance_and_leases(rows))
         })
         .await
     }

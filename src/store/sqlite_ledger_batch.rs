@@ -12,8 +12,9 @@ use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::StoreError;
+use super::ledger::Balance;
 use super::ledger_batch::LedgerWrites;
-use super::ledger_lease::LeaseRow;
+use super::ledger_lease::{LeaseRow, balance_and_leases};
 use super::ledger_ops::{HoldRow, LedgerOp, Money, OpResult, Plan, Snapshot, plan};
 use super::sqlite::SqliteStore;
 use super::sqlite_plans::{plan_of, write_counters};
@@ -44,16 +45,32 @@ impl LedgerWrites for SqliteStore {
         .await
     }
 
-    async fn open_leases(&self, workspace_id: &str) -> Result<Vec<LeaseRow>, StoreError> {
+    async fn balance_with_leases(&self, workspace_id: &str) -> Result<Option<(Balance, Vec<LeaseRow>)>, StoreError> {
         let ws = workspace_id.to_string();
         self.with_conn(move |c| {
+            // One statement, one snapshot: a lease granted or given back between two reads
+            // would count twice or not at all.
             let mut st = c.prepare_cached(
-                "SELECT request_id, amount_cents, created_at FROM holds \
-                 WHERE state = 'open' AND workspace_id = ?1 AND substr(request_id, 1, 6) = 'lease_'",
+                "SELECT w.balance_cents, w.held_cents, w.carry_microcents, w.lifetime_purchases_cents, \
+                        h.request_id, h.amount_cents, h.created_at \
+                 FROM workspaces w LEFT JOIN holds h ON h.workspace_id = w.id AND h.state = 'open' \
+                      AND substr(h.request_id, 1, 6) = 'lease_' \
+                 WHERE w.id = ?1",
             )?;
-            let rows =
-                st.query_map([ws], |r| Ok(LeaseRow { id: r.get(0)?, amount_cents: r.get(1)?, created_at: r.get(2)? }))?;
-            rows.collect::<Result<Vec<_>, _>>()
+            let rows = st.query_map([ws], |r| {
+                let b = Balance {
+                    balance_cents: r.get(0)?,
+                    held_cents: r.get(1)?,
+                    carry_microcents: r.get(2)?,
+                    lifetime_purchases_cents: r.get(3)?,
+                };
+                let lease = match r.get::<_, Option<String>>(4)? {
+                    Some(id) => Some(LeaseRow { id, amount_cents: r.get(5)?, created_at: r.get(6)? }),
+                    None => None,
+                };
+                Ok((b, lease))
+            })?;
+            Ok(balance_and_leases(rows.collect::<Result<Vec<_>, _>>()?))
         })
         .await
     }
