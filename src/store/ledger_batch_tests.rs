@@ -156,6 +156,77 @@ async fn a_settlement_rides_with_the_next_hold_and_is_written_alone_when_none_co
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A linger ends at its deadline, with the rows nobody waits for queued meanwhile (they do
+/// not end it, nor wake the writer), and at once when a hold is queued (decisions 132 and
+/// 191). Virtual time, so the instants are exact.
+#[tokio::test(start_paused = true)]
+async fn a_linger_ends_at_its_deadline_or_when_a_hold_is_queued() {
+    use tokio::time::Instant;
+    let ms = Duration::from_millis;
+    let (tx, mut rx) = mpsc::channel(16);
+    let wake = Arc::new(Notify::new());
+    let row = |rid: &str| Job::then(LedgerOp::Release { request_id: rid.into(), now: 1 }, Box::new(|_| {}));
+    let ids = |jobs: &Vec<Job>| jobs.iter().map(|j| j.op.request_id().to_string()).collect::<Vec<_>>();
+
+    let mut jobs = vec![row("s1")];
+    let sender = tx.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(ms(3)).await;
+        assert!(sender.try_send(row("s2")).is_ok());
+    });
+    let started = Instant::now();
+    linger(&mut rx, &mut jobs, &wake).await;
+    assert_eq!(started.elapsed(), SETTLE_LINGER);
+    assert_eq!(ids(&jobs), ["s1", "s2"]);
+
+    let mut jobs = vec![row("s3")];
+    let (sender, signal) = (tx.clone(), wake.clone());
+    tokio::spawn(async move {
+        tokio::time::sleep(ms(2)).await;
+        let (reply, _answer) = oneshot::channel();
+        let hold = crate::store::ledger_ops::hold_op("h1", "w", None, 1, 10, 1);
+        assert!(
+            sender.try_send(Job { op: hold, reply: Reply::Wait(reply), queued: std::time::Instant::now() }).is_ok()
+        );
+        signal.notify_one();
+    });
+    let started = Instant::now();
+    linger(&mut rx, &mut jobs, &wake).await;
+    assert_eq!(started.elapsed(), ms(2), "the hold ended the linger");
+    assert_eq!(ids(&jobs), ["s3", "h1"]);
+}
+
+/// Rows nobody waits for end a linger only once a whole batch of them waits (decision 191):
+/// one row at a time would wake the writer for every request; a batch's worth must not wait
+/// for the deadline, or a fast enough instance would queue more than it commits.
+#[tokio::test(start_paused = true)]
+async fn a_whole_batch_of_rows_ends_a_linger_and_less_does_not() {
+    let (tx, mut rx) = mpsc::channel(4 * MAX_BATCH);
+    let wake = Arc::new(Notify::new());
+    let row = |n: usize| Job::then(LedgerOp::Release { request_id: format!("r{n}"), now: 1 }, Box::new(|_| {}));
+    let lingering = {
+        let wake = wake.clone();
+        tokio::spawn(async move {
+            let mut jobs = vec![row(0)];
+            let started = tokio::time::Instant::now();
+            linger(&mut rx, &mut jobs, &wake).await;
+            (started.elapsed(), jobs.len())
+        })
+    };
+    tokio::task::yield_now().await;
+    for n in 1..MAX_BATCH {
+        assert!(tx.try_send(row(n)).is_ok());
+        row_queued(&tx, &wake);
+    }
+    tokio::task::yield_now().await;
+    assert!(!lingering.is_finished(), "{} rows waiting: still lingering", MAX_BATCH - 1);
+    assert!(tx.try_send(row(MAX_BATCH)).is_ok());
+    row_queued(&tx, &wake);
+    let (waited, taken) = lingering.await.unwrap();
+    assert_eq!(waited, Duration::ZERO, "a whole batch waiting ended the linger");
+    assert_eq!(taken, MAX_BATCH);
+}
+
 mod leases {
     use super::*;
     use crate::identity::{RateTier, Workspace};
