@@ -34,7 +34,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use tokio::sync::{Notify, mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot};
 
 use super::StoreError;
 use super::ledger::{Balance, LedgerEntry, LedgerStore};
@@ -140,9 +140,6 @@ pub struct BatchedLedger {
     max_hold_wait: Duration,
     /// Balance this instance places holds from in memory (`ledger_lease.rs`).
     leases: Arc<Leases>,
-    /// Ends a linger at once (decision 191): signalled after a hold is queued, or a row that
-    /// fills a batch.
-    wake: Arc<Notify>,
 }
 
 impl BatchedLedger {
@@ -181,8 +178,6 @@ impl BatchedLedger {
         let congestion = Arc::new(Congestion::new());
         let seen = congestion.clone();
         let leases = Arc::new(Leases::default());
-        let wake = Arc::new(Notify::new());
-        let woken = wake.clone();
         rt.spawn(return_leases(tx.downgrade(), leases.clone()));
         std::thread::Builder::new()
             .name("ledger-writer".into())
@@ -191,7 +186,7 @@ impl BatchedLedger {
                 // meanwhile when the request thread yields (decision 140).
                 crate::thread_policy::run_as_batch("ledger writer");
                 ON_WRITER.set(true);
-                rt.block_on(writer(rx, w, seen, woken))
+                rt.block_on(writer(rx, w, seen))
             })
             .map_err(|e| StoreError::Unavailable(format!("ledger writer thread: {e}")))?;
         Ok(BatchedLedger {
@@ -202,7 +197,6 @@ impl BatchedLedger {
             congestion,
             max_hold_wait: MAX_HOLD_WAIT,
             leases,
-            wake,
         })
     }
 
@@ -210,10 +204,7 @@ impl BatchedLedger {
     /// the writer's thread.
     fn queue_now(&self, op: LedgerOp, done: super::ledger::Detached) -> bool {
         match self.queue.try_send(Job::then(op, done)) {
-            Ok(()) => {
-                self.row_queued();
-                true
-            }
+            Ok(()) => true,
             Err(mpsc::error::TrySendError::Full(job)) => {
                 job.reply.send(Err(StoreError::NotQueued("the ledger queue is full".into())));
                 false
@@ -250,12 +241,6 @@ impl BatchedLedger {
         Ok(outcome)
     }
 
-    /// A row nobody waits for was queued: it wakes a lingering writer only once a whole batch
-    /// is waiting (a row at a time would wake it for each request, decision 191).
-    fn row_queued(&self) {
-        row_queued(&self.queue, &self.wake);
-    }
-
     /// Queue a lease's grant, its answer to the leases (also when it could not be queued).
     fn queue_grant(&self, grant: LedgerOp) {
         let (leases, sent) = (self.leases.clone(), grant.clone());
@@ -286,14 +271,10 @@ impl BatchedLedger {
                 return Err(StoreError::NotQueued("the ledger queue is full".into()));
             }
             self.queue.try_send(job).map_err(|_| StoreError::NotQueued("the ledger queue is full".into()))?;
-            self.wake.notify_one();
         } else {
             // A free slot takes the job at once; only a full queue arms the wait's timer.
             let job = match self.queue.try_send(job) {
-                Ok(()) => {
-                    self.row_queued();
-                    None
-                }
+                Ok(()) => None,
                 Err(mpsc::error::TrySendError::Full(job)) => Some(job),
                 Err(mpsc::error::TrySendError::Closed(_)) => {
                     return Err(StoreError::NotQueued("the ledger writer stopped".into()));
@@ -348,16 +329,11 @@ static BATCH: std::sync::LazyLock<Option<crate::metrics::StoreOp>> =
     std::sync::LazyLock::new(|| crate::metrics::StoreOp::new("ledger", "batch"));
 
 /// Drain the queue: everything waiting (up to `MAX_BATCH`) in one transaction.
-async fn writer(
-    mut rx: mpsc::Receiver<Job>,
-    writes: Arc<dyn LedgerWrites>,
-    congestion: Arc<Congestion>,
-    wake: Arc<Notify>,
-) {
+async fn writer(mut rx: mpsc::Receiver<Job>, writes: Arc<dyn LedgerWrites>, congestion: Arc<Congestion>) {
     let mut jobs: Vec<Job> = Vec::with_capacity(MAX_BATCH);
     while rx.recv_many(&mut jobs, MAX_BATCH).await > 0 {
         if !jobs.iter().any(Job::holds) {
-            linger(&mut rx, &mut jobs, &wake).await;
+            linger(&mut rx, &mut jobs).await;
         }
         // The queue is first in, first out: the first job waited longest.
         let oldest = jobs.first().map_or(0, |j| j.queued.elapsed().as_millis());
@@ -379,31 +355,22 @@ async fn writer(
 }
 
 /// A batch of settlements and releases only waits up to [`SETTLE_LINGER`] for more ops, and
-/// goes at once when a hold is queued (decision 132). No request waits for a settlement
+/// goes at once when a hold arrives (decision 132). No request waits for a settlement
 /// (decision 128), so at low load a settlement rides in the next request's hold transaction
-/// instead of a commit of its own: one transaction per request instead of two. Meanwhile the
-/// writer does not wait on the queue, so the rows nobody waits for (settlements, lease holds)
-/// do not wake it one by one: only a queued hold, a whole batch waiting (`wake`) or the
-/// deadline does (decision 191). A signal left from a hold the writer already took ends a later linger
-/// early, which costs only a smaller batch.
-async fn linger(rx: &mut mpsc::Receiver<Job>, jobs: &mut Vec<Job>, wake: &Notify) {
-    tokio::select! {
-        () = tokio::time::sleep(SETTLE_LINGER) => {}
-        () = wake.notified() => {}
-    }
+/// instead of a commit of its own: one transaction per request instead of two.
+async fn linger(rx: &mut mpsc::Receiver<Job>, jobs: &mut Vec<Job>) {
+    let deadline = tokio::time::sleep(SETTLE_LINGER);
+    tokio::pin!(deadline);
     while jobs.len() < MAX_BATCH {
-        match rx.try_recv() {
-            Ok(job) => jobs.push(job),
-            Err(_) => break,
+        let seen = jobs.len();
+        tokio::select! {
+            n = rx.recv_many(jobs, MAX_BATCH - seen) => {
+                if n == 0 || jobs[seen..].iter().any(Job::holds) {
+                    return;
+                }
+            }
+            () = &mut deadline => return,
         }
-    }
-}
-
-/// After a row nobody waits for was queued on `queue`: wake a lingering writer once a whole
-/// batch is waiting.
-fn row_queued(queue: &mpsc::Sender<Job>, wake: &Notify) {
-    if queue.max_capacity() - queue.capacity() >= MAX_BATCH {
-        wake.notify_one();
     }
 }
 
@@ -472,7 +439,7 @@ impl LedgerStore for BatchedLedger {
     fn submit_detached(self: Arc<Self>, op: LedgerOp, done: super::ledger::Detached) {
         let job = Job::then(op, done);
         match self.queue.try_send(job) {
-            Ok(()) => self.row_queued(),
+            Ok(()) => {}
             Err(mpsc::error::TrySendError::Closed(job)) => {
                 job.reply.send(Err(StoreError::NotQueued("the ledger writer stopped".into())));
             }
