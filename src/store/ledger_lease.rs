@@ -20,8 +20,9 @@
 //! queued rows of requests that die with it.
 //!
 //! What a lease changes: the stored balance counts the unused part of every open lease as
-//! held; the credits read and the admin ledger listing add this instance's unused leases back
-//! (`LedgerStore::leased_cents`).
+//! held; the reads that show a balance (the credits read, the admin ledger listing) add the
+//! unused leases back, this instance's from memory and the other instances' live rows as
+//! stored (`LedgerStore::balance_shown`, [`Leases::unused_everywhere`], decision 190).
 //! A lease takes at most an eighth of the balance and is only asked for when the balance
 //! covers [`LEASE_MIN_HOLDS`] holds of the request's size, so a low balance is decided hold
 //! by hold by the ledger, as before.
