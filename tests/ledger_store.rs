@@ -716,3 +716,69 @@ mod another_instances_unused_lease_reads_as_balance {
         super::another_instances_unused_lease_reads_as_balance(a, b).await
     }
 }
+
+/// Decision 191: a hold the stored balance refuses while another instance's lease keeps the
+/// money it needs recalls the leases: that instance's renewal is refused, and once it has
+/// given its lease back the same hold, asked again, is placed. Without the recall a busy
+/// instance renews its lease for as long as it is busy, and the hold is refused throughout.
+async fn a_refused_hold_recalls_the_other_instances_lease(a: Stores, b: Stores) {
+    use tollgate::store::ledger_ops::{LedgerOp, OpOutcome};
+    let ws = workspace(&a).await;
+    let (la, lb): (Arc<dyn LedgerStore>, Arc<dyn LedgerStore>) = (a.ledger.clone(), b.ledger.clone());
+    la.top_up(&ws, 10_000, "purchase", None, now_ms()).await.unwrap();
+    let start = la.balance(&ws).await.unwrap().unwrap().balance_cents;
+    la.fund(fund_op(&ws, "rc_0", 7, now_ms() + 60_000)).await.unwrap();
+    for _ in 0..200 {
+        if la.leased_cents(&ws) > 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(la.leased_cents(&ws), (start - 7) / 8, "instance A holds an eighth of the balance");
+    // B asks for all the balance shows: the lease keeps an eighth of it from the store.
+    let all = start - 7;
+    let refused = lb.fund(fund_op(&ws, "rc_big", all, now_ms() + 60_000)).await.unwrap();
+    assert!(matches!(refused.verdict, Err(FundRefusal::Insufficient { .. })), "{refused:?}");
+    // A's next grant (its renewal) is refused while the recall stands.
+    let renewal = LedgerOp::LeaseGrant {
+        lease_id: "lease_00000000000000000000000000000002".into(),
+        workspace_id: ws.clone(),
+        want_cents: 700,
+        min_cents: 1,
+        expires_at: now_ms() + 60_000,
+        now: now_ms(),
+    };
+    assert_eq!(la.submit(renewal).await.unwrap(), OpOutcome::Lease(None), "no lease while recalled");
+    // A gives its lease back (at the end of its second, or now); asked again, B's hold fits.
+    assert_eq!(la.give_back_leases().await, 1);
+    let placed = lb.fund(fund_op(&ws, "rc_big", all, now_ms() + 60_000)).await.unwrap();
+    assert_eq!(placed.verdict, Ok(Funding::PayAsYouGo));
+    la.settle(&settlement(&ws, "rc_0", 7_000_000)).await.unwrap();
+    lb.settle(&settlement(&ws, "rc_big", 1_000_000)).await.unwrap();
+    lb.give_back_leases().await;
+    let end = lb.balance(&ws).await.unwrap().unwrap();
+    assert_eq!((end.balance_cents, end.held_cents), (start - 8, 0));
+    assert_eq!(lb.derived_balance(&ws).await.unwrap(), end.balance_cents);
+}
+
+mod a_refused_hold_recalls_the_other_instances_lease {
+    use tollgate::store::{StoreConfig, open_stores};
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sqlite() {
+        let dir = std::env::temp_dir().join(format!("tollgate-ledger-{}", uuid::Uuid::new_v4().simple()));
+        let cfg = StoreConfig::Sqlite { path: dir.join("l.db") };
+        let a = open_stores(&cfg).await.unwrap();
+        a.identity.migrate().await.unwrap();
+        let b = open_stores(&cfg).await.unwrap();
+        super::a_refused_hold_recalls_the_other_instances_lease(a, b).await
+    }
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres() {
+        let cfg = StoreConfig::Postgres { url: super::pg::fresh_database().await };
+        let a = open_stores(&cfg).await.unwrap();
+        a.identity.migrate().await.unwrap();
+        let b = open_stores(&cfg).await.unwrap();
+        super::a_refused_hold_recalls_the_other_instances_lease(a, b).await
+    }
+}

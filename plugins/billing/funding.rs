@@ -121,8 +121,9 @@ fn limit_reached(r: Refusal, plan: Option<&PlanSeen>, now: Millis) -> GatewayErr
 /// its state and the next step.
 fn insufficient(balance: i64, hold: i64, topup_url: &str, plan: Option<&PlanSeen>, now: Millis) -> GatewayError {
     let mut message = if balance >= hold {
-        // Another gateway instance reserves part of the balance for the requests it is about
-        // to run (decision 190); it gives it back within a second of its last use.
+        // Another gateway instance still reserves part of the balance for the requests it is
+        // about to run (decision 190) after the request waited for the leases' recall
+        // (decision 191): its lease was not given back in time.
         format!(
             "Part of the balance is reserved for requests on other gateway instances, so it cannot cover this request's reservation of {hold} cents now; retry in a few seconds or add at least {hold} cents."
         )

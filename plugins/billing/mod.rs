@@ -54,6 +54,11 @@ struct Hold {
 
 /// How often a request waiting for room in a plan window asks again.
 const WINDOW_POLL: std::time::Duration = std::time::Duration::from_millis(250);
+/// A hold refused while leases keep the money it needs is asked again this often, for at most
+/// [`RECALL_WAIT`]: the refusal recalled the leases, and each is given back within a second and
+/// a quarter of its grant (decision 191).
+const RECALL_POLL: std::time::Duration = std::time::Duration::from_millis(200);
+const RECALL_WAIT: std::time::Duration = std::time::Duration::from_millis(3_000);
 
 impl Billing {
     /// `hold_ttl_ms`: the response budget plus the configured margin; past it an open hold
@@ -216,7 +221,8 @@ impl Plugin for Billing {
                 _ => false,
             },
         };
-        let deadline = std::time::Instant::now() + self.plans.window_wait;
+        let started = std::time::Instant::now();
+        let deadline = started + self.plans.window_wait;
         loop {
             let now = now_ms();
             let op = FundOp {
@@ -266,6 +272,13 @@ impl Plugin for Billing {
                 }
                 Err(r) => {
                     let r = self.as_shown(r, &p.workspace_id).await;
+                    // The balance as shown covers the hold: leases keep the rest of it, and
+                    // the refusal recalled them; ask again once they are given back.
+                    let leased_away = matches!(r, FundRefusal::Insufficient { balance_cents } if balance_cents >= hold);
+                    if leased_away && started.elapsed() < RECALL_WAIT {
+                        tokio::time::sleep(RECALL_POLL).await;
+                        continue;
+                    }
                     let err = funding::refusal(r, out.plan.as_ref(), &self.topup_url, hold, now);
                     return Err(if matches!(r, FundRefusal::Insufficient { .. }) {
                         with_free_window(err, cx)

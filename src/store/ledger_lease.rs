@@ -26,6 +26,11 @@
 //! A lease takes at most an eighth of the balance and is only asked for when the balance
 //! covers [`LEASE_MIN_HOLDS`] holds of the request's size, so a low balance is decided hold
 //! by hold by the ledger, as before.
+//!
+//! A hold the stored balance refuses while the open holds could cover it recalls the leases
+//! (`workspaces.leases_recalled_until`, decision 191): no lease is granted for the workspace
+//! for a few seconds, so the instances holding one give it back within a second, and the
+//! billing plugin asks for the refused hold again meanwhile.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -22,6 +22,10 @@ use crate::plans::{Counters, PlanRecord};
 /// A lease takes at most this fraction of the balance (1/8), so what one instance reserves
 /// leaves the rest for the others' requests and leases.
 pub const LEASE_SHARE: i64 = 8;
+/// How long a refused request's recall stops leases for its workspace (decision 191): past
+/// the [`super::ledger_lease::LEASE_USE`] of a lease granted just before, with a second to
+/// spare for its return to be written.
+pub const LEASE_RECALL_MS: Millis = 2_500;
 
 /// One write to the ledger.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -140,6 +144,9 @@ pub struct Money {
     pub balance_cents: i64,
     pub held_cents: i64,
     pub carry_microcents: i64,
+    /// No lease is granted before this (Unix ms): a refused request recalled them
+    /// (decision 191).
+    pub leases_recalled_until: Millis,
 }
 
 /// A row of `holds`.
@@ -293,9 +300,26 @@ impl Planner {
             return Ok(HoldOutcome::Insufficient { balance_cents: 0 });
         };
         if m.balance_cents < h.amount {
-            return Ok(HoldOutcome::Insufficient { balance_cents: m.balance_cents });
+            let balance_cents = m.balance_cents;
+            self.recall_leases(h.ws, h.amount, now);
+            return Ok(HoldOutcome::Insufficient { balance_cents });
         }
         Ok(self.place(h, funding, value, expires_at, now))
+    }
+
+    /// A hold the balance cannot cover but the open holds could: leases (other instances',
+    /// or one granted just before in this batch) may be what keeps the money, so none is
+    /// granted for [`LEASE_RECALL_MS`]; the instances holding one give it back within a
+    /// second and the refused request, retried, finds the money (decision 191). Written at
+    /// most once per half recall, so a workspace refused again and again is not a write each.
+    fn recall_leases(&mut self, ws: &str, amount: i64, now: Millis) {
+        let Some(m) = self.snap.workspaces.get_mut(ws) else { return };
+        let could_cover = m.balance_cents.saturating_add(m.held_cents) >= amount;
+        if !could_cover || m.leases_recalled_until > now.saturating_add(LEASE_RECALL_MS / 2) {
+            return;
+        }
+        m.leases_recalled_until = now.saturating_add(LEASE_RECALL_MS);
+        touch(&mut self.changed_ws, ws);
     }
 
     /// Write the hold whatever the balance (the caller checked it, or the request is already
@@ -341,9 +365,10 @@ impl Planner {
         if self.snap.holds.contains_key(h.rid) {
             return Err(StoreError::Conflict(format!("a lease {} exists already", h.rid)));
         }
-        let balance = self.snap.workspaces.get(h.ws).map_or(0, |m| m.balance_cents);
-        let amount = h.amount.min(balance / LEASE_SHARE);
-        if amount < min || amount < 0 || self.snap.plans.contains_key(h.ws) {
+        let Some(m) = self.snap.workspaces.get(h.ws) else { return Ok(OpOutcome::Lease(None)) };
+        let amount = h.amount.min(m.balance_cents / LEASE_SHARE);
+        let recalled = now < m.leases_recalled_until;
+        if amount < min || amount < 0 || recalled || self.snap.plans.contains_key(h.ws) {
             return Ok(OpOutcome::Lease(None));
         }
         self.place(&NewHoldArgs { amount, ..*h }, Funding::PayAsYouGo, 0, expires_at, now);

@@ -41,7 +41,10 @@ fn holds_apply_in_order_against_the_running_balance() {
         p.outcomes.iter().map(|o| matches!(o, Ok(OpOutcome::Hold(HoldOutcome::Placed { .. })))).collect();
     assert_eq!(placed, [true, false, true, false], "b does not fit after a; c does; nothing is left for d");
     assert_eq!(p.outcomes[1], Ok(OpOutcome::Hold(HoldOutcome::Insufficient { balance_cents: 4 })));
-    assert_eq!(p.workspaces, vec![("w".to_string(), Money { balance_cents: 0, held_cents: 10, carry_microcents: 0 })]);
+    // b's refusal recalls leases: the open holds (a's 6) and the balance (4) could cover it.
+    let recalled =
+        Money { balance_cents: 0, held_cents: 10, carry_microcents: 0, leases_recalled_until: 1 + LEASE_RECALL_MS };
+    assert_eq!(p.workspaces, vec![("w".to_string(), recalled)]);
     assert!(p.entries.is_empty(), "a hold is recorded by its row, not an entry (decision 133)");
     assert_eq!(p.new_holds.len(), 2);
 }
@@ -54,7 +57,10 @@ fn settlement_is_once_with_the_carry_and_a_hold_settled_in_its_batch_is_written_
     assert_eq!(p.outcomes[2], Ok(OpOutcome::Settle(SettleOutcome::AlreadySettled)));
     // Half a cent carried plus 0.6: one more cent, 0.1 carried.
     assert_eq!(p.outcomes[3], Ok(OpOutcome::Settle(SettleOutcome::Settled { debit_cents: 1, balance_cents: 97 })));
-    assert_eq!(p.workspaces[0].1, Money { balance_cents: 97, held_cents: 0, carry_microcents: 100_000 });
+    assert_eq!(
+        p.workspaces[0].1,
+        Money { balance_cents: 97, held_cents: 0, carry_microcents: 100_000, ..Money::default() }
+    );
     assert_eq!(sum(&p), -3);
     assert_eq!(p.new_holds.len(), 1);
     assert_eq!(p.new_holds[0].row.state, "settled");
@@ -65,7 +71,8 @@ fn settlement_is_once_with_the_carry_and_a_hold_settled_in_its_batch_is_written_
 #[test]
 fn existing_holds_are_released_once_and_settled_requests_stay_settled() {
     let mut s = snap(50);
-    s.workspaces.insert("w".into(), Money { balance_cents: 50, held_cents: 27, carry_microcents: 0 });
+    s.workspaces
+        .insert("w".into(), Money { balance_cents: 50, held_cents: 27, carry_microcents: 0, ..Money::default() });
     let open = |amount| HoldRow {
         workspace_id: "w".into(),
         key_id: None,
@@ -91,7 +98,7 @@ fn existing_holds_are_released_once_and_settled_requests_stay_settled() {
     assert_eq!(p.outcomes[4], Ok(OpOutcome::Release(false)));
     assert_eq!(p.outcomes[5], Ok(OpOutcome::Release(true)));
     assert_eq!(p.hold_states, vec![("x".to_string(), "released"), ("y".to_string(), "released")]);
-    assert_eq!(p.workspaces[0].1, Money { balance_cents: 77, held_cents: 0, carry_microcents: 0 });
+    assert_eq!(p.workspaces[0].1, Money { balance_cents: 77, held_cents: 0, carry_microcents: 0, ..Money::default() });
     // Only the old hold had an entry to balance: the new one was never in the entries.
     assert_eq!(sum(&p), 20);
     assert_eq!(p.entries.iter().map(|e| (e.request_id.as_str(), e.kind)).collect::<Vec<_>>(), [("x", "hold_release")]);
@@ -132,7 +139,10 @@ fn lease_hold(lease: &str, rid: &str, amount: i64) -> LedgerOp {
 fn a_lease_takes_at_most_an_eighth_of_the_balance_and_none_with_a_plan_or_below_its_minimum() {
     let p = plan(&[grant("L", 200, 16)], snap(800));
     assert_eq!(p.outcomes[0], Ok(OpOutcome::Lease(Some(100))), "an eighth of 800");
-    assert_eq!(p.workspaces[0].1, Money { balance_cents: 700, held_cents: 100, carry_microcents: 0 });
+    assert_eq!(
+        p.workspaces[0].1,
+        Money { balance_cents: 700, held_cents: 100, carry_microcents: 0, ..Money::default() }
+    );
     assert_eq!((p.new_holds[0].request_id.as_str(), p.new_holds[0].row.amount_cents), ("L", 100));
     assert!(p.entries.is_empty(), "a lease is an open hold row: no entry");
     let p = plan(&[grant("L", 200, 16)], snap(120));
@@ -159,7 +169,8 @@ fn a_lease_takes_at_most_an_eighth_of_the_balance_and_none_with_a_plan_or_below_
 #[test]
 fn a_hold_from_a_lease_moves_the_amount_and_the_balance_stays_the_sum_of_entries_less_open_holds() {
     let mut s = snap(700);
-    s.workspaces.insert("w".into(), Money { balance_cents: 700, held_cents: 100, carry_microcents: 0 });
+    s.workspaces
+        .insert("w".into(), Money { balance_cents: 700, held_cents: 100, carry_microcents: 0, ..Money::default() });
     s.holds.insert(
         "L".into(),
         HoldRow {
@@ -177,7 +188,10 @@ fn a_hold_from_a_lease_moves_the_amount_and_the_balance_stays_the_sum_of_entries
     let p = plan(&ops, s.clone());
     assert_eq!(p.outcomes[0], Ok(OpOutcome::Hold(HoldOutcome::Placed { balance_cents: 700 })));
     // a's 30 left the lease and was settled at 20; b's 25 left the lease and is held.
-    assert_eq!(p.workspaces[0].1, Money { balance_cents: 710, held_cents: 70, carry_microcents: 0 });
+    assert_eq!(
+        p.workspaces[0].1,
+        Money { balance_cents: 710, held_cents: 70, carry_microcents: 0, ..Money::default() }
+    );
     assert_eq!(p.hold_amounts, vec![("L".to_string(), 45)]);
     let rows: Vec<_> =
         p.new_holds.iter().map(|h| (h.request_id.as_str(), h.row.amount_cents, h.row.state.as_str())).collect();
@@ -187,7 +201,10 @@ fn a_hold_from_a_lease_moves_the_amount_and_the_balance_stays_the_sum_of_entries
     // The lease given back in the same batch: its row is released with what was left.
     let p = plan(&[lease_hold("L", "a", 30), LedgerOp::Release { request_id: "L".into(), now: 2 }], s.clone());
     assert_eq!(p.outcomes[1], Ok(OpOutcome::Release(true)));
-    assert_eq!(p.workspaces[0].1, Money { balance_cents: 770, held_cents: 30, carry_microcents: 0 });
+    assert_eq!(
+        p.workspaces[0].1,
+        Money { balance_cents: 770, held_cents: 30, carry_microcents: 0, ..Money::default() }
+    );
     assert_eq!(p.hold_states, vec![("L".to_string(), "released")]);
     assert_eq!(p.hold_amounts, vec![("L".to_string(), 70)]);
 }
@@ -198,8 +215,44 @@ fn a_hold_from_a_lease_that_is_gone_is_written_anyway_against_the_balance() {
     // the hold is placed even though the balance (5) does not cover it.
     let p = plan(&[lease_hold("L", "a", 30)], snap(5));
     assert_eq!(p.outcomes[0], Ok(OpOutcome::Hold(HoldOutcome::Placed { balance_cents: -25 })));
-    assert_eq!(p.workspaces[0].1, Money { balance_cents: -25, held_cents: 30, carry_microcents: 0 });
+    assert_eq!(
+        p.workspaces[0].1,
+        Money { balance_cents: -25, held_cents: 30, carry_microcents: 0, ..Money::default() }
+    );
     assert!(p.hold_amounts.is_empty());
     let dup = plan(&[lease_hold("L", "a", 1), lease_hold("L", "a", 1)], snap(5));
     assert!(matches!(dup.outcomes[1], Err(StoreError::Conflict(_))), "a request id holds once");
+}
+
+/// Decision 191: a hold refused while the open holds could cover it stops leases for a while,
+/// written once per half recall; a refusal no hold could help writes nothing.
+#[test]
+fn a_refusal_the_holds_could_cover_recalls_leases_and_one_nobody_could_writes_nothing() {
+    let mut s = snap(30);
+    s.workspaces.insert("w".into(), Money { balance_cents: 30, held_cents: 100, ..Money::default() });
+    let p = plan(&[hold("big", 120), grant("L", 80, 16)], s.clone());
+    assert_eq!(p.outcomes[0], Ok(OpOutcome::Hold(HoldOutcome::Insufficient { balance_cents: 30 })));
+    assert_eq!(p.outcomes[1], Ok(OpOutcome::Lease(None)), "no lease while recalled");
+    assert_eq!(
+        p.workspaces,
+        vec![("w".to_string(), Money { leases_recalled_until: 1 + LEASE_RECALL_MS, ..s.workspaces["w"] })]
+    );
+    assert!(p.new_holds.is_empty());
+    // Refused again soon after: the recall stands, nothing is written.
+    let mut again = s.clone();
+    again.workspaces.get_mut("w").unwrap().leases_recalled_until = 1 + LEASE_RECALL_MS;
+    let p = plan(&[hold("big", 120)], again.clone());
+    assert!(p.workspaces.is_empty(), "{:?}", p.workspaces);
+    // Once it has run out, a lease is granted again.
+    let LedgerOp::LeaseGrant { lease_id, workspace_id, want_cents, min_cents, expires_at, .. } = grant("L", 16, 1)
+    else {
+        unreachable!()
+    };
+    let later =
+        LedgerOp::LeaseGrant { lease_id, workspace_id, want_cents, min_cents, expires_at, now: 2 + LEASE_RECALL_MS };
+    assert_eq!(plan(&[later], again).outcomes[0], Ok(OpOutcome::Lease(Some(3))), "an eighth of 30");
+    // More than the balance and every hold: no lease keeps it, so nothing is recalled.
+    let p = plan(&[hold("huge", 131)], s);
+    assert_eq!(p.outcomes[0], Ok(OpOutcome::Hold(HoldOutcome::Insufficient { balance_cents: 30 })));
+    assert!(p.workspaces.is_empty());
 }

@@ -140,6 +140,7 @@ pub const SQLITE_MIGRATIONS: &[Migration] = &[
     (3, "credit_expiry", include_str!("../../migrations/sqlite/003_credit_expiry.sql")),
     (4, "plans", include_str!("../../migrations/sqlite/004_plans.sql")),
     (5, "hold_entries", include_str!("../../migrations/sqlite/005_hold_entries.sql")),
+    (6, "lease_recall", include_str!("../../migrations/sqlite/006_lease_recall.sql")),
 ];
 pub const POSTGRES_MIGRATIONS: &[Migration] = &[
     (1, "identity", include_str!("../../migrations/postgres/001_identity.sql")),
@@ -147,6 +148,7 @@ pub const POSTGRES_MIGRATIONS: &[Migration] = &[
     (3, "credit_expiry", include_str!("../../migrations/postgres/003_credit_expiry.sql")),
     (4, "plans", include_str!("../../migrations/postgres/004_plans.sql")),
     (5, "hold_entries", include_str!("../../migrations/postgres/005_hold_entries.sql")),
+    (6, "lease_recall", include_str!("../../migrations/postgres/006_lease_recall.sql")),
 ];
 
 /// Which backend a config names.

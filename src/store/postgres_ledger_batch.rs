@@ -33,7 +33,7 @@ pub fn lock_sql() -> &'static str {
     static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     SQL.get_or_init(|| {
         format!(
-            "SELECT id, balance_cents, held_cents, carry_microcents FROM workspaces \
+            "SELECT id, balance_cents, held_cents, carry_microcents, leases_recalled_until FROM workspaces \
              WHERE id = ANY({BATCH_WORKSPACES}) ORDER BY id FOR UPDATE"
         )
     })
@@ -75,8 +75,8 @@ const WRITE: &str = "WITH \
             SELECT w, k, a, r, key, c, t \
             FROM unnest($10::TEXT[], $11::TEXT[], $12::BIGINT[], $13::TEXT[], $14::TEXT[], $15::BIGINT[], $16::BIGINT[]) \
             WITH ORDINALITY AS e(w, k, a, r, key, c, t, n) ORDER BY n), \
-     ws AS (UPDATE workspaces SET balance_cents = u.b, held_cents = u.h, carry_microcents = u.c \
-            FROM unnest($17::TEXT[], $18::BIGINT[], $19::BIGINT[], $20::BIGINT[]) AS u(id, b, h, c) \
+     ws AS (UPDATE workspaces SET balance_cents = u.b, held_cents = u.h, carry_microcents = u.c, leases_recalled_until = u.r \
+            FROM unnest($17::TEXT[], $18::BIGINT[], $19::BIGINT[], $20::BIGINT[], $43::BIGINT[]) AS u(id, b, h, c, r) \
             WHERE workspaces.id = ANY($17::TEXT[]) AND workspaces.id = u.id) \
      INSERT INTO key_month_spend (key_id, month, spent_microcents) \
      SELECT * FROM unnest($21::TEXT[], $22::TEXT[], $23::BIGINT[]) \
@@ -118,7 +118,12 @@ async fn apply_in_transaction(
     )?;
     let mut snap = Snapshot::default();
     for r in lock_rows {
-        let money = Money { balance_cents: r.try_get(1)?, held_cents: r.try_get(2)?, carry_microcents: r.try_get(3)? };
+        let money = Money {
+            balance_cents: r.try_get(1)?,
+            held_cents: r.try_get(2)?,
+            carry_microcents: r.try_get(3)?,
+            leases_recalled_until: r.try_get(4)?,
+        };
         snap.workspaces.insert(r.try_get(0)?, money);
     }
     for r in plan_rows {
@@ -289,6 +294,7 @@ struct Columns<'a> {
     w_balance: Vec<i64>,
     w_held: Vec<i64>,
     w_carry: Vec<i64>,
+    w_recalled: Vec<i64>,
     k_key: Vec<&'a str>,
     k_month: Vec<&'a str>,
     k_spent: Vec<i64>,
@@ -345,6 +351,7 @@ impl<'a> Columns<'a> {
             c.w_balance.push(m.balance_cents);
             c.w_held.push(m.held_cents);
             c.w_carry.push(m.carry_microcents);
+            c.w_recalled.push(m.leases_recalled_until);
         }
         for (key, month, spent) in &p.key_spend {
             c.k_key.push(key);
@@ -354,7 +361,7 @@ impl<'a> Columns<'a> {
         c
     }
 
-    fn params(&self) -> [&(dyn ToSql + Sync); 42] {
+    fn params(&self) -> [&(dyn ToSql + Sync); 43] {
         let pc = &self.p_counters;
         [
             &self.h_rid,
@@ -399,6 +406,7 @@ impl<'a> Columns<'a> {
             &pc[13],
             &pc[14],
             &self.s_amount,
+            &self.w_recalled,
         ]
     }
 }

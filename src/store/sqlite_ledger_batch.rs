@@ -122,15 +122,21 @@ fn snapshot(tx: &Connection, ops: &[LedgerOp]) -> rusqlite::Result<Snapshot> {
             }
         }
     }
-    let mut money =
-        tx.prepare_cached("SELECT balance_cents, held_cents, carry_microcents FROM workspaces WHERE id = ?1")?;
+    let mut money = tx.prepare_cached(
+        "SELECT balance_cents, held_cents, carry_microcents, leases_recalled_until FROM workspaces WHERE id = ?1",
+    )?;
     for ws in wss {
         if snap.workspaces.contains_key(&ws) {
             continue;
         }
         let m = money
             .query_row([&ws], |r| {
-                Ok(Money { balance_cents: r.get(0)?, held_cents: r.get(1)?, carry_microcents: r.get(2)? })
+                Ok(Money {
+                    balance_cents: r.get(0)?,
+                    held_cents: r.get(1)?,
+                    carry_microcents: r.get(2)?,
+                    leases_recalled_until: r.get(3)?,
+                })
             })
             .optional()?;
         if let Some(m) = m {
@@ -198,10 +204,11 @@ fn write(tx: &Connection, p: &Plan) -> rusqlite::Result<()> {
         ]
     })?;
     let mut ws = tx.prepare_cached(
-        "UPDATE workspaces SET balance_cents = ?2, held_cents = ?3, carry_microcents = ?4 WHERE id = ?1",
+        "UPDATE workspaces SET balance_cents = ?2, held_cents = ?3, carry_microcents = ?4, leases_recalled_until = ?5 \
+         WHERE id = ?1",
     )?;
     for (id, m) in &p.workspaces {
-        ws.execute(params![id, m.balance_cents, m.held_cents, m.carry_microcents])?;
+        ws.execute(params![id, m.balance_cents, m.held_cents, m.carry_microcents, m.leases_recalled_until])?;
     }
     let mut spend = tx.prepare_cached(
         "INSERT INTO key_month_spend (key_id, month, spent_microcents) VALUES (?1, ?2, ?3) \
