@@ -90,7 +90,10 @@
 # json16, sse64 and paced cases, are checked like both (401 without a key, X-RateLimit-*
 # headers, the check request's hold and settlement in the ledger), get the Redis and
 # PostgreSQL readings above, and a table of their CPU per request against the nginx hop of
-# the same run (with the issue #12 targets). A ledger that fails the check after the runs
+# the same run (with the issue #12 targets); after the runs the report names their answers
+# other than 2xx by status and error code, from their `tollgate_requests_total` (status 000:
+# the client left before the answer, as wrk does with the requests in flight when a run
+# ends; 401: the check without a key). A ledger that fails the check after the runs
 # fails the bench (exit 1, after the report). CPU time of the
 # gateway and of nginx (master + worker) comes from utime+stime in /proc/PID/stat around
 # each run, divided by the requests wrk completed. The table goes to stdout; everything raw (wrk
@@ -1088,6 +1091,17 @@ if [[ ${#AUDITED[@]} -gt 0 ]]; then
             log "WARNING: $t: the ledger after the runs is not settled and consistent: $line open_holds=$open"
             LEDGER_FAILED+=("$t")
         fi
+        # What the non-2xx answers of the table were, by status and error code: the gateway's
+        # own count over all its runs (wrk counts them without their status).
+        admin "$t" "/metrics" >"$OUT/metrics-$t.txt" 2>/dev/null || true
+        answers=$(awk '/^tollgate_requests_total\{/ { seen = 1 }
+            /^tollgate_requests_total\{/ && !/status="2/ {
+                match($0, /status="[^"]*"/); s = substr($0, RSTART + 8, RLENGTH - 9)
+                match($0, /code="[^"]*"/); c = substr($0, RSTART + 6, RLENGTH - 7)
+                n[s " " c] += $NF }
+            END { if (!seen) { print "not recorded (metrics off)"; exit }
+                  for (k in n) printf "%s: %d; ", k, n[k]; if (length(n) == 0) print "none" }' "$OUT/metrics-$t.txt")
+        LEDGER_CHECK+=("$t: answers other than 2xx over all its runs (tollgate_requests_total): $answers")
     done
 fi
 
