@@ -1091,16 +1091,9 @@ if [[ ${#AUDITED[@]} -gt 0 ]]; then
             log "WARNING: $t: the ledger after the runs is not settled and consistent: $line open_holds=$open"
             LEDGER_FAILED+=("$t")
         fi
-        # What the non-2xx answers of the table were, by status and error code: the gateway's
-        # own count over all its runs (wrk counts them without their status).
+        # What the non-2xx answers of the table were: the gateway's own count over all its runs.
         admin "$t" "/metrics" >"$OUT/metrics-$t.txt" 2>/dev/null || true
-        answers=$(awk '/^tollgate_requests_total\{/ { seen = 1 }
-            /^tollgate_requests_total\{/ && !/status="2/ {
-                match($0, /status="[^"]*"/); s = substr($0, RSTART + 8, RLENGTH - 9)
-                match($0, /code="[^"]*"/); c = substr($0, RSTART + 6, RLENGTH - 7)
-                n[s " " c] += $NF }
-            END { if (!seen) { print "not recorded (metrics off)"; exit }
-                  for (k in n) printf "%s: %d; ", k, n[k]; if (length(n) == 0) print "none" }' "$OUT/metrics-$t.txt")
+        answers=$(awk -f "$HELPERS/non_2xx.awk" "$OUT/metrics-$t.txt")
         LEDGER_CHECK+=("$t: answers other than 2xx over all its runs (tollgate_requests_total): $answers")
     done
 fi

@@ -152,7 +152,10 @@ run_one() {
     [[ -n $req && $req -gt 0 ]] || { echo "no requests counted: $out" >&2; exit 1; }
     # A run with refusals or errors measured something else (a refusal is cheap): stop.
     grep -q "err_connect=0 err_read=0 err_write=0 err_status=0 err_timeout=0" <<<"$out" ||
-        { echo "errors or non-2xx answers, logs in $RUN: $(grep '^BENCH' <<<"$out")" >&2; exit 1; }
+        { echo "errors or non-2xx answers, logs in $RUN: $(grep '^BENCH' <<<"$out")" >&2
+          echo "the gateway's answers other than 2xx: $(curl -sS --max-time 10 -H "authorization: Bearer $(<"$RUN/secrets/admin_token")" \
+              "http://127.0.0.1:$ADMIN_PORT/metrics" | awk -f scripts/bench/non_2xx.awk)" >&2
+          exit 1; }
     kill "$gw"
     wait "$gw" 2>/dev/null || true
     [[ -n $db ]] && psql "$DATABASE_URL" -qtAX -c "DROP DATABASE $db" >/dev/null
