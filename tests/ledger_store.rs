@@ -695,27 +695,32 @@ async fn another_instances_unused_lease_reads_as_balance(a: Stores, b: Stores) {
     assert_eq!(lb.balance_and_unused_leases(&ws).await.unwrap(), Some((end, 0)));
 }
 
-mod another_instances_unused_lease_reads_as_balance {
-    use tollgate::store::{StoreConfig, open_stores};
+/// Two instances (two sets of stores, as two gateways open them) on one store, for each backend.
+macro_rules! two_instances {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            use tollgate::store::{StoreConfig, open_stores};
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn sqlite() {
-        let dir = std::env::temp_dir().join(format!("tollgate-ledger-{}", uuid::Uuid::new_v4().simple()));
-        let cfg = StoreConfig::Sqlite { path: dir.join("l.db") };
-        let a = open_stores(&cfg).await.unwrap();
-        a.identity.migrate().await.unwrap();
-        let b = open_stores(&cfg).await.unwrap();
-        super::another_instances_unused_lease_reads_as_balance(a, b).await
-    }
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn postgres() {
-        let cfg = StoreConfig::Postgres { url: super::pg::fresh_database().await };
-        let a = open_stores(&cfg).await.unwrap();
-        a.identity.migrate().await.unwrap();
-        let b = open_stores(&cfg).await.unwrap();
-        super::another_instances_unused_lease_reads_as_balance(a, b).await
-    }
+            async fn run(cfg: StoreConfig) {
+                let a = open_stores(&cfg).await.unwrap();
+                a.identity.migrate().await.unwrap();
+                let b = open_stores(&cfg).await.unwrap();
+                super::$name(a, b).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sqlite() {
+                let dir = std::env::temp_dir().join(format!("tollgate-ledger-{}", uuid::Uuid::new_v4().simple()));
+                run(StoreConfig::Sqlite { path: dir.join("l.db") }).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn postgres() {
+                run(StoreConfig::Postgres { url: super::pg::fresh_database().await }).await
+            }
+        }
+    )*};
 }
+
+two_instances!(another_instances_unused_lease_reads_as_balance, a_refused_hold_recalls_the_other_instances_lease);
 
 /// Decision 191: a hold the stored balance refuses while another instance's lease keeps the
 /// money it needs recalls the leases: that instance's renewal is refused, and once it has
@@ -759,26 +764,4 @@ async fn a_refused_hold_recalls_the_other_instances_lease(a: Stores, b: Stores) 
     let end = lb.balance(&ws).await.unwrap().unwrap();
     assert_eq!((end.balance_cents, end.held_cents), (start - 8, 0));
     assert_eq!(lb.derived_balance(&ws).await.unwrap(), end.balance_cents);
-}
-
-mod a_refused_hold_recalls_the_other_instances_lease {
-    use tollgate::store::{StoreConfig, open_stores};
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn sqlite() {
-        let dir = std::env::temp_dir().join(format!("tollgate-ledger-{}", uuid::Uuid::new_v4().simple()));
-        let cfg = StoreConfig::Sqlite { path: dir.join("l.db") };
-        let a = open_stores(&cfg).await.unwrap();
-        a.identity.migrate().await.unwrap();
-        let b = open_stores(&cfg).await.unwrap();
-        super::a_refused_hold_recalls_the_other_instances_lease(a, b).await
-    }
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn postgres() {
-        let cfg = StoreConfig::Postgres { url: super::pg::fresh_database().await };
-        let a = open_stores(&cfg).await.unwrap();
-        a.identity.migrate().await.unwrap();
-        let b = open_stores(&cfg).await.unwrap();
-        super::a_refused_hold_recalls_the_other_instances_lease(a, b).await
-    }
 }
