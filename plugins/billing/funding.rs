@@ -121,11 +121,11 @@ fn limit_reached(r: Refusal, plan: Option<&PlanSeen>, now: Millis) -> GatewayErr
 /// its state and the next step.
 fn insufficient(balance: i64, hold: i64, topup_url: &str, plan: Option<&PlanSeen>, now: Millis) -> GatewayError {
     let mut message = if balance >= hold {
-        // Another gateway instance still reserves part of the balance for the requests it is
-        // about to run (decision 190) after the request waited for the leases' recall
-        // (decision 191): its lease was not given back in time.
+        // The balance as shown covers the hold, but the ledger refused it again and again:
+        // another instance's lease was not given back in time (decisions 190, 191), or
+        // running requests kept taking what others freed.
         format!(
-            "Part of the balance is reserved for requests on other gateway instances, so it cannot cover this request's reservation of {hold} cents now; retry in a few seconds or add at least {hold} cents."
+            "Running requests and other gateway instances hold part of the balance, so it cannot cover this request's reservation of {hold} cents now; retry in a few seconds or add at least {hold} cents."
         )
     } else {
         format!(
@@ -151,4 +151,21 @@ fn insufficient(balance: i64, hold: i64, topup_url: &str, plan: Option<&PlanSeen
         .with_field("required_cents", hold)
         .with_field("current_balance_cents", balance)
         .with_field("topup_url", topup_url.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A balance that covers the hold as shown (leases or running requests kept it from the
+    /// ledger, decision 191) says so, not "add 0 cents"; one that does not names the shortfall.
+    #[test]
+    fn an_insufficient_balance_names_the_shortfall_or_what_holds_the_rest() {
+        let short = insufficient(30, 100, "https://pay.example.com", None, 0);
+        assert!(short.message.contains("add at least 70 cents"), "{}", short.message);
+        let held = insufficient(120, 100, "https://pay.example.com", None, 0);
+        let m = &held.message;
+        assert!(m.contains("Running requests and other gateway instances hold part of the balance"), "{m}");
+        assert!(m.contains("add at least 100 cents") && !m.contains("add at least -"), "{m}");
+    }
 }

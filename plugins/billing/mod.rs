@@ -59,6 +59,9 @@ const WINDOW_POLL: std::time::Duration = std::time::Duration::from_millis(250);
 /// a quarter of its grant (decision 191).
 const RECALL_POLL: std::time::Duration = std::time::Duration::from_millis(200);
 const RECALL_WAIT: std::time::Duration = std::time::Duration::from_millis(3_000);
+/// A hold refused while running requests held the money it needs, freed by the time the
+/// balance is read, is asked again at once this many times at most.
+const FREED_RETRIES: u32 = 2;
 
 impl Billing {
     /// `hold_ttl_ms`: the response budget plus the configured margin; past it an open hold
@@ -81,14 +84,20 @@ impl Billing {
 impl Billing {
     /// A balance refusal names the balance `GET /v1/credits` shows (the spec: "same as the
     /// balance endpoint"): read as that read does, unused leases added back (decision 190);
-    /// when it cannot be read, the balance the ledger refused against.
-    async fn as_shown(&self, r: FundRefusal, workspace_id: &str) -> FundRefusal {
+    /// when it cannot be read, the balance the ledger refused against. With it, how many
+    /// cents unused leases (of any instance) keep.
+    async fn as_shown(&self, r: FundRefusal, workspace_id: &str) -> (FundRefusal, i64) {
         match r {
-            FundRefusal::Insufficient { balance_cents } => match self.ledger.balance_shown(workspace_id).await {
-                Ok(Some(shown)) => FundRefusal::Insufficient { balance_cents: shown.balance_cents },
-                _ => FundRefusal::Insufficient { balance_cents },
-            },
-            other => other,
+            FundRefusal::Insufficient { balance_cents } => {
+                match self.ledger.balance_and_unused_leases(workspace_id).await {
+                    Ok(Some((stored, leased))) => {
+                        let shown = stored.with_lease_unused(leased);
+                        (FundRefusal::Insufficient { balance_cents: shown.balance_cents }, leased)
+                    }
+                    _ => (FundRefusal::Insufficient { balance_cents }, 0),
+                }
+            }
+            other => (other, 0),
         }
     }
 
@@ -223,6 +232,7 @@ impl Plugin for Billing {
         };
         let started = std::time::Instant::now();
         let deadline = started + self.plans.window_wait;
+        let mut freed_retries = 0;
         loop {
             let now = now_ms();
             let op = FundOp {
@@ -271,12 +281,18 @@ impl Plugin for Billing {
                     return Err(key_limit.unwrap_or_else(|| GatewayError::internal("key limit without a reading")));
                 }
                 Err(r) => {
-                    let r = self.as_shown(r, &p.workspace_id).await;
-                    // The balance as shown covers the hold: leases keep the rest of it, and
-                    // the refusal recalled them; ask again once they are given back.
-                    let leased_away = matches!(r, FundRefusal::Insufficient { balance_cents } if balance_cents >= hold);
-                    if leased_away && started.elapsed() < RECALL_WAIT {
-                        tokio::time::sleep(RECALL_POLL).await;
+                    let (r, leased) = self.as_shown(r, &p.workspace_id).await;
+                    // The balance as shown covers the hold now (decision 191). With leases
+                    // keeping part of it, the refusal recalled them: ask again once they are
+                    // given back. Without, holds that ended since the refusal freed it: ask
+                    // again at once, a few times at most.
+                    let covered = matches!(r, FundRefusal::Insufficient { balance_cents } if balance_cents >= hold);
+                    if covered && started.elapsed() < RECALL_WAIT && (leased > 0 || freed_retries < FREED_RETRIES) {
+                        if leased > 0 {
+                            tokio::time::sleep(RECALL_POLL).await;
+                        } else {
+                            freed_retries += 1;
+                        }
                         continue;
                     }
                     let err = funding::refusal(r, out.plan.as_ref(), &self.topup_url, hold, now);
