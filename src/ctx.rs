@@ -180,7 +180,18 @@ fn next_request_id() -> String {
         let b = uuid::Uuid::new_v4().into_bytes();
         u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]])
     });
-    format!("req_{prefix:016x}{:016x}", COUNTER.fetch_add(1, Ordering::Relaxed))
+    // `req_{prefix:016x}{counter:016x}`, without the formatting machinery (every request).
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let mut bytes = [0u8; 16];
+    bytes[..8].copy_from_slice(&prefix.to_be_bytes());
+    bytes[8..].copy_from_slice(&n.to_be_bytes());
+    let mut digits = [0u8; 32];
+    let mut id = String::with_capacity(36);
+    id.push_str("req_");
+    if hex::encode_to_slice(bytes, &mut digits).is_ok() {
+        id.push_str(std::str::from_utf8(&digits).unwrap_or_default());
+    }
+    id
 }
 
 impl RequestCtx {
@@ -239,5 +250,24 @@ impl Drop for RequestCtx {
                 self.usage
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// `req_`, the process's prefix and the counter, each 16 lowercase hex digits.
+    #[test]
+    fn request_ids_are_the_prefix_and_a_counter_in_hex() {
+        let (a, b) = (super::next_request_id(), super::next_request_id());
+        for id in [&a, &b] {
+            assert_eq!(id.len(), 36, "{id}");
+            assert!(
+                id.starts_with("req_") && id[4..].bytes().all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c))
+            );
+        }
+        assert_eq!(a[..20], b[..20], "one prefix per process");
+        let counter = |id: &str| u64::from_str_radix(&id[20..], 16).unwrap_or(u64::MAX);
+        assert!(counter(&b) > counter(&a), "{a} {b}");
+        assert_eq!(b, format!("{}{:016x}", &b[..20], counter(&b)));
     }
 }

@@ -90,7 +90,7 @@ impl Limits {
     }
 
     fn key_window(&self, p: &Principal) -> WindowLimit {
-        WindowLimit { key: format!("k:{}", p.key_id), limit: policy::requests_per_minute(&self.settings, p) }
+        WindowLimit { key: ["k:", &p.key_id].concat(), limit: policy::requests_per_minute(&self.settings, p) }
     }
 
     /// The window-only check of routes without admission.
@@ -139,11 +139,11 @@ impl Limits {
         let f = in_force(&self.settings, &model, &pool, p);
         let busy = self.busy.is_busy(&model.id, f.busy_at, now);
         let gate = |scope: Scope, key: String, limit: u64| (scope, ConcurrencyGate { scope: scope.name(), key, limit });
-        let shared_key = format!("m:{}", model.id);
+        let shared_key = ["m:", &model.id].concat();
         let per_key_limit = if busy { f.per_key_concurrency } else { u64::MAX };
         let mut gates = vec![
-            gate(Scope::PerKey, format!("pk:{}:{}", model.id, p.key_id), per_key_limit),
-            gate(Scope::Workspace, format!("w:{}", p.workspace_id), f.workspace_concurrency),
+            gate(Scope::PerKey, ["pk:", &model.id, ":", &p.key_id].concat(), per_key_limit),
+            gate(Scope::Workspace, ["w:", &p.workspace_id].concat(), f.workspace_concurrency),
         ];
         if cx.prompt_estimate >= self.settings.large_prompt_tokens {
             let shed_at = (f.shared_concurrency * self.settings.large_prompt_shed_percent / 100).max(1);
@@ -160,7 +160,7 @@ impl Limits {
             windows: vec![self.key_window(p)],
             gates,
             tpm: f.tokens_per_minute.map(|limit| TokenBudget {
-                key: format!("t:{}:{}", model.id, p.workspace_id),
+                key: ["t:", &model.id, ":", &p.workspace_id].concat(),
                 tokens,
                 limit,
             }),
