@@ -587,3 +587,44 @@ async fn two_instances_show_one_balance_while_one_holds_a_lease() {
     let cents: i64 = settled_costs(&l).iter().sum::<i64>() / 1_000_000;
     assert_eq!((l["held_cents"].as_i64(), l["balance_cents"].as_i64()), (Some(0), Some(4_400 - cents)), "{l}");
 }
+
+/// Decision 191's wait ends where a stalled instance's lease stops counting: a lease row older
+/// than two seconds (`LEASE_LIVE`) belongs to an instance that is not renewing it, nobody can
+/// spend it until it is swept, and the balance shown no longer includes it. A request refused
+/// for money that lease keeps waits for it to go stale, then gets a 402 naming the balance
+/// without it; it never waits for the stopped instance.
+#[tokio::test]
+async fn a_stalled_instances_lease_ends_the_wait_with_a_402() {
+    let mock = Mock::start();
+    let gw1 = Gateway::start(&mock);
+    let gw2 = Gateway::start_in(&mock, Opts::default(), gw1.dir.clone());
+    let ws = gw1.workspace.clone();
+    top_up(&gw1, &ws, 4_300); // 4,400 cents with the signup grant
+    let mut small = chat_body("pricey-model", false);
+    small["max_tokens"] = json!(10);
+    let r = gw1.post("/v1/chat/completions", &small, &[("x-mock-tokens", "1")]).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    // gw1 holds its lease (548 cents, an eighth of 4,390) and the request is settled.
+    for _ in 0..100 {
+        let l = balance(&gw2, &ws);
+        if balance(&gw1, &ws)["leased_cents"] == 548 && settled_costs(&l) == vec![1_000_000] {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert_eq!(balance(&gw1, &ws)["leased_cents"], 548);
+    assert_eq!(unsafe { libc::kill(gw1.pid() as i32, libc::SIGSTOP) }, 0);
+    // 4,096 cents: covered by the 4,399 shown while the lease is live, not by the 3,851 stored.
+    let mut big = chat_body("pricey-model", false);
+    big["max_tokens"] = json!(4_096);
+    let r = gw2.post_as("/v1/chat/completions", &big, &[("authorization", &gw1.bearer())]).await;
+    assert_eq!(unsafe { libc::kill(gw1.pid() as i32, libc::SIGCONT) }, 0);
+    let v = r.assert_error(402, "insufficient_credits");
+    assert_eq!(
+        (v["error"]["required_cents"].as_i64(), v["error"]["current_balance_cents"].as_i64()),
+        (Some(4_096), Some(3_851)),
+        "the stale lease is not shown as balance: {v}"
+    );
+    let message = v["error"]["message"].as_str().unwrap();
+    assert!(message.contains("add at least 245 cents"), "{message}");
+}
