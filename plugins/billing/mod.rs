@@ -58,6 +58,7 @@ const WINDOW_POLL: std::time::Duration = std::time::Duration::from_millis(250);
 /// [`RECALL_WAIT`]: the refusal recalled the leases, and each is given back within a second and
 /// a quarter of its grant (decision 191).
 const RECALL_POLL: std::time::Duration = std::time::Duration::from_millis(200);
+/// The longest a refused request waits for recalled leases, from its first ask.
 const RECALL_WAIT: std::time::Duration = std::time::Duration::from_millis(3_000);
 /// A hold refused while running requests held the money it needs, freed by the time the
 /// balance is read, is asked again at once this many times at most.
