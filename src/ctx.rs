@@ -127,6 +127,11 @@ pub struct RequestCtx {
     /// The output switch of the client socket once the request body was replayed (`None` for
     /// requests answered by the gateway itself); see `held_output.rs`.
     pub output: Option<crate::held_output::OutputHold>,
+    /// On a kept-alive connection, the output switch of the socket wrapper an earlier request
+    /// left in place (`proxy/forward.rs`).
+    pub carried_output: Option<crate::held_output::OutputHold>,
+    /// A rewritten body forwarded without a replay: sent in place of Pingora's retry buffer.
+    pub body_in_place: Option<Bytes>,
     /// What a dialect wants written to a silent stream every `budgets.heartbeat` (unframed).
     pub heartbeat_payload: Option<Bytes>,
     /// The armed heartbeat of a stream (see `heartbeat.rs`).
@@ -226,6 +231,8 @@ impl RequestCtx {
             failure: None,
             watchdog: None,
             output: None,
+            carried_output: None,
+            body_in_place: None,
             heartbeat_payload: None,
             heartbeat: None,
             first_token_seen: Arc::new(AtomicBool::new(false)),

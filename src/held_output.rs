@@ -104,6 +104,11 @@ impl OutputHold {
         }
     }
 
+    /// Writes go straight through (no answer is held or replaced).
+    pub fn is_passing(&self) -> bool {
+        self.lock().mode == Mode::Pass
+    }
+
     pub fn is_holding(&self) -> bool {
         self.lock().mode == Mode::Hold
     }

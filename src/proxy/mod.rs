@@ -2,6 +2,7 @@
 //! plugin chain per phase, place the request on a replica, and turn every failure into a
 //! catalogued error (`fail_to_proxy` is the single exit for errors after `request_filter`).
 
+use std::any::Any;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,6 +29,7 @@ use crate::watchdog::Watchdog;
 
 mod affinity;
 mod failure;
+mod forward;
 mod stream_end;
 mod upstream_status;
 
@@ -86,6 +88,7 @@ impl Gateway {
             _ => {}
         }
         let keepalive = s.get_keepalive();
+        let in_place = forward::prepare(s, cx);
         let raw = read_json_body(s, cx).await?;
         if route.is_forwarded() {
             // No dialect estimates these: about four bytes a token of the body (a ceiling,
@@ -117,11 +120,7 @@ impl Gateway {
             Some(b) => b,
             None => request::forwarded_body(cx, raw)?,
         };
-        let hold = OutputHold::default();
-        crate::body_replay::replace_request_body(&mut s.downstream_session, body, keepalive, &hold)
-            .await
-            .map_err(|e| GatewayError::internal(format!("could not forward the request body: {e}")))?;
-        cx.output = Some(hold);
+        forward::forward(s, cx, body, keepalive, in_place).await?;
         Ok(Flow::Continue)
     }
 }
@@ -132,6 +131,14 @@ impl ProxyHttp for Gateway {
 
     fn new_ctx(&self) -> RequestCtx {
         RequestCtx::new(self.live.current())
+    }
+
+    fn persist_connection_context(&self, _s: &Session, cx: &RequestCtx) -> Option<Box<dyn Any + Send + Sync>> {
+        forward::carried(cx).map(|h| Box::new(h) as Box<dyn Any + Send + Sync>)
+    }
+
+    fn on_connection_reuse(&self, _s: &mut Session, cx: &mut RequestCtx, prev: Box<dyn Any + Send + Sync>) {
+        cx.carried_output = prev.downcast::<OutputHold>().ok().map(|h| *h);
     }
 
     async fn request_filter(&self, s: &mut Session, cx: &mut RequestCtx) -> Result<bool> {
@@ -241,6 +248,17 @@ impl ProxyHttp for Gateway {
         if let Some(auth) = cx.pool().and_then(|p| p.authorization.as_deref()) {
             req.insert_header("authorization", auth)?;
         }
+        forward::upstream_header(req, cx)
+    }
+
+    async fn request_body_filter(
+        &self,
+        _s: &mut Session,
+        body: &mut Option<Bytes>,
+        _eos: bool,
+        cx: &mut RequestCtx,
+    ) -> Result<()> {
+        forward::body_chunk(body, cx);
         Ok(())
     }
 
