@@ -54,10 +54,12 @@ impl Plugin for Dialects {
 
     async fn on_request(&self, s: &mut Session, cx: &mut RequestCtx) -> Result<Flow, GatewayError> {
         let (Some(route), Some(model)) = (cx.route, cx.model().cloned()) else { return Ok(Flow::Continue) };
-        let body = cx.body.clone().unwrap_or(Value::Null);
+        // Read in place: the chat route (most requests) passes through untouched.
+        let null = Value::Null;
+        let body = cx.body.as_ref().unwrap_or(&null);
         match route {
             Route::Messages => {
-                let t = to_chat(&body, &model, Purpose::Generate)?;
+                let t = to_chat(body, &model, Purpose::Generate)?;
                 let stream = MessagesStream::new(&model.id, &self.signing_key);
                 if t.stream {
                     // Spec "Limits": a `ping` every 15 seconds while the replica is silent.
@@ -66,7 +68,7 @@ impl Plugin for Dialects {
                 self.translate(cx, t, Box::new(stream));
             }
             Route::CountTokens => {
-                let t = to_chat(&body, &model, Purpose::CountTokens)?;
+                let t = to_chat(body, &model, Purpose::CountTokens)?;
                 let tokens = count_prompt_tokens(&t.body, model.chat.tokenizer.as_deref());
                 let answer = json!({ "input_tokens": tokens });
                 tollgate::responder::json(s, cx, 200, Bytes::from(render_json(&answer)), &[])
@@ -75,7 +77,7 @@ impl Plugin for Dialects {
                 return Ok(Flow::Handled);
             }
             Route::Responses => {
-                let t = responses_to_chat(&body, &model)?;
+                let t = responses_to_chat(body, &model)?;
                 self.translate(cx, t, Box::new(ResponsesStream::new(&model.id)));
             }
             _ => {}
