@@ -127,21 +127,23 @@ impl Gateway {
 
 #[async_trait]
 impl ProxyHttp for Gateway {
-    type CTX = RequestCtx;
+    /// Boxed: Pingora moves the context into its per-request future, which it copies whole
+    /// into a box of its own for every request; a pointer is cheaper to copy than 984 bytes.
+    type CTX = Box<RequestCtx>;
 
-    fn new_ctx(&self) -> RequestCtx {
-        RequestCtx::new(self.live.current())
+    fn new_ctx(&self) -> Box<RequestCtx> {
+        Box::new(RequestCtx::new(self.live.current()))
     }
 
-    fn persist_connection_context(&self, _s: &Session, cx: &RequestCtx) -> Option<Box<dyn Any + Send + Sync>> {
+    fn persist_connection_context(&self, _s: &Session, cx: &Self::CTX) -> Option<Box<dyn Any + Send + Sync>> {
         forward::carried(cx).map(|h| Box::new(h) as Box<dyn Any + Send + Sync>)
     }
 
-    fn on_connection_reuse(&self, _s: &mut Session, cx: &mut RequestCtx, prev: Box<dyn Any + Send + Sync>) {
+    fn on_connection_reuse(&self, _s: &mut Session, cx: &mut Self::CTX, prev: Box<dyn Any + Send + Sync>) {
         cx.carried_output = prev.downcast::<OutputHold>().ok().map(|h| *h);
     }
 
-    async fn request_filter(&self, s: &mut Session, cx: &mut RequestCtx) -> Result<bool> {
+    async fn request_filter(&self, s: &mut Session, cx: &mut Self::CTX) -> Result<bool> {
         // A request the client pipelined behind this one is served after its answer, also when
         // the gateway answers this one itself (Pingora drops it otherwise; decision 158).
         if let pingora::protocols::http::ServerSession::H1(h1) = &mut *s.downstream_session {
@@ -161,7 +163,7 @@ impl ProxyHttp for Gateway {
         }
     }
 
-    async fn upstream_peer(&self, _s: &mut Session, cx: &mut RequestCtx) -> Result<Box<HttpPeer>> {
+    async fn upstream_peer(&self, _s: &mut Session, cx: &mut Self::CTX) -> Result<Box<HttpPeer>> {
         let Some((slot, pool)) = cx.placement.as_ref().and_then(|p| Some((p.slot.as_ref()?, &p.pool))) else {
             return Error::e_explain(ErrorType::InternalError, "no replica placed");
         };
@@ -181,13 +183,7 @@ impl ProxyHttp for Gateway {
         Ok(Box::new(peer))
     }
 
-    fn fail_to_connect(
-        &self,
-        _s: &mut Session,
-        _peer: &HttpPeer,
-        cx: &mut RequestCtx,
-        mut e: Box<Error>,
-    ) -> Box<Error> {
+    fn fail_to_connect(&self, _s: &mut Session, _peer: &HttpPeer, cx: &mut Self::CTX, mut e: Box<Error>) -> Box<Error> {
         if let Some(p) = cx.placement.as_mut() {
             if let Some(slot) = p.slot.take() {
                 crate::placement::eject(&slot, &cx.request_id);
@@ -214,7 +210,7 @@ impl ProxyHttp for Gateway {
         _peer: &HttpPeer,
         fd: std::os::unix::io::RawFd,
         _digest: Option<&Digest>,
-        cx: &mut RequestCtx,
+        cx: &mut Self::CTX,
     ) -> Result<()> {
         if let Some(w) = cx.watchdog.take() {
             w.disarm();
@@ -233,7 +229,7 @@ impl ProxyHttp for Gateway {
         &self,
         _s: &mut Session,
         req: &mut pingora::http::RequestHeader,
-        cx: &mut RequestCtx,
+        cx: &mut Self::CTX,
     ) -> Result<()> {
         for h in NOT_FORWARDED.iter().chain(crate::session::SESSION_HEADERS.iter()) {
             req.remove_header(h);
@@ -256,7 +252,7 @@ impl ProxyHttp for Gateway {
         _s: &mut Session,
         body: &mut Option<Bytes>,
         _eos: bool,
-        cx: &mut RequestCtx,
+        cx: &mut Self::CTX,
     ) -> Result<()> {
         forward::body_chunk(body, cx);
         Ok(())
@@ -266,7 +262,7 @@ impl ProxyHttp for Gateway {
         &self,
         _s: &mut Session,
         resp: &mut ResponseHeader,
-        cx: &mut RequestCtx,
+        cx: &mut Self::CTX,
     ) -> Result<()> {
         if resp.status.is_informational() {
             return Ok(());
@@ -288,7 +284,7 @@ impl ProxyHttp for Gateway {
         })
     }
 
-    async fn response_filter(&self, s: &mut Session, resp: &mut ResponseHeader, cx: &mut RequestCtx) -> Result<()> {
+    async fn response_filter(&self, s: &mut Session, resp: &mut ResponseHeader, cx: &mut Self::CTX) -> Result<()> {
         if resp.status.is_informational() {
             return Ok(());
         }
@@ -318,7 +314,7 @@ impl ProxyHttp for Gateway {
         _s: &mut Session,
         body: &mut Option<Bytes>,
         eos: bool,
-        cx: &mut RequestCtx,
+        cx: &mut Self::CTX,
     ) -> Result<Option<Duration>> {
         if cx.response.upstream_refused {
             if let Some(b) = body.take() {
@@ -343,14 +339,14 @@ impl ProxyHttp for Gateway {
         Ok(None)
     }
 
-    fn suppress_error_log(&self, _s: &Session, cx: &RequestCtx, e: &Error) -> bool {
+    fn suppress_error_log(&self, _s: &Session, cx: &Self::CTX, e: &Error) -> bool {
         // Expected outcomes are logged once, as an access line, in `logging`: a client that
         // left included (its line says `client_gone`); a replica's fault after a stream it had
         // ended has its own WARN line (decision 182).
         cx.failure.is_some() || cx.response.tail_fault || stream_end::client_left(e)
     }
 
-    async fn fail_to_proxy(&self, s: &mut Session, e: &Error, cx: &mut RequestCtx) -> FailToProxy {
+    async fn fail_to_proxy(&self, s: &mut Session, e: &Error, cx: &mut Self::CTX) -> FailToProxy {
         if stream_end::client_left(e) {
             cx.client_gone = true;
             return FailToProxy { error_code: 0, can_reuse_downstream: false };
@@ -358,7 +354,7 @@ impl ProxyHttp for Gateway {
         failure::answer(s, e, cx, &self.chain).await
     }
 
-    async fn logging(&self, s: &mut Session, e: Option<&Error>, cx: &mut RequestCtx) {
+    async fn logging(&self, s: &mut Session, e: Option<&Error>, cx: &mut Self::CTX) {
         if let Some(w) = cx.watchdog.take() {
             w.disarm();
         }
