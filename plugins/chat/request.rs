@@ -122,9 +122,11 @@ pub fn rewrite(cx: &mut RequestCtx) -> Result<Bytes, GatewayError> {
     let pool = cx.pool().cloned().ok_or_else(|| GatewayError::internal("no pool resolved"))?;
     let mut out = Map::with_capacity(body.len() + 2);
     out.insert("model".into(), Value::String(pool.to_upstream().to_string()));
-    for field in FORWARDED {
-        if let Some(v) = body.remove(*field) {
-            out.insert((*field).to_string(), v);
+    // The body's own members (a handful) looked up in the list, not the list's thirty-one
+    // looked up in the body; the keys move over without a copy.
+    for (field, v) in body {
+        if FORWARDED.contains(&field.as_str()) {
+            out.insert(field, v);
         }
     }
     if stream {
