@@ -59,7 +59,8 @@
 #
 # The Pingora floor (BENCH_FLOOR): `pingora` is a bare Pingora proxy (upstream_peer only),
 # `pingora-replay` the same plus reading the whole request body and forwarding it through
-# tollgate's body replay, the step any gateway routing on the body pays on Pingora 0.9. Both
+# tollgate's body replay, the step a gateway routing on the body pays on Pingora 0.9 (tollgate
+# pays it on a connection's first request and on bodies over 64 KiB, decision 192). Both
 # run beside nginx in the ladder (same pinning, one thread), so a ratio to nginx splits into
 # what Pingora costs and what tollgate adds.
 #

@@ -124,8 +124,8 @@ pub struct RequestCtx {
     /// A failure already classified by a phase, for `fail_to_proxy` to render.
     pub failure: Option<GatewayError>,
     pub watchdog: Option<Watchdog>,
-    /// The output switch of the client socket once the request body was replayed (`None` for
-    /// requests answered by the gateway itself); see `held_output.rs`.
+    /// The output switch of the client socket once the request body was forwarded, replayed or
+    /// in place (`None` for requests answered by the gateway itself); see `held_output.rs`.
     pub output: Option<crate::held_output::OutputHold>,
     /// On a kept-alive connection, the output switch of the socket wrapper an earlier request
     /// left in place (`proxy/forward.rs`).

@@ -3,7 +3,7 @@
 //! The first request on a connection goes through the body replay (`body_replay.rs`): the
 //! session is rebuilt over a socket wrapper that yields the new body and carries the
 //! connection's output switch (`held_output.rs`). Rebuilding parses the header a second time
-//! and costs about a fifth of a pass-through request. A later request on the same kept-alive
+//! and costs about a quarter of what a bare Pingora proxy spends on a request. A later request on the same kept-alive
 //! connection already reads and writes through that wrapper, so when its body fits Pingora's
 //! retry buffer (64 KiB) the session is kept: Pingora sends the buffered body upstream through
 //! `request_body_filter`, which swaps it for the rewritten one, and `upstream_request_filter`

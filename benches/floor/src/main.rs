@@ -5,8 +5,9 @@
 //!
 //! - `--mode pass`: `upstream_peer` and nothing else; Pingora streams the request through.
 //! - `--mode replay`: also reads the whole request body in `request_filter` and forwards it
-//!   through tollgate's body replay (`tollgate::body_replay`), unchanged. A gateway that routes
-//!   on the body's `model` cannot avoid that step on Pingora 0.9 (pingora notes, section 2).
+//!   through tollgate's body replay (`tollgate::body_replay`), unchanged: what a gateway that
+//!   routes on the body's `model` pays on Pingora 0.9 (pingora notes, section 2). tollgate
+//!   pays it only on a connection's first request and on bodies over 64 KiB (decision 192).
 //!
 //! Usage: `tollgate-bench-floor --listen 127.0.0.1:19314 --upstream 127.0.0.1:19310 [--mode pass|replay]`
 use async_trait::async_trait;
