@@ -34,7 +34,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{Notify, mpsc, oneshot};
 
 use super::StoreError;
 use super::ledger::{Balance, LedgerEntry, LedgerStore};
@@ -136,6 +136,8 @@ pub struct BatchedLedger {
     /// Free slots a hold leaves for settlements and releases.
     reserve: usize,
     congestion: Arc<Congestion>,
+    /// Ends the writer's settlement linger: a hold was queued, or a batch's worth of ops.
+    urgent: Arc<Notify>,
     /// Holds are shed while ops wait longer than this.
     max_hold_wait: Duration,
     /// Balance this instance places holds from in memory (`ledger_lease.rs`).
@@ -177,6 +179,8 @@ impl BatchedLedger {
         let w = writes.clone();
         let congestion = Arc::new(Congestion::new());
         let seen = congestion.clone();
+        let urgent = Arc::new(Notify::new());
+        let woken = urgent.clone();
         let leases = Arc::new(Leases::default());
         rt.spawn(return_leases(tx.downgrade(), leases.clone()));
         std::thread::Builder::new()
@@ -186,7 +190,7 @@ impl BatchedLedger {
                 // meanwhile when the request thread yields (decision 140).
                 crate::thread_policy::run_as_batch("ledger writer");
                 ON_WRITER.set(true);
-                rt.block_on(writer(rx, w, seen))
+                rt.block_on(writer(rx, w, seen, woken))
             })
             .map_err(|e| StoreError::Unavailable(format!("ledger writer thread: {e}")))?;
         Ok(BatchedLedger {
@@ -195,6 +199,7 @@ impl BatchedLedger {
             queue: tx,
             reserve: queue / 4,
             congestion,
+            urgent,
             max_hold_wait: MAX_HOLD_WAIT,
             leases,
         })
@@ -204,7 +209,10 @@ impl BatchedLedger {
     /// the writer's thread.
     fn queue_now(&self, op: LedgerOp, done: super::ledger::Detached) -> bool {
         match self.queue.try_send(Job::then(op, done)) {
-            Ok(()) => true,
+            Ok(()) => {
+                self.queued(false);
+                true
+            }
             Err(mpsc::error::TrySendError::Full(job)) => {
                 job.reply.send(Err(StoreError::NotQueued("the ledger queue is full".into())));
                 false
@@ -256,6 +264,15 @@ impl BatchedLedger {
 }
 
 impl BatchedLedger {
+    /// After a job was queued: the writer's settlement linger does not poll the queue, so
+    /// a hold (a request waits for it) or a full batch's worth of ops wakes it here; any
+    /// other op rides in the lingering batch without waking it (decision 193).
+    fn queued(&self, holds: bool) {
+        if holds || self.queue.max_capacity() - self.queue.capacity() >= MAX_BATCH {
+            self.urgent.notify_one();
+        }
+    }
+
     async fn enqueue(&self, op: LedgerOp) -> OpResult {
         let (reply, answer) = oneshot::channel();
         let job = Job { op, reply: Reply::Wait(reply), queued: Instant::now() };
@@ -271,6 +288,7 @@ impl BatchedLedger {
                 return Err(StoreError::NotQueued("the ledger queue is full".into()));
             }
             self.queue.try_send(job).map_err(|_| StoreError::NotQueued("the ledger queue is full".into()))?;
+            self.queued(true);
         } else {
             // A free slot takes the job at once; only a full queue arms the wait's timer.
             let job = match self.queue.try_send(job) {
@@ -280,9 +298,12 @@ impl BatchedLedger {
                     return Err(StoreError::NotQueued("the ledger writer stopped".into()));
                 }
             };
+            if job.is_none() {
+                self.queued(false);
+            }
             if let Some(job) = job {
                 match tokio::time::timeout(ENQUEUE_WAIT, self.queue.send(job)).await {
-                    Ok(Ok(())) => {}
+                    Ok(Ok(())) => self.queued(false),
                     Ok(Err(_)) => return Err(StoreError::NotQueued("the ledger writer stopped".into())),
                     Err(_) => return Err(StoreError::Unavailable("the ledger queue stayed full".into())),
                 }
@@ -329,11 +350,16 @@ static BATCH: std::sync::LazyLock<Option<crate::metrics::StoreOp>> =
     std::sync::LazyLock::new(|| crate::metrics::StoreOp::new("ledger", "batch"));
 
 /// Drain the queue: everything waiting (up to `MAX_BATCH`) in one transaction.
-async fn writer(mut rx: mpsc::Receiver<Job>, writes: Arc<dyn LedgerWrites>, congestion: Arc<Congestion>) {
+async fn writer(
+    mut rx: mpsc::Receiver<Job>,
+    writes: Arc<dyn LedgerWrites>,
+    congestion: Arc<Congestion>,
+    urgent: Arc<Notify>,
+) {
     let mut jobs: Vec<Job> = Vec::with_capacity(MAX_BATCH);
     while rx.recv_many(&mut jobs, MAX_BATCH).await > 0 {
         if !jobs.iter().any(Job::holds) {
-            linger(&mut rx, &mut jobs).await;
+            linger(&mut rx, &mut jobs, &urgent).await;
         }
         // The queue is first in, first out: the first job waited longest.
         let oldest = jobs.first().map_or(0, |j| j.queued.elapsed().as_millis());
@@ -358,18 +384,22 @@ async fn writer(mut rx: mpsc::Receiver<Job>, writes: Arc<dyn LedgerWrites>, cong
 /// goes at once when a hold arrives (decision 132). No request waits for a settlement
 /// (decision 128), so at low load a settlement rides in the next request's hold transaction
 /// instead of a commit of its own: one transaction per request instead of two.
-async fn linger(rx: &mut mpsc::Receiver<Job>, jobs: &mut Vec<Job>) {
-    let deadline = tokio::time::sleep(SETTLE_LINGER);
-    tokio::pin!(deadline);
-    while jobs.len() < MAX_BATCH {
-        let seen = jobs.len();
+///
+/// The wait does not poll the queue: a channel wakes its receiver only while the receiver
+/// waits on it, so the settlements and lease rows queued meanwhile (two per request) do not
+/// each wake this thread to look at them and park again. A hold, or a full batch's worth
+/// of ops, ends the wait through `urgent` (`BatchedLedger::queued`, decision 193).
+async fn linger(rx: &mut mpsc::Receiver<Job>, jobs: &mut Vec<Job>, urgent: &Notify) {
+    if jobs.len() < MAX_BATCH {
         tokio::select! {
-            n = rx.recv_many(jobs, MAX_BATCH - seen) => {
-                if n == 0 || jobs[seen..].iter().any(Job::holds) {
-                    return;
-                }
-            }
-            () = &mut deadline => return,
+            () = tokio::time::sleep(SETTLE_LINGER) => {}
+            () = urgent.notified() => {}
+        }
+    }
+    while jobs.len() < MAX_BATCH {
+        match rx.try_recv() {
+            Ok(job) => jobs.push(job),
+            Err(_) => break,
         }
     }
 }
@@ -439,7 +469,7 @@ impl LedgerStore for BatchedLedger {
     fn submit_detached(self: Arc<Self>, op: LedgerOp, done: super::ledger::Detached) {
         let job = Job::then(op, done);
         match self.queue.try_send(job) {
-            Ok(()) => {}
+            Ok(()) => self.queued(false),
             Err(mpsc::error::TrySendError::Closed(job)) => {
                 job.reply.send(Err(StoreError::NotQueued("the ledger writer stopped".into())));
             }
@@ -447,7 +477,10 @@ impl LedgerStore for BatchedLedger {
             Err(mpsc::error::TrySendError::Full(job)) => {
                 tokio::spawn(async move {
                     match tokio::time::timeout(ENQUEUE_WAIT, self.queue.reserve()).await {
-                        Ok(Ok(slot)) => slot.send(job),
+                        Ok(Ok(slot)) => {
+                            slot.send(job);
+                            self.queued(false);
+                        }
                         Ok(Err(_)) => job.reply.send(Err(StoreError::NotQueued("the ledger writer stopped".into()))),
                         Err(_) => job.reply.send(Err(StoreError::Unavailable("the ledger queue stayed full".into()))),
                     }

@@ -156,6 +156,54 @@ async fn a_settlement_rides_with_the_next_hold_and_is_written_alone_when_none_co
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The writer thread's voluntary context switches so far (it parked that many times).
+#[cfg(target_os = "linux")]
+fn writer_parks() -> u64 {
+    let status = std::fs::read_to_string("/proc/thread-self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(u64::MAX)
+}
+
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn settlements_queued_during_the_linger_do_not_wake_the_writer_one_by_one() {
+    let dir = std::env::temp_dir().join(format!("tollgate-batch-{}", uuid::Uuid::new_v4().simple()));
+    let store = Arc::new(crate::store::sqlite::SqliteStore::open(&dir.join("l.db")).unwrap());
+    let rec = Arc::new(Recorder::default());
+    let l = Arc::new(BatchedLedger::with_parts(store, rec.clone(), 64).unwrap());
+    // The continuation of an op nobody waits for runs on the writer's thread, after its batch:
+    // it reads how often that thread has parked.
+    let reading = |tx: std::sync::mpsc::Sender<u64>| -> crate::store::ledger::Detached {
+        Box::new(move |_r| {
+            let _ = tx.send(writer_parks());
+        })
+    };
+    let (tx, rx) = std::sync::mpsc::channel();
+    l.clone().submit_detached(LedgerOp::Settle(settlement("s0")), reading(tx.clone()));
+    let before = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+    // Twenty-five settlements, one every 200 us: all within one linger (10 ms).
+    for i in 1..=25 {
+        let done = if i == 25 { reading(tx.clone()) } else { Box::new(|_r| {}) as crate::store::ledger::Detached };
+        l.clone().submit_detached(LedgerOp::Settle(settlement(&format!("s{i}"))), done);
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    let after = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+    let batches = rec.0.lock().unwrap().len();
+    // Woken by the first one and by the linger's end (once more per extra batch if the
+    // sends outlasted a linger): not once per settlement.
+    assert!(
+        after - before <= 2 * batches as u64 + 2,
+        "the writer parked {} times for 25 settlements in {} batches",
+        after - before,
+        batches
+    );
+    assert!(batches <= 4, "{batches} batches for 26 settlements");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 mod leases {
     use super::*;
     use crate::identity::{RateTier, Workspace};
