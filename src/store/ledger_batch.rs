@@ -266,10 +266,11 @@ impl BatchedLedger {
 impl BatchedLedger {
     /// After a job was queued: the writer's settlement linger does not poll the queue, so
     /// a hold (a request waits for it) or a full batch's worth of ops wakes it here; any
-    /// other op rides in the lingering batch without waking it (decision 193).
+    /// other op rides in the lingering batch without waking it (decision 193). Only a
+    /// linger waiting now is woken: no permit is left to cut a later one short.
     fn queued(&self, holds: bool) {
         if holds || self.queue.max_capacity() - self.queue.capacity() >= MAX_BATCH {
-            self.urgent.notify_one();
+            self.urgent.notify_waiters();
         }
     }
 
@@ -390,18 +391,31 @@ async fn writer(
 /// each wake this thread to look at them and park again. A hold, or a full batch's worth
 /// of ops, ends the wait through `urgent` (`BatchedLedger::queued`, decision 193).
 async fn linger(rx: &mut mpsc::Receiver<Job>, jobs: &mut Vec<Job>, urgent: &Notify) {
-    if jobs.len() < MAX_BATCH {
-        tokio::select! {
-            () = tokio::time::sleep(SETTLE_LINGER) => {}
-            () = urgent.notified() => {}
-        }
+    let woken = urgent.notified();
+    tokio::pin!(woken);
+    // Registered before the queue is looked at, so a hold queued after the look wakes it
+    // and one queued before it is found by it.
+    woken.as_mut().enable();
+    if take_queued(rx, jobs) {
+        return;
     }
+    tokio::select! {
+        () = tokio::time::sleep(SETTLE_LINGER) => {}
+        () = woken => {}
+    }
+    take_queued(rx, jobs);
+}
+
+/// Move what is queued into `jobs` (up to [`MAX_BATCH`]) without waiting; whether the batch
+/// should go now: it holds a hold, or it is full.
+fn take_queued(rx: &mut mpsc::Receiver<Job>, jobs: &mut Vec<Job>) -> bool {
     while jobs.len() < MAX_BATCH {
         match rx.try_recv() {
             Ok(job) => jobs.push(job),
             Err(_) => break,
         }
     }
+    jobs.len() >= MAX_BATCH || jobs.iter().any(Job::holds)
 }
 
 /// One transaction for `ops`. A uniqueness conflict (which the snapshot should have

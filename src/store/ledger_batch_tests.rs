@@ -156,6 +156,26 @@ async fn a_settlement_rides_with_the_next_hold_and_is_written_alone_when_none_co
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+#[tokio::test]
+async fn after_a_hold_the_next_settlement_still_waits_to_ride_with_the_following_hold() {
+    let dir = std::env::temp_dir().join(format!("tollgate-batch-{}", uuid::Uuid::new_v4().simple()));
+    let store = Arc::new(crate::store::sqlite::SqliteStore::open(&dir.join("l.db")).unwrap());
+    let rec = Arc::new(Recorder::default());
+    let l = Arc::new(BatchedLedger::with_parts(store, rec.clone(), 64).unwrap());
+    // A hold written alone must leave nothing behind that cuts the next linger short.
+    assert_eq!(l.place_hold("h1", "w", None, 1, 10, 1).await, Ok(HoldOutcome::Placed { balance_cents: 0 }));
+    let settled = {
+        let l = l.clone();
+        tokio::spawn(async move { l.settle(&settlement("s1")).await })
+    };
+    tokio::time::sleep(Duration::from_millis(2)).await;
+    assert_eq!(l.place_hold("h2", "w", None, 1, 10, 1).await, Ok(HoldOutcome::Placed { balance_cents: 0 }));
+    assert_eq!(settled.await.unwrap(), Ok(SettleOutcome::AlreadySettled));
+    let batches = rec.0.lock().unwrap().clone();
+    assert_eq!(batches, vec![vec!["h1".to_string()], vec!["s1".to_string(), "h2".to_string()]]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// The writer thread's voluntary context switches so far (it parked that many times).
 #[cfg(target_os = "linux")]
 fn writer_parks() -> u64 {
