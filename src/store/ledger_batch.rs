@@ -299,15 +299,13 @@ impl BatchedLedger {
                     return Err(StoreError::NotQueued("the ledger writer stopped".into()));
                 }
             };
-            if job.is_none() {
-                self.queued(false);
-            }
-            if let Some(job) = job {
-                match tokio::time::timeout(ENQUEUE_WAIT, self.queue.send(job)).await {
+            match job {
+                None => self.queued(false),
+                Some(job) => match tokio::time::timeout(ENQUEUE_WAIT, self.queue.send(job)).await {
                     Ok(Ok(())) => self.queued(false),
                     Ok(Err(_)) => return Err(StoreError::NotQueued("the ledger writer stopped".into())),
                     Err(_) => return Err(StoreError::Unavailable("the ledger queue stayed full".into())),
-                }
+                },
             }
         }
         answer.await.map_err(|_| StoreError::Unavailable("the ledger writer stopped".into()))?

@@ -122,6 +122,15 @@ impl LedgerWrites for Recorder {
     }
 }
 
+/// A batched ledger whose writes `Recorder` records, and the directory of its store.
+fn recorded() -> (std::path::PathBuf, Arc<Recorder>, Arc<BatchedLedger>) {
+    let dir = std::env::temp_dir().join(format!("tollgate-batch-{}", uuid::Uuid::new_v4().simple()));
+    let store = Arc::new(crate::store::sqlite::SqliteStore::open(&dir.join("l.db")).unwrap());
+    let rec = Arc::new(Recorder::default());
+    let l = Arc::new(BatchedLedger::with_parts(store, rec.clone(), 64).unwrap());
+    (dir, rec, l)
+}
+
 fn settlement(rid: &str) -> Settlement {
     Settlement {
         request_id: rid.into(),
@@ -136,10 +145,7 @@ fn settlement(rid: &str) -> Settlement {
 
 #[tokio::test]
 async fn a_settlement_rides_with_the_next_hold_and_is_written_alone_when_none_comes() {
-    let dir = std::env::temp_dir().join(format!("tollgate-batch-{}", uuid::Uuid::new_v4().simple()));
-    let store = Arc::new(crate::store::sqlite::SqliteStore::open(&dir.join("l.db")).unwrap());
-    let rec = Arc::new(Recorder::default());
-    let l = Arc::new(BatchedLedger::with_parts(store, rec.clone(), 64).unwrap());
+    let (dir, rec, l) = recorded();
     let settled = {
         let l = l.clone();
         tokio::spawn(async move { l.settle(&settlement("s1")).await })
@@ -158,10 +164,7 @@ async fn a_settlement_rides_with_the_next_hold_and_is_written_alone_when_none_co
 
 #[tokio::test]
 async fn after_a_hold_the_next_settlement_still_waits_to_ride_with_the_following_hold() {
-    let dir = std::env::temp_dir().join(format!("tollgate-batch-{}", uuid::Uuid::new_v4().simple()));
-    let store = Arc::new(crate::store::sqlite::SqliteStore::open(&dir.join("l.db")).unwrap());
-    let rec = Arc::new(Recorder::default());
-    let l = Arc::new(BatchedLedger::with_parts(store, rec.clone(), 64).unwrap());
+    let (dir, rec, l) = recorded();
     // A hold written alone must leave nothing behind that cuts the next linger short.
     assert_eq!(l.place_hold("h1", "w", None, 1, 10, 1).await, Ok(HoldOutcome::Placed { balance_cents: 0 }));
     let settled = {
@@ -190,10 +193,7 @@ fn writer_parks() -> u64 {
 #[cfg(target_os = "linux")]
 #[tokio::test]
 async fn settlements_queued_during_the_linger_do_not_wake_the_writer_one_by_one() {
-    let dir = std::env::temp_dir().join(format!("tollgate-batch-{}", uuid::Uuid::new_v4().simple()));
-    let store = Arc::new(crate::store::sqlite::SqliteStore::open(&dir.join("l.db")).unwrap());
-    let rec = Arc::new(Recorder::default());
-    let l = Arc::new(BatchedLedger::with_parts(store, rec.clone(), 64).unwrap());
+    let (dir, rec, l) = recorded();
     // The continuation of an op nobody waits for runs on the writer's thread, after its batch:
     // it reads how often that thread has parked.
     let reading = |tx: std::sync::mpsc::Sender<u64>| -> crate::store::ledger::Detached {
