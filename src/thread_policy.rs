@@ -3,10 +3,11 @@
 /// Mark the calling thread `SCHED_BATCH` (Linux): the same share of the CPU as any other
 /// thread, but waking it does not preempt the thread running on that core (decision 140).
 ///
-/// The ledger writer is woken by every hold and settlement a request thread queues. With the
-/// default policy each wake-up preempted the request thread on a busy core, so the writer
-/// committed a batch of a few ops at a time and the core paid two context switches per
-/// batch; as a batch thread it runs when the request thread waits for the network or its
+/// The ledger writer is woken by request threads: by every hold, and by the first op of a
+/// batch (since decision 193 a settlement queued during its linger wakes nothing; before it,
+/// every settlement did). With the default policy each wake-up preempted the request thread
+/// on a busy core, so the writer committed a batch of a few ops at a time and the core paid
+/// two context switches per batch; as a batch thread it runs when the request thread waits for the network or its
 /// time slice ends, and takes everything queued by then in one transaction. On an idle core
 /// it still runs at once, so a lone request waits no longer for its hold.
 ///

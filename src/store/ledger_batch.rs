@@ -186,8 +186,9 @@ impl BatchedLedger {
         std::thread::Builder::new()
             .name("ledger-writer".into())
             .spawn(move || {
-                // Woken by every request, it must not preempt them: it commits what queued
-                // meanwhile when the request thread yields (decision 140).
+                // Woken by requests (a batch's first op, every hold), it must not preempt
+                // them: it commits what queued meanwhile when the request thread yields
+                // (decision 140).
                 crate::thread_policy::run_as_batch("ledger writer");
                 ON_WRITER.set(true);
                 rt.block_on(writer(rx, w, seen, woken))
