@@ -7,9 +7,10 @@
 /// batch (since decision 193 a settlement queued during its linger wakes nothing; before it,
 /// every settlement did). With the default policy each wake-up preempted the request thread
 /// on a busy core, so the writer committed a batch of a few ops at a time and the core paid
-/// two context switches per batch; as a batch thread it runs when the request thread waits for the network or its
-/// time slice ends, and takes everything queued by then in one transaction. On an idle core
-/// it still runs at once, so a lone request waits no longer for its hold.
+/// two context switches per batch; as a batch thread it runs when the request thread waits
+/// for the network or its time slice ends, and takes everything queued by then in one
+/// transaction. On an idle core it still runs at once, so a lone request waits no longer for
+/// its hold.
 ///
 /// Changing to `SCHED_BATCH` needs no privilege; if the kernel refuses (a seccomp filter, a
 /// non-Linux system) the thread keeps the default policy and a warning says so.
