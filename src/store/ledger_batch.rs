@@ -209,11 +209,8 @@ impl BatchedLedger {
     /// Queue an op nobody waits for, if there is a free slot now; `done` gets its outcome on
     /// the writer's thread.
     fn queue_now(&self, op: LedgerOp, done: super::ledger::Detached) -> bool {
-        match self.queue.try_send(Job::then(op, done)) {
-            Ok(()) => {
-                self.queued(false);
-                true
-            }
+        match self.try_queue(Job::then(op, done)) {
+            Ok(()) => true,
             Err(mpsc::error::TrySendError::Full(job)) => {
                 job.reply.send(Err(StoreError::NotQueued("the ledger queue is full".into())));
                 false
@@ -265,6 +262,17 @@ impl BatchedLedger {
 }
 
 impl BatchedLedger {
+    /// Queue `job` if there is a free slot now (every request-side send goes through here
+    /// or through [`Self::queued`]).
+    // The error hands the job back, as the channel's own `try_send` does.
+    #[allow(clippy::result_large_err)]
+    fn try_queue(&self, job: Job) -> Result<(), mpsc::error::TrySendError<Job>> {
+        let holds = job.holds();
+        self.queue.try_send(job)?;
+        self.queued(holds);
+        Ok(())
+    }
+
     /// After a job was queued: the writer's settlement linger does not poll the queue, so
     /// a hold (a request waits for it) or a full batch's worth of ops wakes it here; any
     /// other op rides in the lingering batch without waking it (decision 193). Only a
@@ -289,24 +297,22 @@ impl BatchedLedger {
             if self.queue.capacity() <= self.reserve {
                 return Err(StoreError::NotQueued("the ledger queue is full".into()));
             }
-            self.queue.try_send(job).map_err(|_| StoreError::NotQueued("the ledger queue is full".into()))?;
-            self.queued(true);
+            self.try_queue(job).map_err(|_| StoreError::NotQueued("the ledger queue is full".into()))?;
         } else {
             // A free slot takes the job at once; only a full queue arms the wait's timer.
-            let job = match self.queue.try_send(job) {
+            let job = match self.try_queue(job) {
                 Ok(()) => None,
                 Err(mpsc::error::TrySendError::Full(job)) => Some(job),
                 Err(mpsc::error::TrySendError::Closed(_)) => {
                     return Err(StoreError::NotQueued("the ledger writer stopped".into()));
                 }
             };
-            match job {
-                None => self.queued(false),
-                Some(job) => match tokio::time::timeout(ENQUEUE_WAIT, self.queue.send(job)).await {
+            if let Some(job) = job {
+                match tokio::time::timeout(ENQUEUE_WAIT, self.queue.send(job)).await {
                     Ok(Ok(())) => self.queued(false),
                     Ok(Err(_)) => return Err(StoreError::NotQueued("the ledger writer stopped".into())),
                     Err(_) => return Err(StoreError::Unavailable("the ledger queue stayed full".into())),
-                },
+                }
             }
         }
         answer.await.map_err(|_| StoreError::Unavailable("the ledger writer stopped".into()))?
@@ -481,8 +487,8 @@ impl LedgerStore for BatchedLedger {
 
     fn submit_detached(self: Arc<Self>, op: LedgerOp, done: super::ledger::Detached) {
         let job = Job::then(op, done);
-        match self.queue.try_send(job) {
-            Ok(()) => self.queued(false),
+        match self.try_queue(job) {
+            Ok(()) => {}
             Err(mpsc::error::TrySendError::Closed(job)) => {
                 job.reply.send(Err(StoreError::NotQueued("the ledger writer stopped".into())));
             }
