@@ -16,6 +16,10 @@
 #   BENCH_RATE=500          requests/s of the paced latency run (non-streaming)
 #   BENCH_C1=1              0: leave out the one-connection latency run (json16@c1: one
 #                           request at a time, the issue's "added p99 at c=1" target)
+#   BENCH_C1_CLIENT=probe   the one-connection run's client: probe (tollgate-bench-probe, one
+#                           request at a time, each latency exact) or wrk (wrk's own tail
+#                           at one connection is larger than what is measured: see
+#                           docs/perf-notes.md, twenty-second session)
 #   BENCH_PACED_CONNECTIONS=5  connections of the paced run (each waits 1000*C/RATE ms
 #                           before every request)
 #   BENCH_PORT_BASE=19310   mock = base, nginx = base+1, gateway = base+2, its admin = base+3;
@@ -287,6 +291,7 @@ if [[ -n $BIN_DIR ]]; then
     GW_BIN=$BIN_DIR/tollgate
     MOCK_BIN=$BIN_DIR/tollgate-mock-replica
     FLOOR_BIN=$BIN_DIR/tollgate-bench-floor
+    PROBE_BIN=$BIN_DIR/tollgate-bench-probe
     [[ -x $GW_BIN && -x $MOCK_BIN ]] || die "tollgate and tollgate-mock-replica missing in BENCH_BIN_DIR=$BIN_DIR"
 else
     if [[ $BUILD == 1 ]]; then
@@ -296,6 +301,7 @@ else
     GW_BIN=$TARGET_DIR/release/tollgate
     MOCK_BIN=$TARGET_DIR/release/tollgate-mock-replica
     FLOOR_BIN=$TARGET_DIR/release/tollgate-bench-floor
+    PROBE_BIN=$TARGET_DIR/release/tollgate-bench-probe
     [[ -x $GW_BIN && -x $MOCK_BIN ]] || die "release binaries missing in $TARGET_DIR/release (run without --no-build)"
 fi
 
@@ -307,6 +313,11 @@ port_listening() {
         (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
     fi
 }
+C1_CLIENT=${BENCH_C1_CLIENT:-probe}
+[[ $C1_CLIENT == probe || $C1_CLIENT == wrk ]] || die "BENCH_C1_CLIENT must be probe or wrk"
+if [[ $C1 == 1 && $C1_CLIENT == probe && ! -x $PROBE_BIN ]]; then
+    die "no tollgate-bench-probe at $PROBE_BIN (build it, or BENCH_C1_CLIENT=wrk)"
+fi
 if [[ $FLOOR == 1 && ! -x $FLOOR_BIN ]]; then
     die "no tollgate-bench-floor at $FLOOR_BIN (build it, or BENCH_FLOOR=0 to leave the Pingora floor out)"
 fi
@@ -869,6 +880,12 @@ run() {
     mapfile -t pids < <(proxy_pids "$target")
     local -a wrk=(wrk -t1 "-c$conns" --timeout 10s -s "$HELPERS/wrk_post.lua"
         "http://127.0.0.1:$port/v1/chat/completions")
+    # One connection: the probe, whose latencies are not wrk's own (BENCH_C1_CLIENT).
+    local client="wrk -t1 -c$conns"
+    if [[ $conns == 1 && $delay == 0 && $C1_CLIENT == probe ]]; then
+        wrk=("$PROBE_BIN" "http://127.0.0.1:$port/v1/chat/completions")
+        client="tollgate-bench-probe"
+    fi
     prefix_for "$BACKEND_CPU"
     wrk=("${PREFIX[@]}" "${wrk[@]}")
     local key=""
@@ -911,7 +928,7 @@ run() {
     if [[ $HAVE_SCHEDSTAT == 1 ]]; then n0=$(cpu_ns "${pids[@]}"); fi
     local pacing=""
     if [[ $delay -gt 0 ]]; then pacing=" (each waits ${delay} ms before a request)"; fi
-    log "$name: wrk -t1 -c$conns for ${DURATION}s$pacing"
+    log "$name: $client for ${DURATION}s$pacing"
     local raw=$OUT/wrk-$name.txt
     if [[ $ROUNDS -gt 1 ]]; then raw=$OUT/wrk-$name.round$ROUND.txt; fi
     "${wrk[@]}" "-d${DURATION}s" >"$raw" 2>&1 || die "wrk failed: $(tail -5 "$raw")"

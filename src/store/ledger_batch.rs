@@ -371,10 +371,16 @@ async fn writer(
         let oldest = jobs.first().map_or(0, |j| j.queued.elapsed().as_millis());
         congestion.seen_wait_ms.store(u64::try_from(oldest).unwrap_or(u64::MAX), Ordering::Relaxed);
         congestion.applying_since.store(congestion.ms() + 1, Ordering::Relaxed);
+        // No request waits for a batch without holds, and one whose oldest op waited little
+        // more than the linger is not behind: it may give way to request threads on its core
+        // (decision 194). A batch holds waited for, or a writer falling behind, does not.
+        let give_way = oldest <= 2 * SETTLE_LINGER.as_millis() && !jobs.iter().any(Job::holds);
         let (ops, replies): (Vec<LedgerOp>, Vec<_>) = jobs.drain(..).map(|j| (j.op, j.reply)).unzip();
         log::trace!("ledger batch of {}", ops.len());
         let started = Instant::now();
+        let giving_way = crate::thread_policy::GivingWay::start(give_way);
         let results = apply_batch(&*writes, ops).await;
+        drop(giving_way);
         crate::metrics::StoreOp::record(&BATCH, results.iter().all(|r| r.is_ok()), started.elapsed());
         congestion.applying_since.store(0, Ordering::Relaxed);
         if rx.is_empty() {

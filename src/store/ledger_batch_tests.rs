@@ -388,4 +388,66 @@ mod leases {
         assert_eq!(store.derived_balance("w").await.unwrap(), b.balance_cents);
         let _ = std::fs::remove_dir_all(&dir);
     }
+
+    /// Hold the writer's thread in a continuation until the returned sender is used (or
+    /// dropped), so what the test queues meanwhile goes into the writer's next batch.
+    /// Also returns how many times the writer had given way by then.
+    fn gate(l: &Arc<BatchedLedger>, id: &str) -> (std::sync::mpsc::Sender<()>, u64) {
+        let (go, wait) = std::sync::mpsc::channel::<()>();
+        let (held, holding) = std::sync::mpsc::channel();
+        l.clone().submit_detached(
+            LedgerOp::Settle(settlement(id, 1)),
+            Box::new(move |_r| {
+                let _ = held.send(crate::thread_policy::times_given_way());
+                let _ = wait.recv_timeout(Duration::from_secs(5));
+            }),
+        );
+        (go, holding.recv_timeout(Duration::from_secs(5)).unwrap())
+    }
+
+    fn settle_all(l: &Arc<BatchedLedger>, prefix: &str, n: usize) {
+        for i in 0..n {
+            l.clone().submit_detached(LedgerOp::Settle(settlement(&format!("{prefix}{i}"), 1)), Box::new(|_r| {}));
+        }
+    }
+
+    /// Decision 194: a lingering batch, which no request waits for, gives way to the request
+    /// threads sharing its core while it is written; a batch a hold waits for does not.
+    #[tokio::test]
+    async fn a_long_batch_gives_way_to_requests_unless_a_hold_waits_for_it() {
+        let (dir, _store, l) = funded(1_000_000).await;
+        // A continuation runs on the writer's thread after its op's batch.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let reading = |tx: &std::sync::mpsc::Sender<u64>| -> crate::store::ledger::Detached {
+            let tx = tx.clone();
+            Box::new(move |_r| {
+                let _ = tx.send(crate::thread_policy::times_given_way());
+            })
+        };
+        let read = || rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        // 400 settlements in one batch, milliseconds of SQLite work: it gives way.
+        let (go, before) = gate(&l, "gate-1");
+        settle_all(&l, "s", 400);
+        l.clone().submit_detached(LedgerOp::Settle(settlement("then", 1)), reading(&tx));
+        drop(go);
+        let lingering = read();
+        assert!(lingering > before, "a batch of 400 settlements never gave way");
+        // The same with a hold queued behind them: its request waits for this batch.
+        let (go, before) = gate(&l, "gate-2");
+        settle_all(&l, "t", 400);
+        let hold = {
+            let l = l.clone();
+            tokio::spawn(async move {
+                let now = crate::clock::now_ms();
+                l.place_hold("h", "w", None, 1, now + 60_000, now).await
+            })
+        };
+        until(async || l.queue.max_capacity() - l.queue.capacity() >= 401).await;
+        l.clone().submit_detached(LedgerOp::Settle(settlement("last", 1)), reading(&tx));
+        drop(go);
+        let with_hold = read();
+        assert!(matches!(hold.await.unwrap(), Ok(HoldOutcome::Placed { .. })));
+        assert_eq!(with_hold, before, "a batch with a hold in it gave way");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

@@ -14,6 +14,9 @@ use crate::clock::Millis;
 use crate::identity::lifecycle::{self, KeyOpError};
 use crate::identity::{KeyRecord, PlanBrief, Workspace};
 
+/// SQLite virtual machine steps between two checks whether to give way (a few microseconds).
+const GIVE_WAY_STEPS: std::ffi::c_int = 1_000;
+
 pub struct SqliteStore {
     conn: Arc<Mutex<Connection>>,
     /// The checkpoint thread fell behind the writes: the connection finishes a checkpoint.
@@ -70,6 +73,15 @@ impl SqliteStore {
         // Every hot-path statement stays compiled (the default cache of 16 is smaller than
         // the identity and ledger statements together).
         conn.set_prepared_statement_cache_capacity(128);
+        // A long batch gives way to request threads on its core between steps of its
+        // statements (on the ledger writer only: elsewhere `give_way` does nothing).
+        conn.progress_handler(
+            GIVE_WAY_STEPS,
+            Some(|| {
+                crate::thread_policy::give_way();
+                false
+            }),
+        );
         let conn = Arc::new(Mutex::new(conn));
         let lag = Arc::new(lag);
         {

@@ -21,6 +21,7 @@ use super::sqlite_plans::{plan_of, write_counters};
 use super::sqlite_rows::{Chunked, immediate, int, opt_int, opt_text, text};
 use crate::clock::Millis;
 use crate::plans::decide::Funding;
+use crate::thread_policy::give_way;
 
 #[async_trait]
 impl LedgerWrites for SqliteStore {
@@ -28,8 +29,11 @@ impl LedgerWrites for SqliteStore {
         self.with_conn(move |c| {
             immediate(c, |tx| {
                 let snap = snapshot(tx, &ops)?;
+                give_way();
                 let plan = plan(&ops, snap);
+                give_way();
                 write(tx, &plan)?;
+                give_way();
                 Ok(plan.outcomes)
             })
         })
@@ -120,6 +124,7 @@ fn snapshot(tx: &Connection, ops: &[LedgerOp]) -> rusqlite::Result<Snapshot> {
             if let Some(ws) = op.workspace_id() {
                 wss.push(ws.to_string());
             }
+            give_way();
         }
     }
     let mut money = tx.prepare_cached(
@@ -191,6 +196,7 @@ fn write(tx: &Connection, p: &Plan) -> rusqlite::Result<()> {
     let mut resize = tx.prepare_cached("UPDATE holds SET amount_cents = ?2 WHERE request_id = ?1")?;
     for (id, amount) in &p.hold_amounts {
         resize.execute(params![id, amount])?;
+        give_way();
     }
     ENTRIES.run(tx, &[], &p.entries, |e| {
         [
@@ -209,6 +215,7 @@ fn write(tx: &Connection, p: &Plan) -> rusqlite::Result<()> {
     )?;
     for (id, m) in &p.workspaces {
         ws.execute(params![id, m.balance_cents, m.held_cents, m.carry_microcents, m.leases_recalled_until])?;
+        give_way();
     }
     let mut spend = tx.prepare_cached(
         "INSERT INTO key_month_spend (key_id, month, spent_microcents) VALUES (?1, ?2, ?3) \
@@ -216,6 +223,7 @@ fn write(tx: &Connection, p: &Plan) -> rusqlite::Result<()> {
     )?;
     for (key, month, spent) in &p.key_spend {
         spend.execute(params![key, month, spent])?;
+        give_way();
     }
     write_counters(tx, &p.plans)
 }

@@ -46,6 +46,9 @@ impl Chunked {
             let mut st = tx.prepare_cached(&self.sql[i])?;
             let row_values: Vec<ToSqlOutput<'r>> = chunk.iter().flat_map(&values).collect();
             st.execute(rusqlite::params_from_iter(lead.iter().chain(row_values.iter())))?;
+            // A multi-row statement steps through its rows without reaching the progress
+            // handler's check, so the ledger writer may give way here (decision 194).
+            crate::thread_policy::give_way();
             rest = tail;
         }
         Ok(())

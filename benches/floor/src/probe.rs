@@ -1,0 +1,258 @@
+//! `tollgate-bench-probe`: one connection, one request at a time, each request's latency
+//! recorded exactly. The load bench's one-connection case (`json16@c1`) runs it instead of
+//! wrk: at one connection wrk's own tail (its Lua response handling, its event loop) set the
+//! p99 for every target alike, a bare Pingora proxy 0.28–1.42 ms where this client measured
+//! 0.20–0.23 ms (`docs/perf-notes.md`, twenty-second session).
+//!
+//! Usage mirrors wrk's, with `wrk_post.lua`'s environment:
+//!   tollgate-bench-probe -d10s http://127.0.0.1:PORT/v1/chat/completions
+//!   BENCH_BODY_FILE (the JSON body, required), BENCH_TOKENS (x-mock-tokens, default 16),
+//!   BENCH_API_KEY (sent as a bearer token when set)
+//! It prints the same `BENCH ...` summary line as `wrk_post.lua`.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("tollgate-bench-probe: {e}");
+        std::process::exit(2);
+    }
+}
+
+#[derive(Default)]
+struct Errors {
+    connect: u64,
+    read: u64,
+    write: u64,
+    status: u64,
+    timeout: u64,
+}
+
+fn run() -> Result<(), String> {
+    let (seconds, url) = args()?;
+    let rest = url.strip_prefix("http://").ok_or("only http:// URLs")?;
+    let (host, path) = rest.split_once('/').map_or((rest, "/".to_string()), |(h, p)| (h, format!("/{p}")));
+    let body_file = std::env::var("BENCH_BODY_FILE").map_err(|_| "BENCH_BODY_FILE is not set")?;
+    let body = std::fs::read(&body_file).map_err(|e| format!("{body_file}: {e}"))?;
+    let tokens = std::env::var("BENCH_TOKENS").unwrap_or_else(|_| "16".into());
+    let auth = match std::env::var("BENCH_API_KEY") {
+        Ok(k) if !k.is_empty() => format!("Authorization: Bearer {k}\r\n"),
+        _ => String::new(),
+    };
+    let mut request = format!(
+        "POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nx-mock-tokens: {tokens}\r\n{auth}Content-Length: {}\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    request.extend_from_slice(&body);
+
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs_f64(seconds);
+    let mut latencies_ns: Vec<u64> = Vec::with_capacity(1 << 20);
+    let (mut errors, mut bytes) = (Errors::default(), 0u64);
+    let mut conn: Option<Conn> = None;
+    while Instant::now() < deadline {
+        let c = match conn.as_mut() {
+            Some(c) => c,
+            None => match Conn::open(host) {
+                Ok(c) => conn.insert(c),
+                Err(_) => {
+                    errors.connect += 1;
+                    std::thread::sleep(Duration::from_millis(10));
+                    continue;
+                }
+            },
+        };
+        let sent = Instant::now();
+        if c.stream.write_all(&request).is_err() {
+            errors.write += 1;
+            conn = None;
+            continue;
+        }
+        match c.response() {
+            Ok(answer) => {
+                latencies_ns.push(u64::try_from(sent.elapsed().as_nanos()).unwrap_or(u64::MAX));
+                bytes += answer.bytes;
+                if !(200..300).contains(&answer.status) {
+                    errors.status += 1;
+                }
+                if answer.close {
+                    conn = None;
+                }
+            }
+            Err(e) => {
+                if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) {
+                    errors.timeout += 1;
+                } else {
+                    errors.read += 1;
+                }
+                conn = None;
+            }
+        }
+    }
+    let duration_us = started.elapsed().as_micros();
+    latencies_ns.sort_unstable();
+    let us = |p: f64| -> u64 {
+        if latencies_ns.is_empty() {
+            return 0;
+        }
+        // Nearest rank.
+        let rank = ((p / 100.0) * latencies_ns.len() as f64).ceil() as usize;
+        latencies_ns[rank.clamp(1, latencies_ns.len()) - 1] / 1_000
+    };
+    let mean_us = if latencies_ns.is_empty() {
+        0.0
+    } else {
+        latencies_ns.iter().map(|&n| n as f64).sum::<f64>() / latencies_ns.len() as f64 / 1_000.0
+    };
+    println!(
+        "BENCH requests={} duration_us={duration_us} bytes={bytes} p50_us={} p90_us={} p99_us={} p999_us={} max_us={} mean_us={mean_us:.1} err_connect={} err_read={} err_write={} err_status={} err_timeout={} shed=0",
+        latencies_ns.len(),
+        us(50.0),
+        us(90.0),
+        us(99.0),
+        us(99.9),
+        latencies_ns.last().map_or(0, |n| n / 1_000),
+        errors.connect,
+        errors.read,
+        errors.write,
+        errors.status,
+        errors.timeout,
+    );
+    Ok(())
+}
+
+/// `-d<seconds>s` (or `-d <seconds>s`) and the URL.
+fn args() -> Result<(f64, String), String> {
+    let (mut seconds, mut url) = (10.0, None);
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        if let Some(d) = a.strip_prefix("-d") {
+            let d = if d.is_empty() { it.next().unwrap_or_default() } else { d.to_string() };
+            seconds = d.trim_end_matches('s').parse().map_err(|_| format!("bad duration {d:?}"))?;
+        } else if a.starts_with("http://") {
+            url = Some(a);
+        } else {
+            return Err(format!("unknown argument {a:?}; usage: tollgate-bench-probe -d10s http://HOST:PORT/PATH"));
+        }
+    }
+    Ok((seconds, url.ok_or("no URL given")?))
+}
+
+struct Answer {
+    status: u16,
+    bytes: u64,
+    close: bool,
+}
+
+/// A kept-alive connection and what was read past the last answer.
+struct Conn {
+    stream: TcpStream,
+    buf: Vec<u8>,
+    start: usize,
+}
+
+impl Conn {
+    fn open(host: &str) -> std::io::Result<Conn> {
+        let stream = TcpStream::connect(host)?;
+        stream.set_nodelay(true)?;
+        stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+        Ok(Conn { stream, buf: Vec::with_capacity(64 * 1024), start: 0 })
+    }
+
+    fn more(&mut self) -> std::io::Result<()> {
+        if self.start > 0 {
+            self.buf.drain(..self.start);
+            self.start = 0;
+        }
+        let len = self.buf.len();
+        self.buf.resize(len + 16 * 1024, 0);
+        let n = self.stream.read(&mut self.buf[len..]);
+        self.buf.truncate(len + *n.as_ref().unwrap_or(&0));
+        match n {
+            Ok(0) => Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok(_) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The bytes up to the next CRLF (consumed with it).
+    fn line(&mut self) -> std::io::Result<Vec<u8>> {
+        loop {
+            if let Some(i) = self.buf[self.start..].windows(2).position(|w| w == b"\r\n") {
+                let line = self.buf[self.start..self.start + i].to_vec();
+                self.start += i + 2;
+                return Ok(line);
+            }
+            self.more()?;
+        }
+    }
+
+    fn skip(&mut self, mut n: usize) -> std::io::Result<()> {
+        loop {
+            let have = (self.buf.len() - self.start).min(n);
+            self.start += have;
+            n -= have;
+            if n == 0 {
+                return Ok(());
+            }
+            self.more()?;
+        }
+    }
+
+    fn response(&mut self) -> std::io::Result<Answer> {
+        let bad = |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_string());
+        let status_line = self.line()?;
+        let status = std::str::from_utf8(&status_line)
+            .ok()
+            .and_then(|l| l.split(' ').nth(1))
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| bad("bad status line"))?;
+        let (mut length, mut chunked, mut close) = (None, false, false);
+        let mut bytes = status_line.len() as u64 + 2;
+        loop {
+            let h = self.line()?;
+            bytes += h.len() as u64 + 2;
+            if h.is_empty() {
+                break;
+            }
+            let h = String::from_utf8_lossy(&h).to_ascii_lowercase();
+            if let Some(v) = h.strip_prefix("content-length:") {
+                length = Some(v.trim().parse::<usize>().map_err(|_| bad("bad content-length"))?);
+            } else if h.starts_with("transfer-encoding:") && h.contains("chunked") {
+                chunked = true;
+            } else if h.starts_with("connection:") && h.contains("close") {
+                close = true;
+            }
+        }
+        if chunked {
+            loop {
+                let size_line = self.line()?;
+                let text = String::from_utf8_lossy(&size_line);
+                let size = usize::from_str_radix(text.split(';').next().unwrap_or("").trim(), 16)
+                    .map_err(|_| bad("bad chunk size"))?;
+                bytes += size_line.len() as u64 + 2;
+                if size == 0 {
+                    // Trailers, then the empty line.
+                    while !self.line()?.is_empty() {}
+                    bytes += 2;
+                    break;
+                }
+                self.skip(size + 2)?;
+                bytes += size as u64 + 2;
+            }
+        } else if let Some(n) = length {
+            self.skip(n)?;
+            bytes += n as u64;
+        } else if !(status == 204 || status == 304 || (100..200).contains(&status)) {
+            // Close-delimited: read to the end.
+            while self.more().is_ok() {}
+            bytes += (self.buf.len() - self.start) as u64;
+            self.start = self.buf.len();
+            close = true;
+        }
+        Ok(Answer { status, bytes, close })
+    }
+}
