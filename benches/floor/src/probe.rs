@@ -1,8 +1,8 @@
 //! `tollgate-bench-probe`: one connection, one request at a time, each request's latency
 //! recorded exactly. The load bench's one-connection case (`json16@c1`) runs it instead of
-//! wrk: at one connection wrk's own tail (its Lua response handling, its event loop) set the
-//! p99 for every target alike, a bare Pingora proxy 0.28–1.42 ms where this client measured
-//! 0.20–0.23 ms (`docs/perf-notes.md`, twenty-second session).
+//! wrk: at one connection wrk's own tail set the p99 for every target alike (a bare Pingora
+//! proxy 0.28–1.42 ms, where a C client of this design measured 0.20–0.23 ms;
+//! `docs/perf-notes.md`, twenty-second session).
 //!
 //! Usage mirrors wrk's, with `wrk_post.lua`'s environment:
 //!   tollgate-bench-probe -d10s http://127.0.0.1:PORT/v1/chat/completions
