@@ -425,13 +425,14 @@ mod leases {
             })
         };
         let read = || rx.recv_timeout(Duration::from_secs(10)).unwrap();
-        // 400 settlements in one batch, milliseconds of SQLite work: it gives way.
+        // A full batch of settlements, milliseconds of SQLite work (full, it does not linger,
+        // so its oldest op has not waited long): it gives way.
         let (go, before) = gate(&l, "gate-1");
-        settle_all(&l, "s", 400);
+        settle_all(&l, "s", MAX_BATCH - 1);
         l.clone().submit_detached(LedgerOp::Settle(settlement("then", 1)), reading(&tx));
         drop(go);
         let lingering = read();
-        assert!(lingering > before, "a batch of 400 settlements never gave way");
+        assert!(lingering > before, "a full batch of settlements never gave way");
         // The same with a hold queued behind them: its request waits for this batch.
         let (go, before) = gate(&l, "gate-2");
         settle_all(&l, "t", 400);
