@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 /// two context switches per batch; as a batch thread it runs when the request thread waits
 /// for the network or its time slice ends, and takes everything queued by then in one
 /// transaction. On an idle core it still runs at once, so a lone request waits no longer for
-/// its hold.
+/// its hold. The reverse does not hold: a request thread woken while the writer runs does not
+/// preempt it either, which is why a long batch gives way ([`GivingWay`], decision 194).
 ///
 /// Changing to `SCHED_BATCH` needs no privilege; if the kernel refuses (a seccomp filter, a
 /// non-Linux system) the thread keeps the default policy and a warning says so.
