@@ -22,6 +22,9 @@
 #                           docs/perf-notes.md, twenty-second session)
 #   BENCH_PACED_CONNECTIONS=5  connections of the paced run (each waits 1000*C/RATE ms
 #                           before every request)
+#   BENCH_PACED_CLIENT=probe  the paced run's client: probe (one thread per connection, each
+#                           latency exact) or wrk (its own tail at a few paced connections:
+#                           docs/perf-notes.md, twenty-third session)
 #   BENCH_PORT_BASE=19310   mock = base, nginx = base+1, gateway = base+2, its admin = base+3;
 #                           the extra gateways base+4..base+19 (see below)
 #   BENCH_PROXY_CPU=0 BENCH_BACKEND_CPU=1   cores for (gateway, nginx) and (mock, wrk)
@@ -317,6 +320,11 @@ C1_CLIENT=${BENCH_C1_CLIENT:-probe}
 [[ $C1_CLIENT == probe || $C1_CLIENT == wrk ]] || die "BENCH_C1_CLIENT must be probe or wrk"
 if [[ $C1 == 1 && $C1_CLIENT == probe && ! -x $PROBE_BIN ]]; then
     die "no tollgate-bench-probe at $PROBE_BIN (build it, or BENCH_C1_CLIENT=wrk)"
+fi
+PACED_CLIENT=${BENCH_PACED_CLIENT:-wrk}
+[[ $PACED_CLIENT == probe || $PACED_CLIENT == wrk ]] || die "BENCH_PACED_CLIENT must be probe or wrk"
+if [[ $PACED_CLIENT == probe && ! -x $PROBE_BIN ]]; then
+    die "no tollgate-bench-probe at $PROBE_BIN (build it, or BENCH_PACED_CLIENT=wrk)"
 fi
 if [[ $FLOOR == 1 && ! -x $FLOOR_BIN ]]; then
     die "no tollgate-bench-floor at $FLOOR_BIN (build it, or BENCH_FLOOR=0 to leave the Pingora floor out)"
@@ -880,11 +888,13 @@ run() {
     mapfile -t pids < <(proxy_pids "$target")
     local -a wrk=(wrk -t1 "-c$conns" --timeout 10s -s "$HELPERS/wrk_post.lua"
         "http://127.0.0.1:$port/v1/chat/completions")
-    # One connection: the probe, whose latencies are not wrk's own (BENCH_C1_CLIENT).
+    # One connection and the paced run: the probe, whose latencies are not wrk's own
+    # (BENCH_C1_CLIENT, BENCH_PACED_CLIENT).
     local client="wrk -t1 -c$conns"
-    if [[ $conns == 1 && $delay == 0 && $C1_CLIENT == probe ]]; then
-        wrk=("$PROBE_BIN" "http://127.0.0.1:$port/v1/chat/completions")
-        client="tollgate-bench-probe"
+    if [[ ($conns == 1 && $delay == 0 && $C1_CLIENT == probe) ||
+        ($delay -gt 0 && $PACED_CLIENT == probe) ]]; then
+        wrk=("$PROBE_BIN" "-c$conns" "http://127.0.0.1:$port/v1/chat/completions")
+        client="tollgate-bench-probe -c$conns"
     fi
     prefix_for "$BACKEND_CPU"
     wrk=("${PREFIX[@]}" "${wrk[@]}")

@@ -21,6 +21,8 @@
 #   SAT_PERF_POSTGRES=1  record every postgres process instead of the gateway
 #   SAT_SYSCALLS=1       also count the gateway's system calls per request (perf stat)
 #   SAT_STREAM=1         streamed requests (the mock's 64-token SSE answer, usage included)
+#   SAT_CLIENT=wrk       or probe: tollgate-bench-probe from BIN_DIR (one thread per connection,
+#                        each latency exact; wrk's own tail shows at a few connections)
 #   BENCH_DELAY_MS=      each connection waits this long before every request (wrk_post.lua):
 #                        with SAT_CONNECTIONS=5 and 5, about 1,000 requests/s, the bench's paced case
 #   TMPDIR=/tmp          where the run's files go, the SQLite store included (/dev/shm: in memory)
@@ -126,6 +128,9 @@ run_one() {
     admin "/admin/v1/workspaces/$ws/credits" '{"amount_cents":100000000,"source":"purchase"}' >/dev/null
     local -a wrk=(taskset -c 0 wrk -t1 "-c$CONNS" --timeout 10s -s scripts/bench/wrk_post.lua
         "http://127.0.0.1:$GW_PORT/v1/chat/completions")
+    if [[ ${SAT_CLIENT:-wrk} == probe ]]; then
+        wrk=(taskset -c 0 "$bin/tollgate-bench-probe" "-c$CONNS" "http://127.0.0.1:$GW_PORT/v1/chat/completions")
+    fi
     BENCH_BODY_FILE=$WORK/body.json BENCH_API_KEY=$key "${wrk[@]}" -d2s >/dev/null 2>&1
     local g0 p0 g1 p1 s0 s1 out req sc=0
     g0=$(cpu_ns "$gw") p0=$(pg_ns) s0=$(switches "$gw")

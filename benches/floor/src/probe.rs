@@ -1,13 +1,16 @@
-//! `tollgate-bench-probe`: one connection, one request at a time, each request's latency
-//! recorded exactly. The load bench's one-connection case (`json16@c1`) runs it instead of
-//! wrk: at one connection wrk's own tail set the p99 for every target alike (a bare Pingora
-//! proxy 0.28–1.42 ms, where a C client of this design measured 0.20–0.23 ms;
-//! `docs/perf-notes.md`, twenty-second session).
+//! `tollgate-bench-probe`: a few connections, each one request at a time, each request's
+//! latency recorded exactly. The load bench's one-connection case (`json16@c1`) runs it
+//! instead of wrk: at one connection wrk's own tail set the p99 for every target alike (a bare
+//! Pingora proxy 0.28–1.42 ms, where a C client of this design measured 0.20–0.23 ms;
+//! `docs/perf-notes.md`, twenty-second session). With `-c` and `BENCH_DELAY_MS` it runs the
+//! paced case the same way (one thread per connection, each waiting before every request).
 //!
 //! Usage mirrors wrk's, with `wrk_post.lua`'s environment:
-//!   tollgate-bench-probe -d10s http://127.0.0.1:PORT/v1/chat/completions
+//!   tollgate-bench-probe -d10s [-c5] http://127.0.0.1:PORT/v1/chat/completions
 //!   BENCH_BODY_FILE (the JSON body, required), BENCH_TOKENS (x-mock-tokens, default 16),
-//!   BENCH_API_KEY (sent as a bearer token when set)
+//!   BENCH_API_KEY (sent as a bearer token when set), BENCH_DELAY_MS (each connection waits
+//!   this long before each request; default 0), BENCH_TIMELINE (a file: one line per request,
+//!   "sent_us latency_us", sent counted from the run's start, for finding what slow ones share)
 //! It prints the same `BENCH ...` summary line as `wrk_post.lua`.
 
 use std::io::{Read, Write};
@@ -30,8 +33,23 @@ struct Errors {
     timeout: u64,
 }
 
+impl Errors {
+    fn add(&mut self, other: &Errors) {
+        self.connect += other.connect;
+        self.read += other.read;
+        self.write += other.write;
+        self.status += other.status;
+        self.timeout += other.timeout;
+    }
+}
+
 fn run() -> Result<(), String> {
-    let (seconds, url) = args()?;
+    let (seconds, connections, url) = args()?;
+    let delay_ms: u64 = match std::env::var("BENCH_DELAY_MS") {
+        Ok(d) if !d.is_empty() => d.parse().map_err(|_| format!("bad BENCH_DELAY_MS {d:?}"))?,
+        _ => 0,
+    };
+    let delay = Duration::from_millis(delay_ms);
     let rest = url.strip_prefix("http://").ok_or("only http:// URLs")?;
     let (host, path) = rest.split_once('/').map_or((rest, "/".to_string()), |(h, p)| (h, format!("/{p}")));
     let body_file = std::env::var("BENCH_BODY_FILE").map_err(|_| "BENCH_BODY_FILE is not set")?;
@@ -50,49 +68,26 @@ fn run() -> Result<(), String> {
 
     let started = Instant::now();
     let deadline = started + Duration::from_secs_f64(seconds);
-    let mut latencies_ns: Vec<u64> = Vec::with_capacity(1 << 20);
-    let (mut errors, mut bytes) = (Errors::default(), 0u64);
-    let mut conn: Option<Conn> = None;
-    while Instant::now() < deadline {
-        let c = match conn.as_mut() {
-            Some(c) => c,
-            None => match Conn::open(host) {
-                Ok(c) => conn.insert(c),
-                Err(_) => {
-                    errors.connect += 1;
-                    std::thread::sleep(Duration::from_millis(10));
-                    continue;
-                }
-            },
-        };
-        let sent = Instant::now();
-        if c.stream.write_all(&request).is_err() {
-            errors.write += 1;
-            conn = None;
-            continue;
-        }
-        match c.response() {
-            Ok(answer) => {
-                latencies_ns.push(u64::try_from(sent.elapsed().as_nanos()).unwrap_or(u64::MAX));
-                bytes += answer.bytes;
-                if !(200..300).contains(&answer.status) {
-                    errors.status += 1;
-                }
-                if answer.close {
-                    conn = None;
-                }
-            }
-            Err(e) => {
-                if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) {
-                    errors.timeout += 1;
-                } else {
-                    errors.read += 1;
-                }
-                conn = None;
-            }
-        }
+    // One thread per connection, each a closed loop like one of wrk's connections.
+    let runs: Vec<Run> = std::thread::scope(|s| {
+        let workers: Vec<_> =
+            (0..connections).map(|_| s.spawn(|| one_connection(host, &request, started, deadline, delay))).collect();
+        workers.into_iter().map(|w| w.join().unwrap_or_default()).collect()
+    });
+    let (mut latencies_ns, mut errors, mut bytes) = (Vec::new(), Errors::default(), 0u64);
+    let mut timeline: Vec<(u64, u64)> = Vec::new();
+    for run in runs {
+        timeline.extend(run.sent_ns.iter().copied().zip(run.latencies_ns.iter().copied()));
+        latencies_ns.extend(run.latencies_ns);
+        errors.add(&run.errors);
+        bytes += run.bytes;
     }
     let duration_us = started.elapsed().as_micros();
+    if let Ok(path) = std::env::var("BENCH_TIMELINE") {
+        timeline.sort_unstable();
+        let text: String = timeline.iter().map(|(at, took)| format!("{} {}\n", at / 1_000, took / 1_000)).collect();
+        std::fs::write(&path, text).map_err(|e| format!("{path}: {e}"))?;
+    }
     latencies_ns.sort_unstable();
     let us = |p: f64| -> u64 {
         if latencies_ns.is_empty() {
@@ -124,21 +119,89 @@ fn run() -> Result<(), String> {
     Ok(())
 }
 
-/// `-d<seconds>s` (or `-d <seconds>s`) and the URL.
-fn args() -> Result<(f64, String), String> {
-    let (mut seconds, mut url) = (10.0, None);
+#[derive(Default)]
+struct Run {
+    latencies_ns: Vec<u64>,
+    /// When each request was sent, in ns since the run began (BENCH_TIMELINE).
+    sent_ns: Vec<u64>,
+    errors: Errors,
+    bytes: u64,
+}
+
+/// One connection's closed loop until the deadline: wait `delay` (wrk_post.lua's
+/// `BENCH_DELAY_MS`), send, read the whole answer, record the time between the two.
+fn one_connection(host: &str, request: &[u8], started: Instant, deadline: Instant, delay: Duration) -> Run {
+    let mut run = Run { latencies_ns: Vec::with_capacity(1 << 20), ..Run::default() };
+    let mut conn: Option<Conn> = None;
+    while Instant::now() < deadline {
+        let c = match conn.as_mut() {
+            Some(c) => c,
+            None => match Conn::open(host) {
+                Ok(c) => conn.insert(c),
+                Err(_) => {
+                    run.errors.connect += 1;
+                    std::thread::sleep(Duration::from_millis(10));
+                    continue;
+                }
+            },
+        };
+        if !delay.is_zero() {
+            std::thread::sleep(delay);
+        }
+        let sent = Instant::now();
+        if c.stream.write_all(request).is_err() {
+            run.errors.write += 1;
+            conn = None;
+            continue;
+        }
+        match c.response() {
+            Ok(answer) => {
+                run.latencies_ns.push(u64::try_from(sent.elapsed().as_nanos()).unwrap_or(u64::MAX));
+                run.sent_ns.push(u64::try_from((sent - started).as_nanos()).unwrap_or(u64::MAX));
+                run.bytes += answer.bytes;
+                if !(200..300).contains(&answer.status) {
+                    run.errors.status += 1;
+                }
+                if answer.close {
+                    conn = None;
+                }
+            }
+            Err(e) => {
+                if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) {
+                    run.errors.timeout += 1;
+                } else {
+                    run.errors.read += 1;
+                }
+                conn = None;
+            }
+        }
+    }
+    run
+}
+
+/// `-d<seconds>s`, `-c<connections>` (each also as two arguments) and the URL.
+fn args() -> Result<(f64, usize, String), String> {
+    let (mut seconds, mut connections, mut url) = (10.0, 1, None);
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         if let Some(d) = a.strip_prefix("-d") {
             let d = if d.is_empty() { it.next().unwrap_or_default() } else { d.to_string() };
             seconds = d.trim_end_matches('s').parse().map_err(|_| format!("bad duration {d:?}"))?;
+        } else if let Some(c) = a.strip_prefix("-c") {
+            let c = if c.is_empty() { it.next().unwrap_or_default() } else { c.to_string() };
+            connections = match c.parse() {
+                Ok(n) if (1..=256).contains(&n) => n,
+                _ => return Err(format!("bad connection count {c:?} (1 to 256)")),
+            };
         } else if a.starts_with("http://") {
             url = Some(a);
         } else {
-            return Err(format!("unknown argument {a:?}; usage: tollgate-bench-probe -d10s http://HOST:PORT/PATH"));
+            return Err(format!(
+                "unknown argument {a:?}; usage: tollgate-bench-probe -d10s [-c1] http://HOST:PORT/PATH"
+            ));
         }
     }
-    Ok((seconds, url.ok_or("no URL given")?))
+    Ok((seconds, connections, url.ok_or("no URL given")?))
 }
 
 struct Answer {
