@@ -98,6 +98,7 @@ both_backends!(
     concurrent_settlements_apply_once_each_and_the_audit_holds,
     plan_holds_meter_once_and_the_sweeper_frees_them,
     a_second_hold_for_a_request_fails_alone_and_its_batch_commits,
+    ops_for_a_workspace_that_does_not_exist_write_nothing,
 );
 
 fn fund_op(ws: &str, rid: &str, value_cents: i64, expires_at: i64) -> FundOp {
@@ -118,6 +119,40 @@ fn fund_op(ws: &str, rid: &str, value_cents: i64, expires_at: i64) -> FundOp {
         expires_at,
         now: now_ms(),
     }
+}
+
+/// No op writes a row for a workspace that does not exist: no hold, no entry, whichever op
+/// names it, and a real workspace's ops batched with them commit. On PostgreSQL no foreign
+/// key stands behind this since decision 195: the batch's planner is what keeps it.
+async fn ops_for_a_workspace_that_does_not_exist_write_nothing(s: Stores) {
+    let ws = workspace(&s).await;
+    let ghost = uuid::Uuid::new_v4().to_string();
+    let l = &s.ledger;
+    l.top_up(&ws, 1000, "purchase", None, now_ms()).await.unwrap();
+    assert!(l.top_up(&ghost, 1000, "purchase", None, now_ms()).await.is_err(), "a top-up of no workspace");
+    let now = now_ms();
+    // Together, so that group commit puts them in one batch.
+    let ghost_settlement = settlement(&ghost, "g2", 2_000_000);
+    let (real, ghost_hold, ghost_settled, ghost_funded) = tokio::join!(
+        l.place_hold("r1", &ws, Some("key_a"), 10, now + 60_000, now),
+        l.place_hold("g1", &ghost, Some("key_a"), 10, now + 60_000, now),
+        l.settle(&ghost_settlement),
+        l.fund(fund_op(&ghost, "g3", 5, now + 60_000)),
+    );
+    assert_eq!(real.unwrap(), HoldOutcome::Placed { balance_cents: 990 });
+    assert_eq!(ghost_hold.unwrap(), HoldOutcome::Insufficient { balance_cents: 0 });
+    assert!(ghost_settled.is_err(), "a settlement of no workspace: {ghost_settled:?}");
+    assert_eq!(ghost_funded.unwrap().verdict, Err(FundRefusal::Insufficient { balance_cents: 0 }));
+    for rid in ["g1", "g2", "g3"] {
+        assert!(!l.release_hold(rid, now_ms()).await.unwrap(), "a hold row for {rid}");
+    }
+    assert!(l.entries(&ghost, 100).await.unwrap().is_empty(), "entries for no workspace");
+    assert!(l.balance(&ghost).await.unwrap().is_none());
+    assert_eq!(
+        l.settle(&settlement(&ws, "r1", 2_000_000)).await.unwrap(),
+        SettleOutcome::Settled { debit_cents: 2, balance_cents: 998 }
+    );
+    assert_eq!(l.derived_balance(&ws).await.unwrap(), 998);
 }
 
 /// A plan-funded request reserves no money, meters its value into the windows once when it

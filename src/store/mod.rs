@@ -149,6 +149,7 @@ pub const POSTGRES_MIGRATIONS: &[Migration] = &[
     (4, "plans", include_str!("../../migrations/postgres/004_plans.sql")),
     (5, "hold_entries", include_str!("../../migrations/postgres/005_hold_entries.sql")),
     (6, "lease_recall", include_str!("../../migrations/postgres/006_lease_recall.sql")),
+    (7, "ledger_rows_unreferenced", include_str!("../../migrations/postgres/007_ledger_rows_unreferenced.sql")),
 ];
 
 /// Which backend a config names.
