@@ -98,9 +98,16 @@ async fn apply_in_transaction(
     st: &Statements,
     ops: &[LedgerOp],
 ) -> Result<Vec<OpResult>, tokio_postgres::Error> {
-    // The ops' own rows and the leases that lease holds are placed from.
-    let rids: Vec<&str> =
-        ops.iter().map(LedgerOp::request_id).chain(ops.iter().filter_map(LedgerOp::lease_id)).collect();
+    // The hold rows that can exist: those of requests made earlier (settlements, releases)
+    // and the leases that lease holds are placed from. A hold, funding or lease op names an
+    // id this process just made, so it is not looked up (as on SQLite): a duplicate still
+    // fails, on the primary key, and the batch is then retried op by op.
+    let rids: Vec<&str> = ops
+        .iter()
+        .filter(|o| !o.is_fresh())
+        .map(LedgerOp::request_id)
+        .chain(ops.iter().filter_map(LedgerOp::lease_id))
+        .collect();
     let settles: Vec<&str> =
         ops.iter().filter(|o| matches!(o, LedgerOp::Settle(_))).map(LedgerOp::request_id).collect();
     let mut wss: Vec<&str> = ops.iter().filter_map(LedgerOp::workspace_id).collect();

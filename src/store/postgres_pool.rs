@@ -149,16 +149,18 @@ impl PostgresStore {
     }
 
     /// Run `f` with a pooled client (reads and write transactions alike), with store errors
-    /// as `StoreError`.
+    /// as `StoreError`: a constraint the statement broke stays a `Conflict` (as on the ledger
+    /// writer's thread), so a duplicate request id fails as one here too.
     pub(super) async fn with_client<T, F, Fut>(&self, f: F) -> Result<T, StoreError>
     where
         T: Send + 'static,
         F: FnOnce(deadpool_postgres::Object) -> Fut + Send + 'static,
         Fut: Future<Output = Result<T, tokio_postgres::Error>> + Send + 'static,
     {
-        self.run(move |c| async move { f(c).await.map_err(ko) }).await.map_err(|e| match e {
-            KeyOpError::Store(m) => StoreError::Unavailable(m),
-            other => StoreError::Unavailable(other.to_string()),
+        let outcome = self.run(move |c| async move { Ok(f(c).await.map_err(pg)) }).await;
+        outcome.unwrap_or_else(|e| match e {
+            KeyOpError::Store(m) => Err(StoreError::Unavailable(m)),
+            other => Err(StoreError::Unavailable(other.to_string())),
         })
     }
 }
