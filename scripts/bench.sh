@@ -22,9 +22,10 @@
 #                           docs/perf-notes.md, twenty-second session)
 #   BENCH_PACED_CONNECTIONS=5  connections of the paced run (each waits 1000*C/RATE ms
 #                           before every request)
-#   BENCH_PACED_CLIENT=probe  the paced run's client: probe (one thread per connection, each
-#                           latency exact) or wrk (its own tail at a few paced connections:
-#                           docs/perf-notes.md, twenty-third session)
+#   BENCH_PACED_CLIENT=wrk  the paced run's client: wrk, or probe (tollgate-bench-probe, one
+#                           thread per connection, each latency exact); at five paced
+#                           connections the two measured the same (docs/perf-notes.md,
+#                           twenty-third session)
 #   BENCH_PORT_BASE=19310   mock = base, nginx = base+1, gateway = base+2, its admin = base+3;
 #                           the extra gateways base+4..base+19 (see below)
 #   BENCH_PROXY_CPU=0 BENCH_BACKEND_CPU=1   cores for (gateway, nginx) and (mock, wrk)
