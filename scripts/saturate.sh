@@ -22,7 +22,7 @@
 #   SAT_SYSCALLS=1       also count the gateway's system calls per request (perf stat)
 #   SAT_STREAM=1         streamed requests (the mock's 64-token SSE answer, usage included)
 #   SAT_CLIENT=wrk       or probe: tollgate-bench-probe from BIN_DIR (one thread per connection,
-#                        each latency exact; wrk's own tail shows at a few connections)
+#                        each latency exact; wrk's own tail shows at one connection)
 #   BENCH_DELAY_MS=      each connection waits this long before every request (wrk_post.lua):
 #                        with SAT_CONNECTIONS=5 and 5, about 1,000 requests/s, the bench's paced case
 #   TMPDIR=/tmp          where the run's files go, the SQLite store included (/dev/shm: in memory)
@@ -49,11 +49,18 @@ REDIS_URL=${REDIS_URL:-redis://127.0.0.1:6379}
 MOCK_PORT=19380 GW_PORT=19381 ADMIN_PORT=19382
 for d in "$@"; do [[ -x $d/tollgate && -x $d/tollgate-mock-replica ]] || { echo "no binaries in $d" >&2; exit 2; }; done
 command -v wrk >/dev/null || { echo "wrk is needed (apt-get install wrk)" >&2; exit 2; }
+if [[ ${SAT_CLIENT:-wrk} == probe ]]; then
+    for d in "$@"; do
+        [[ -x $d/tollgate-bench-probe ]] ||
+            { echo "SAT_CLIENT=probe: no tollgate-bench-probe in $d (copy it from target/release)" >&2; exit 2; }
+    done
+fi
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/tollgate-sat.XXXXXX")
 PIDS=()
+GW=""
 cleanup() {
-    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+    for p in "${PIDS[@]}" ${GW:+"$GW"}; do kill "$p" 2>/dev/null || true; done
     wait 2>/dev/null || true
     rm -rf "$WORK"
 }
@@ -120,6 +127,7 @@ run_one() {
         DATABASE_URL="${DATABASE_URL%/*}/${db:-unused}" taskset -c 1 "$bin/tollgate" serve --config tollgate.yaml) \
         >"$RUN/gateway.log" 2>&1 &
     gw=$!
+    GW=$gw # a run stopped by an error leaves no gateway behind (the EXIT trap waits for it)
     wait_port $GW_PORT
     wait_port $ADMIN_PORT
     local ws key
@@ -163,6 +171,7 @@ run_one() {
           exit 1; }
     kill "$gw"
     wait "$gw" 2>/dev/null || true
+    GW=""
     [[ -n $db ]] && psql "$DATABASE_URL" -qtAX -c "DROP DATABASE $db" >/dev/null
     [[ -n $calls ]] && sc=$(awk -F, '/sys_enter/ { print $1 }' "$RUN/syscalls.csv")
     awk -v b="$bin" -v r="$req" -v s="$SECS" -v g=$((g1 - g0)) -v p=$((p1 - p0)) -v w=$((s1 - s0)) -v sc="$sc" -v p50="$p50" -v p99="$p99" -v p999="$p999" 'BEGIN {
