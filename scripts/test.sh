@@ -13,6 +13,8 @@ for db in $(psql "$DATABASE_URL" -qtAc "select datname from pg_database where da
   psql "$DATABASE_URL" -qc "DROP DATABASE IF EXISTS $db WITH (FORCE)" >/dev/null
 done
 
+echo "== vendor/pingora-core is the published crate plus vendor/patches"
+scripts/vendor_pingora.sh --check
 echo "== cargo fmt --check"
 cargo fmt --check
 echo "== cargo clippy (warnings denied)"
