@@ -97,30 +97,29 @@ async fn a_body_written_in_pieces_is_sent_when_its_last_piece_is() {
     assert!(sent.ends_with(&body));
 }
 
+/// Writes a request header that nothing may hold back and checks it reached the replica.
+async fn header_alone_is_sent_at_once(method: &str, headers: &[(&str, String)], why: &str) {
+    let (mut session, mut replica) = connect().await;
+    let header_len = session.write_request_header(head(method, headers)).await.unwrap();
+    let sent = readable_now(&mut replica).unwrap_or_else(|| panic!("{why}"));
+    assert_eq!(sent.len(), header_len);
+}
+
 #[tokio::test]
 async fn a_request_without_a_body_is_sent_at_once() {
-    let (mut session, mut replica) = connect().await;
-    let header_len = session.write_request_header(head("GET", &[])).await.unwrap();
-    let sent = readable_now(&mut replica).expect("a request with no body is sent with its header");
-    assert_eq!(sent.len(), header_len);
+    header_alone_is_sent_at_once("GET", &[], "a request with no body is sent with its header").await;
 }
 
 #[tokio::test]
 async fn a_header_that_waits_for_100_continue_is_sent_at_once() {
-    let (mut session, mut replica) = connect().await;
     let headers = [("Content-Length", "1200".to_string()), ("Expect", "100-continue".to_string())];
-    let header_len = session.write_request_header(head("POST", &headers)).await.unwrap();
-    let sent = readable_now(&mut replica).expect("the replica must see the header to answer 100");
-    assert_eq!(sent.len(), header_len);
+    header_alone_is_sent_at_once("POST", &headers, "the replica must see the header to answer 100").await;
 }
 
 #[tokio::test]
 async fn a_chunked_header_is_sent_at_once() {
-    let (mut session, mut replica) = connect().await;
     let headers = [("Transfer-Encoding", "chunked".to_string())];
-    let header_len = session.write_request_header(head("POST", &headers)).await.unwrap();
-    let sent = readable_now(&mut replica).expect("a chunked request's header is not held");
-    assert_eq!(sent.len(), header_len);
+    header_alone_is_sent_at_once("POST", &headers, "a chunked request's header is not held").await;
 }
 
 #[tokio::test]
