@@ -29,7 +29,8 @@ tar -xzf "$WORK/$CRATE" -C "$WORK"
 SRC=$WORK/pingora-core-$VERSION
 rm -f "$SRC/.cargo_vcs_info.json" "$SRC/.cargo-ok"
 for p in vendor/patches/pingora-core-$VERSION-*.patch; do
-    patch -s -p1 --no-backup-if-mismatch -d "$SRC" < "$p" || { echo "vendor_pingora: $p does not apply" >&2; exit 1; }
+    # git apply works outside a repository too, and git is on every machine that has this checkout.
+    git -C "$SRC" apply -p1 "$PWD/$p" || { echo "vendor_pingora: $p does not apply" >&2; exit 1; }
 done
 
 if [[ $MODE == --check ]]; then
