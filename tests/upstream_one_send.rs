@@ -69,12 +69,19 @@ fn body_of(len: usize) -> Vec<u8> {
     body
 }
 
-#[tokio::test]
-async fn a_content_length_body_leaves_with_its_header_in_one_send() {
-    let (mut session, mut replica) = connect().await;
-    let body = body_of(1_200);
+/// A session that has written the header of a POST whose Content-Length body is `len` bytes:
+/// the session, the replica's end, the body still to write and the header's length.
+async fn post_header_written(len: usize) -> (HttpSession, TcpStream, Vec<u8>, usize) {
+    let (mut session, replica) = connect().await;
+    let body = body_of(len);
     let header_len =
         session.write_request_header(head("POST", &[("Content-Length", body.len().to_string())])).await.unwrap();
+    (session, replica, body, header_len)
+}
+
+#[tokio::test]
+async fn a_content_length_body_leaves_with_its_header_in_one_send() {
+    let (mut session, mut replica, body, header_len) = post_header_written(1_200).await;
     assert_eq!(readable_now(&mut replica), None, "the header waits for its body");
     session.write_body(&body).await.unwrap();
     let sent = readable_now(&mut replica).expect("header and body sent once the body is written");
@@ -85,10 +92,7 @@ async fn a_content_length_body_leaves_with_its_header_in_one_send() {
 
 #[tokio::test]
 async fn a_body_written_in_pieces_is_sent_when_its_last_piece_is() {
-    let (mut session, mut replica) = connect().await;
-    let body = body_of(3_000);
-    let header_len =
-        session.write_request_header(head("POST", &[("Content-Length", body.len().to_string())])).await.unwrap();
+    let (mut session, mut replica, body, header_len) = post_header_written(3_000).await;
     session.write_body(&body[..1_000]).await.unwrap();
     assert_eq!(readable_now(&mut replica), None, "nothing leaves before the body is complete");
     session.write_body(&body[1_000..]).await.unwrap();
@@ -124,10 +128,7 @@ async fn a_chunked_header_is_sent_at_once() {
 
 #[tokio::test]
 async fn a_body_larger_than_the_buffer_arrives_whole() {
-    let (mut session, mut replica) = connect().await;
-    let body = body_of(200_000);
-    let header_len =
-        session.write_request_header(head("POST", &[("Content-Length", body.len().to_string())])).await.unwrap();
+    let (mut session, mut replica, body, header_len) = post_header_written(200_000).await;
     let total = header_len + body.len();
     let reader = std::thread::spawn(move || read_exactly(&mut replica, total));
     session.write_body(&body).await.unwrap();
