@@ -23,24 +23,30 @@ pub struct Start<'a> {
     pub upgrade: bool,
 }
 
+/// Pingora's settings for `gateway`; the pid file and upgrade socket go in `pid_dir`.
+fn server_conf(gateway: &tollgate::config::GatewaySettings, pid_dir: &std::path::Path) -> ServerConf {
+    // Per-instance files, so several gateways (and tests) run side by side.
+    let port = gateway.listen.port();
+    ServerConf {
+        threads: gateway.threads,
+        work_stealing: gateway.work_stealing,
+        grace_period_seconds: Some(gateway.grace_period_seconds),
+        graceful_shutdown_timeout_seconds: Some(gateway.graceful_shutdown_timeout_seconds),
+        pid_file: pid_dir.join(format!("tollgate-{port}.pid")).to_string_lossy().into_owned(),
+        upgrade_sock: pid_dir.join(format!("tollgate-{port}.sock")).to_string_lossy().into_owned(),
+        // Connect failures are retried on another replica by `fail_to_connect` (at most two).
+        max_retries: 2,
+        ..ServerConf::default()
+    }
+}
+
 /// Build and run the server; never returns.
 pub fn run(config: Config, chain: Chain, services: Services, start: Start<'_>) -> ! {
     let live = Arc::new(LiveConfig::new(config));
     let config = live.current();
     let pid_dir = start.pid_dir;
     tollgate::metrics::set_enabled(config.gateway.metrics_enabled);
-    // Per-instance files, so several gateways (and tests) run side by side.
-    let port = config.gateway.listen.port();
-    let conf = ServerConf {
-        threads: config.gateway.threads,
-        grace_period_seconds: Some(config.gateway.grace_period_seconds),
-        graceful_shutdown_timeout_seconds: Some(config.gateway.graceful_shutdown_timeout_seconds),
-        pid_file: pid_dir.join(format!("tollgate-{port}.pid")).to_string_lossy().into_owned(),
-        upgrade_sock: pid_dir.join(format!("tollgate-{port}.sock")).to_string_lossy().into_owned(),
-        // Connect failures are retried on another replica by `fail_to_connect` (at most two).
-        max_retries: 2,
-        ..ServerConf::default()
-    };
+    let conf = server_conf(&config.gateway, pid_dir);
     // In an upgrade the running process holds the ports and hands them over.
     if !start.upgrade {
         if let Err(e) = bindable(&[("listen", config.gateway.listen), ("admin_listen", config.gateway.admin_listen)]) {
@@ -272,5 +278,36 @@ fn placement_store(
             },
         },
         _ => Arc::new(InProcessPlacements::new()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::server_conf;
+
+    fn gateway(yaml: &str) -> tollgate::config::GatewaySettings {
+        let dir = std::env::temp_dir().join(format!("tollgate-srvconf-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("tollgate.yaml");
+        let text = format!(
+            "listen: 127.0.0.1:18080\nadmin_listen: 127.0.0.1:18081\n{yaml}plugins:\n  - name: chat_completions\n"
+        );
+        std::fs::write(&file, text).unwrap();
+        let settings = tollgate::config::load_settings(&file);
+        let _ = std::fs::remove_dir_all(&dir);
+        settings.unwrap()
+    }
+
+    #[test]
+    fn pingora_gets_the_threads_and_their_work_stealing_from_the_config() {
+        let dir = std::path::Path::new("/run/tollgate-test");
+        let one = server_conf(&gateway("threads: 1\n"), dir);
+        assert_eq!((one.threads, one.work_stealing), (1, false), "one thread: nothing to steal from");
+        let two = server_conf(&gateway("threads: 2\n"), dir);
+        assert_eq!((two.threads, two.work_stealing), (2, true));
+        let pinned = server_conf(&gateway("threads: 4\nwork_stealing: false\n"), dir);
+        assert_eq!((pinned.threads, pinned.work_stealing), (4, false));
+        assert_eq!(one.pid_file, "/run/tollgate-test/tollgate-18080.pid");
+        assert_eq!(one.max_retries, 2);
     }
 }

@@ -22,6 +22,10 @@ struct RawGateway {
     public_base_url: Option<String>,
     #[serde(default = "default_threads")]
     threads: usize,
+    /// Whether the request threads steal each other's tasks; default: only when there are
+    /// several (decision 198).
+    #[serde(default)]
+    work_stealing: Option<bool>,
     #[serde(default = "default_models_file")]
     models_file: String,
     #[serde(default = "default_upstreams_file")]
@@ -253,6 +257,9 @@ pub struct GatewaySettings {
     pub admin_listen: SocketAddr,
     pub public_base_url: Option<String>,
     pub threads: usize,
+    /// One work-stealing runtime for the request threads, or one runtime per thread
+    /// (connections stay on the thread that accepted them). Decision 198.
+    pub work_stealing: bool,
     pub models_file: PathBuf,
     pub upstreams_file: PathBuf,
     pub owned_by: String,
@@ -366,6 +373,9 @@ pub(super) fn load(file: &Path, out: &mut Vec<ConfigProblem>) -> Option<GatewayS
         admin_listen,
         public_base_url: raw.public_base_url,
         threads: raw.threads,
+        // With one thread there is nothing to steal: the stealing scheduler's bookkeeping
+        // would be pure cost (decision 198).
+        work_stealing: raw.work_stealing.unwrap_or(raw.threads > 1),
         models_file: sibling(file, &raw.models_file),
         upstreams_file: sibling(file, &raw.upstreams_file),
         owned_by: raw.owned_by,

@@ -22,3 +22,13 @@ fn the_ledger_wait_bound_defaults_to_half_a_second_and_is_checked() {
     let err = settings("billing:\n  ledger_max_wait_ms: 5\n").err().unwrap();
     assert!(err.contains("tollgate.yaml") && err.contains("billing.ledger_max_wait_ms"), "{err}");
 }
+
+#[test]
+fn work_stealing_defaults_to_off_with_one_thread_and_on_with_several() {
+    assert!(!settings("threads: 1\n").unwrap().work_stealing);
+    assert!(settings("threads: 2\n").unwrap().work_stealing);
+    assert!(settings("threads: 1\nwork_stealing: true\n").unwrap().work_stealing);
+    assert!(!settings("threads: 4\nwork_stealing: false\n").unwrap().work_stealing);
+    let err = settings("work_stealing: sometimes\n").err().unwrap();
+    assert!(err.contains("tollgate.yaml") && err.contains("work_stealing"), "{err}");
+}

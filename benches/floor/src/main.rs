@@ -68,7 +68,8 @@ fn main() {
             }
         }
     }
-    let conf = ServerConf { threads: 1, ..ServerConf::default() };
+    // As the gateway runs with `threads: 1`: one runtime without work stealing (decision 198).
+    let conf = ServerConf { threads: 1, work_stealing: false, ..ServerConf::default() };
     let mut server = Server::new_with_opt_and_conf(None, conf);
     server.bootstrap();
     let mut proxy = http_proxy_service(&server.configuration, Floor { upstream, replay });
