@@ -258,7 +258,7 @@ pub struct GatewaySettings {
     pub public_base_url: Option<String>,
     pub threads: usize,
     /// One work-stealing runtime for the request threads, or one runtime per thread
-    /// (connections stay on the thread that accepted them). Decision 198.
+    /// (each connection stays on one, chosen when it is accepted). Decision 198.
     pub work_stealing: bool,
     pub models_file: PathBuf,
     pub upstreams_file: PathBuf,
