@@ -64,7 +64,11 @@ async fn request_rewrite_for_the_replica() {
         "service": {"sessionId": "s"}, "num_beams": 2,
     });
     let r = gw
-        .post("/v1/chat/completions", &body, &[("accept-encoding", "gzip"), ("x-api-key", "rp_not_forwarded_either")])
+        .post(
+            "/v1/chat/completions",
+            &body,
+            &[("accept-encoding", "gzip"), ("x-api-key", "rp_not_forwarded_either"), ("cookie", "a=1")],
+        )
         .await;
     assert_eq!(r.status, 200, "{}", r.text);
     let seen = mock.last_request().await;
@@ -82,6 +86,10 @@ async fn request_rewrite_for_the_replica() {
     let h = &seen["headers"];
     assert!(h.get("authorization").is_none(), "the client's key never reaches the replica");
     assert!(h.get("accept-encoding").is_none());
+    for kept_back in ["x-api-key", "cookie"] {
+        assert!(h.get(kept_back).is_none(), "{kept_back} must not reach the replica: {h}");
+    }
+    assert!(h.get("content-type").is_some(), "the other headers go on: {h}");
 
     // Streams always ask the replica for usage.
     let mut sbody = chat_body("chat-model", true);
