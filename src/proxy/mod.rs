@@ -46,8 +46,9 @@ const NOT_FORWARDED: [http::HeaderName; 5] = [
     http::header::COOKIE,
 ];
 
-/// Whether a request header stays at the gateway: credentials, framing it settles itself,
-/// and every header that may name a session.
+/// Whether a request header stays at the gateway: the client's credentials and cookies, what
+/// the gateway settles with the client itself (`Accept-Encoding`, `Expect`), and every header
+/// that may name a session.
 fn not_forwarded(name: &http::HeaderName) -> bool {
     NOT_FORWARDED.contains(name) || crate::session::SESSION_HEADERS.contains(name)
 }
