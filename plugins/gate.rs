@@ -89,20 +89,16 @@ impl Plugin for ConnectionGate {
                 return Ok(Flow::Continue);
             }
         }
-        let check = Check {
-            now_ms: now,
-            windows: vec![
+        let check = Check::windows_only(
+            now,
+            vec![
                 WindowLimit {
                     key: format!("gate:a:{}", source_address(s)),
                     limit: self.settings.per_address_per_minute,
                 },
                 WindowLimit { key: "gate:service".into(), limit: self.settings.service_per_minute },
             ],
-            gates: Vec::new(),
-            tpm: None,
-            lease_id: String::new(),
-            lease_ttl_ms: 0,
-        };
+        );
         match self.store.check(&check).await {
             Ok(outcome) => match outcome.verdict {
                 Verdict::Admitted { .. } => Ok(Flow::Continue),

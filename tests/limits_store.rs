@@ -100,7 +100,7 @@ fn check(now_ms: i64) -> Check {
         windows: vec![],
         gates: vec![],
         tpm: None,
-        lease_id: uuid::Uuid::new_v4().to_string(),
+        lease_id: uuid::Uuid::new_v4().to_string().into(),
         lease_ttl_ms: 10_000,
     }
 }

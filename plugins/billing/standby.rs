@@ -40,7 +40,7 @@ impl StandbyGate {
             windows: Vec::new(),
             gates: vec![ConcurrencyGate { scope: "standby_aggregate", key: format!("sb:{}", model.id), limit }],
             tpm: None,
-            lease_id: format!("{}:standby", cx.request_id),
+            lease_id: format!("{}:standby", cx.request_id).into(),
             lease_ttl_ms: self.keeper.ttl_ms(),
         };
         let outcome = self.store.check(&check).await.map_err(|e| {

@@ -106,8 +106,7 @@ impl Limits {
         if let Some(b) = bucket {
             windows.push(WindowLimit { key: format!("{b}:{}", p.key_id), limit: self.settings.reads_per_minute });
         }
-        let check =
-            Check { now_ms: now_ms(), windows, gates: Vec::new(), tpm: None, lease_id: String::new(), lease_ttl_ms: 0 };
+        let check = Check::windows_only(now_ms(), windows);
         let tier = p.tier();
         cx.ext.insert(Counted);
         let outcome = self.store.check(&check).await.map_err(|e| store_error(e, false, &cx.request_id))?;
@@ -138,20 +137,23 @@ impl Limits {
         let now = now_ms();
         let f = in_force(&self.settings, &model, &pool, p);
         let busy = self.busy.is_busy(&model.id, f.busy_at, now);
-        let gate = |scope: Scope, key: String, limit: u64| (scope, ConcurrencyGate { scope: scope.name(), key, limit });
         let shared_key = ["m:", &model.id].concat();
         let per_key_limit = if busy { f.per_key_concurrency } else { u64::MAX };
-        let mut gates = vec![
-            gate(Scope::PerKey, ["pk:", &model.id, ":", &p.key_id].concat(), per_key_limit),
-            gate(Scope::Workspace, ["w:", &p.workspace_id].concat(), f.workspace_concurrency),
-        ];
+        // At most four gates; their scopes beside them, to name a refusal.
+        let mut gates = Vec::with_capacity(4);
+        let mut scopes = [Scope::PerKey; 4];
+        let mut gate = |scope: Scope, key: String, limit: u64| {
+            scopes[gates.len()] = scope;
+            gates.push(ConcurrencyGate { scope: scope.name(), key, limit });
+        };
+        gate(Scope::PerKey, ["pk:", &model.id, ":", &p.key_id].concat(), per_key_limit);
+        gate(Scope::Workspace, ["w:", &p.workspace_id].concat(), f.workspace_concurrency);
         if cx.prompt_estimate >= self.settings.large_prompt_tokens {
             let shed_at = (f.shared_concurrency * self.settings.large_prompt_shed_percent / 100).max(1);
-            gates.push(gate(Scope::LargePrompt, shared_key.clone(), shed_at));
+            gate(Scope::LargePrompt, shared_key.clone(), shed_at);
         }
         let shared_scope = if f.shared_declared { Scope::SharedModel } else { Scope::Capacity };
-        gates.push(gate(shared_scope, shared_key, f.shared_concurrency));
-        let (scopes, gates): (Vec<Scope>, Vec<ConcurrencyGate>) = gates.into_iter().unzip();
+        gate(shared_scope, shared_key, f.shared_concurrency);
         let ceiling = crate::shared::ChatRequest::of(cx).output_ceiling;
         let tokens = cx.prompt_estimate.saturating_add(ceiling.unwrap_or(0));
         let shared_index = gates.len() - 1;
@@ -164,7 +166,7 @@ impl Limits {
                 tokens,
                 limit,
             }),
-            lease_id: cx.request_id.clone(),
+            lease_id: cx.request_id.as_str().into(),
             lease_ttl_ms: self.keeper.ttl_ms(),
         };
         let tier = p.tier();

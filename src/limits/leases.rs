@@ -3,7 +3,6 @@
 //! request is dropped without it (a panic, the shutdown grace ending) the guard's `Drop`
 //! hands the lease to the keeper thread, and a crashed instance's leases expire by their TTL.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -11,12 +10,13 @@ use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
 use super::{FallbackLimiter, Lease, Renewal};
 use crate::clock::now_ms;
+use crate::fast_map::FastMap;
 
 /// Live leases of this instance, and the thread that renews them.
 pub struct LeaseKeeper {
     store: Arc<FallbackLimiter>,
     ttl: Duration,
-    live: Arc<Mutex<HashMap<String, Arc<Lease>>>>,
+    live: Arc<Mutex<FastMap<Arc<str>, Arc<Lease>>>>,
     releases: OnceLock<UnboundedSender<Arc<Lease>>>,
 }
 
@@ -32,7 +32,7 @@ impl LeaseKeeper {
     /// Keep `lease` alive until the returned guard is released or dropped.
     pub fn hold(self: &Arc<Self>, lease: Lease) -> Held {
         self.sender(); // the renewing thread starts with the first lease
-        // Shared with the renewing thread's map, not copied (a lease is four strings).
+        // Shared with the renewing thread's map, not copied (nor is its id, the map's key).
         let lease = Arc::new(lease);
         self.live.lock().unwrap_or_else(|e| e.into_inner()).insert(lease.id.clone(), lease.clone());
         Held { lease: Some(lease), keeper: self.clone() }
@@ -92,7 +92,7 @@ impl Drop for Held {
 
 fn keep(
     store: Arc<FallbackLimiter>,
-    live: Arc<Mutex<HashMap<String, Arc<Lease>>>>,
+    live: Arc<Mutex<FastMap<Arc<str>, Arc<Lease>>>>,
     ttl: Duration,
     mut releases: UnboundedReceiver<Arc<Lease>>,
 ) {

@@ -7,7 +7,7 @@
 //! tests drive and the `X-RateLimit-Reset` header needs), cannot say when the oldest request
 //! leaves a window, and `Inflight` guards cannot express leases that expire or are renewed by id.
 
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use async_trait::async_trait;
 
@@ -31,15 +31,14 @@ struct State {
     last_sweep_ms: i64,
 }
 
-/// Live leases on one gate key, by id and by expiry.
-/// The live leases of one gate. `earliest` is at most every lease's expiry, so while the clock
+/// The live leases of one gate, by id (shared with the lease, not copied). `earliest` is at most every lease's expiry, so while the clock
 /// is before it no lease has expired and a check needs no scan; once it passes, one scan
 /// purges the expired leases and makes it exact again. Leases are renewed long before they
 /// expire, so that is about once per lease TTL, where an ordered index paid a tree insert
 /// and a removal (and a string allocation each) on every admission and release.
 #[derive(Debug)]
 struct LeaseSet {
-    by_id: FastMap<String, i64>,
+    by_id: FastMap<Arc<str>, i64>,
     earliest: i64,
 }
 
@@ -68,11 +67,11 @@ impl LeaseSet {
         self.by_id.get(id).is_some_and(|&exp| exp > now_ms)
     }
 
-    fn put(&mut self, id: &str, exp: i64) {
-        match self.by_id.get_mut(id) {
+    fn put(&mut self, id: &Arc<str>, exp: i64) {
+        match self.by_id.get_mut(&**id) {
             Some(e) => *e = exp,
             None => {
-                self.by_id.insert(id.to_string(), exp);
+                self.by_id.insert(id.clone(), exp);
             }
         }
         self.earliest = self.earliest.min(exp);
@@ -127,8 +126,9 @@ impl State {
     fn check(&mut self, c: &Check) -> Verdict {
         let now = c.now_ms;
         self.sweep(now);
-        // (1) Windows, in order.
-        let mut counted = Vec::with_capacity(c.windows.len());
+        // (1) Windows, in order. Each state is what it will be once this request is counted.
+        let cur = second_of(now);
+        let mut windows = Vec::with_capacity(c.windows.len());
         for (index, w) in c.windows.iter().enumerate() {
             let (n, oldest, wait) = match self.windows.get_mut(&w.key) {
                 Some(b) => {
@@ -141,7 +141,12 @@ impl State {
                 let state = WindowState { limit: w.limit, remaining: 0, reset_at_ms: now + wait as i64 };
                 return Verdict::WindowRefused { index, state, retry_after_ms: wait };
             }
-            counted.push((n, oldest));
+            let oldest = oldest.map_or(cur, |o| o.min(cur));
+            windows.push(WindowState {
+                limit: w.limit,
+                remaining: w.limit - (n + 1),
+                reset_at_ms: leaves_at_ms(oldest),
+            });
         }
         // (2) Gates, in order.
         let mut gates_in_use = Vec::with_capacity(c.gates.len());
@@ -180,16 +185,8 @@ impl State {
             }
         }
         // Everything passed: record.
-        let cur = second_of(now);
-        let mut windows = Vec::with_capacity(c.windows.len());
-        for (w, (n, oldest)) in c.windows.iter().zip(counted) {
+        for w in &c.windows {
             add_to(&mut self.windows, &w.key, now, 1);
-            let oldest = oldest.map_or(cur, |o| o.min(cur));
-            windows.push(WindowState {
-                limit: w.limit,
-                remaining: w.limit - (n + 1),
-                reset_at_ms: leaves_at_ms(oldest),
-            });
         }
         let lease = c.lease();
         if let Some(l) = &lease {
@@ -259,21 +256,21 @@ mod tests {
     #[test]
     fn a_gate_counts_only_unexpired_leases_and_scans_only_past_its_bound() {
         let mut s = LeaseSet::default();
-        s.put("a", 100);
-        s.put("b", 200);
-        s.put("c", 300);
+        s.put(&"a".into(), 100);
+        s.put(&"b".into(), 200);
+        s.put(&"c".into(), 300);
         s.remove("a");
         assert_eq!(s.earliest, 100, "a removal leaves the bound stale (still below every expiry)");
         s.purge(150);
         assert_eq!((s.by_id.len(), s.earliest), (2, 200), "past the bound: one scan, nothing expired, bound exact");
-        s.put("b", 400);
+        s.put(&"b".into(), 400);
         assert_eq!(s.earliest, 200, "a renewal keeps the bound below every expiry");
         s.purge(250);
         assert_eq!((s.by_id.len(), s.earliest), (2, 300));
         s.purge(300);
         assert!(s.live("b", 300) && !s.live("c", 300), "c expired at 300");
         assert_eq!((s.by_id.len(), s.oldest()), (1, Some(400)));
-        s.put("d", 50);
+        s.put(&"d".into(), 50);
         s.purge(60);
         assert!(!s.by_id.contains_key("d"), "an earlier expiry lowers the bound, so it is purged on time");
         assert_eq!(s.by_id.len(), 1);

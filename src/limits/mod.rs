@@ -89,8 +89,9 @@ pub struct Check {
     /// Names the lease taken on every gate (unique per request, e.g. the request id). A check
     /// repeated with the same id while its lease is live does not take a second slot (and pushes
     /// its expiry). After `Unavailable`, retry with a new id: the failed attempt's lease is
-    /// released in the background in case it was applied late.
-    pub lease_id: String,
+    /// released in the background in case it was applied late. Shared, not copied, by the lease
+    /// and by the stores that keep it (the in-process gates, the lease keeper).
+    pub lease_id: Arc<str>,
     pub lease_ttl_ms: u64,
 }
 
@@ -109,7 +110,7 @@ pub struct WindowState {
 /// the request ends.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lease {
-    pub id: String,
+    pub id: Arc<str>,
     /// The gates' logical keys, without duplicates.
     pub keys: Vec<String>,
     pub expires_at_ms: i64,
@@ -273,6 +274,12 @@ pub fn redact(url: &str) -> String {
 }
 
 impl Check {
+    /// A check of request windows only (no gates, no tokens per minute, so no lease).
+    pub fn windows_only(now_ms: i64, windows: Vec<WindowLimit>) -> Check {
+        static NO_LEASE: std::sync::LazyLock<Arc<str>> = std::sync::LazyLock::new(|| Arc::from(""));
+        Check { now_ms, windows, gates: Vec::new(), tpm: None, lease_id: NO_LEASE.clone(), lease_ttl_ms: 0 }
+    }
+
     /// Reject checks no backend can answer meaningfully.
     fn validate(&self) -> Result<(), LimiterError> {
         if !self.gates.is_empty() {

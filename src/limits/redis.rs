@@ -196,7 +196,7 @@ impl RedisLimiter {
             .arg(c.windows.len())
             .arg(c.gates.len())
             .arg(u8::from(c.tpm.is_some()))
-            .arg(&c.lease_id)
+            .arg(&*c.lease_id)
             .arg(c.lease_ttl_ms);
         for w in &c.windows {
             cmd.arg(w.limit);
@@ -223,7 +223,7 @@ impl RedisLimiter {
             let mut conn = conn;
             let mut pipe = redis::pipe();
             for k in &keys {
-                pipe.zrem(k, &lease.id).ignore();
+                pipe.zrem(k, &*lease.id).ignore();
             }
             if let Ok(Err(e)) = tokio::time::timeout(COMPENSATE_TIMEOUT, pipe.query_async::<()>(&mut conn)).await {
                 log::debug!("limiter: compensating release of lease {} failed: {e}", lease.id);
@@ -298,7 +298,7 @@ impl LimiterStore for RedisLimiter {
                 for k in &lease.keys {
                     inv.key(self.gate_key(k));
                 }
-                inv.arg(now_ms).arg(ttl_ms).arg(&lease.id);
+                inv.arg(now_ms).arg(ttl_ms).arg(&*lease.id);
                 inv.invoke_async::<i64>(&mut conn).await.map_err(unavailable)
             })
             .await?;
@@ -313,7 +313,7 @@ impl LimiterStore for RedisLimiter {
             let mut conn = self.conn().await?;
             let mut pipe = redis::pipe();
             for k in &lease.keys {
-                pipe.zrem(self.gate_key(k), &lease.id).ignore();
+                pipe.zrem(self.gate_key(k), &*lease.id).ignore();
             }
             pipe.query_async::<()>(&mut conn).await.map_err(unavailable)
         })

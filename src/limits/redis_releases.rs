@@ -35,7 +35,7 @@ const QUEUE_MAX: usize = 10_000;
 /// One released lease: its gates' Redis keys and its id.
 struct Entry {
     gate_keys: Vec<String>,
-    lease_id: String,
+    lease_id: std::sync::Arc<str>,
 }
 
 /// The releases a pipeline took, to put back if it fails.
@@ -52,7 +52,7 @@ pub struct Releases {
 impl Releases {
     /// Queue a release. Returns true once, for the first release ever: the caller then
     /// starts the flusher ([`Releases::flush_loop`]).
-    pub fn push(&self, gate_keys: Vec<String>, lease_id: String) -> bool {
+    pub fn push(&self, gate_keys: Vec<String>, lease_id: std::sync::Arc<str>) -> bool {
         {
             let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
             q.push_back(Entry { gate_keys, lease_id });
@@ -83,7 +83,7 @@ impl Releases {
         }
         for e in &taken {
             for k in &e.gate_keys {
-                pipe.zrem(k, &e.lease_id).ignore();
+                pipe.zrem(k, &*e.lease_id).ignore();
             }
         }
         Some(Carried(taken))
@@ -148,7 +148,7 @@ mod tests {
         r.put_back(carried);
         let mut again = redis::pipe();
         let all = r.carry(&mut again, CARRY_MAX).unwrap();
-        let order: Vec<&str> = all.0.iter().map(|e| e.lease_id.as_str()).collect();
+        let order: Vec<&str> = all.0.iter().map(|e| &*e.lease_id).collect();
         assert_eq!((order, r.len()), (vec!["a", "b", "c"], 0));
         assert!(r.carry(&mut redis::pipe(), CARRY_MAX).is_none());
     }
@@ -157,11 +157,11 @@ mod tests {
     fn the_queue_is_bounded_and_drops_its_oldest() {
         let r = Releases::default();
         for i in 0..QUEUE_MAX + 5 {
-            r.push(vec!["g".into()], format!("l{i}"));
+            r.push(vec!["g".into()], format!("l{i}").into());
         }
         assert_eq!(r.len(), QUEUE_MAX);
         let mut pipe = redis::pipe();
         let taken = r.carry(&mut pipe, 1).unwrap();
-        assert_eq!(taken.0[0].lease_id, "l5");
+        assert_eq!(&*taken.0[0].lease_id, "l5");
     }
 }
