@@ -16,8 +16,6 @@ use crate::config::Config;
 use crate::ctx::RequestCtx;
 use crate::routes::Route;
 
-mod series;
-
 struct Metrics {
     requests: IntCounterVec,
     duration: HistogramVec,
@@ -155,36 +153,31 @@ pub fn funding_of(cx: &RequestCtx) -> &'static str {
     }
 }
 
-/// Record a finished request (the logging phase), through this thread's series
-/// ([`series`]).
+/// Record a finished request (the logging phase).
 pub fn record(cx: &RequestCtx, status: u16, elapsed: Duration) {
     let Some(m) = metrics() else { return };
     let route = route_name(cx.route);
     let model = cx.model().map_or("-", |m| m.id.as_str());
     let code = cx.failure.as_ref().map_or("-", |f| f.kind.code());
     let mut status_buf = itoa_buf(status);
-    let status = status_str(&mut status_buf);
-    series::LOCAL.with_borrow_mut(|s| {
-        s.requests.get([route, model, status, code], |l| m.requests.with_label_values(l)).inc();
-        s.duration.get([route, model], |l| m.duration.with_label_values(l)).observe(elapsed.as_secs_f64());
-        if let Some(first) = cx.response.first_token_after {
-            s.ttft.get([model], |l| m.ttft.with_label_values(l)).observe(first.as_secs_f64());
-            let completion = cx.usage.map_or(0, |u| u.completion_tokens);
-            if completion > 1 {
-                let per = elapsed.saturating_sub(first).as_secs_f64() / (completion - 1) as f64;
-                s.tpot.get([model], |l| m.tpot.with_label_values(l)).observe(per);
-            }
+    m.requests.with_label_values(&[route, model, status_str(&mut status_buf), code]).inc();
+    m.duration.with_label_values(&[route, model]).observe(elapsed.as_secs_f64());
+    if let Some(first) = cx.response.first_token_after {
+        m.ttft.with_label_values(&[model]).observe(first.as_secs_f64());
+        let completion = cx.usage.map_or(0, |u| u.completion_tokens);
+        if completion > 1 {
+            let per = elapsed.saturating_sub(first).as_secs_f64() / (completion - 1) as f64;
+            m.tpot.with_label_values(&[model]).observe(per);
         }
-        if let Some(u) = cx.usage {
-            let funding = funding_of(cx);
-            for (kind, n) in
-                [("prompt", u.prompt_tokens), ("cached", u.cached_tokens), ("completion", u.completion_tokens)]
-            {
-                s.tokens.get([model, kind, funding], |l| m.tokens.with_label_values(l)).inc_by(n);
-            }
-            s.cost.get([model, funding], |l| m.cost.with_label_values(l)).inc_by(u.cost.0);
+    }
+    if let Some(u) = cx.usage {
+        let funding = funding_of(cx);
+        for (kind, n) in [("prompt", u.prompt_tokens), ("cached", u.cached_tokens), ("completion", u.completion_tokens)]
+        {
+            m.tokens.with_label_values(&[model, kind, funding]).inc_by(n);
         }
-    });
+        m.cost.with_label_values(&[model, funding]).inc_by(u.cost.0);
+    }
 }
 
 fn itoa_buf(status: u16) -> [u8; 3] {
