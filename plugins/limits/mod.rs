@@ -139,11 +139,14 @@ impl Limits {
         let busy = self.busy.is_busy(&model.id, f.busy_at, now);
         let shared_key = ["m:", &model.id].concat();
         let per_key_limit = if busy { f.per_key_concurrency } else { u64::MAX };
-        // At most four gates; their scopes beside them, to name a refusal.
+        // At most four gates; their scopes beside them, to name a refusal (a gate past the
+        // fourth would be refused as an internal error, never unnamed).
         let mut gates = Vec::with_capacity(4);
         let mut scopes = [Scope::PerKey; 4];
         let mut gate = |scope: Scope, key: String, limit: u64| {
-            scopes[gates.len()] = scope;
+            if let Some(slot) = scopes.get_mut(gates.len()) {
+                *slot = scope;
+            }
             gates.push(ConcurrencyGate { scope: scope.name(), key, limit });
         };
         gate(Scope::PerKey, ["pk:", &model.id, ":", &p.key_id].concat(), per_key_limit);

@@ -31,11 +31,12 @@ struct State {
     last_sweep_ms: i64,
 }
 
-/// The live leases of one gate, by id (shared with the lease, not copied). `earliest` is at most every lease's expiry, so while the clock
-/// is before it no lease has expired and a check needs no scan; once it passes, one scan
-/// purges the expired leases and makes it exact again. Leases are renewed long before they
-/// expire, so that is about once per lease TTL, where an ordered index paid a tree insert
-/// and a removal (and a string allocation each) on every admission and release.
+/// The live leases of one gate, by id (shared with the lease, not copied). `earliest` is at
+/// most every lease's expiry, so while the clock is before it no lease has expired and a check
+/// needs no scan; once it passes, one scan purges the expired leases and makes it exact again.
+/// Leases are renewed long before they expire, so that is about once per lease TTL, where an
+/// ordered index paid a tree insert and a removal (and a string allocation each) on every
+/// admission and release.
 #[derive(Debug)]
 struct LeaseSet {
     by_id: FastMap<Arc<str>, i64>,
