@@ -38,6 +38,17 @@ impl<'de> Deserialize<'de> for Str<'de> {
     }
 }
 
+/// Parse `text` as `T`. Valid UTF-8 (every body a client or replica sends, nearly) is parsed
+/// as a `&str`, whose strings and raw values serde_json then borrows without checking each
+/// one's UTF-8 again; anything else goes through the byte parser, so the result and its
+/// errors are exactly `serde_json::from_slice`'s.
+pub fn from_text<'a, T: Deserialize<'a>>(text: &'a [u8]) -> serde_json::Result<T> {
+    match std::str::from_utf8(text) {
+        Ok(s) => serde_json::from_str(s),
+        Err(_) => serde_json::from_slice(text),
+    }
+}
+
 pub fn is_null(raw: &RawValue) -> bool {
     raw.get() == "null"
 }
@@ -52,6 +63,100 @@ pub fn as_str(raw: &RawValue) -> Option<Str<'_>> {
         return None;
     }
     serde_json::from_str(raw.get()).ok()
+}
+
+/// One member of an object as raw text: the key between its quotes (escapes not decoded)
+/// and the value.
+pub type RawMember<'a> = (&'a [u8], &'a [u8]);
+
+/// The members of the JSON object `text`, in order, without parsing their values: for text a
+/// parser already accepted (a request body that parsed), so it only finds where each member
+/// is, a few instructions a byte. Text that is not an object, or not JSON, gives `None` or
+/// spans of no use, never a panic.
+pub fn object_members(text: &[u8]) -> Option<Vec<RawMember<'_>>> {
+    let mut members = Vec::with_capacity(8);
+    let mut i = skip_ws(text, 0);
+    if text.get(i) != Some(&b'{') {
+        return None;
+    }
+    i = skip_ws(text, i + 1);
+    if text.get(i) == Some(&b'}') {
+        return Some(members);
+    }
+    loop {
+        if text.get(i) != Some(&b'"') {
+            return None;
+        }
+        let key_end = string_end(text, i)?;
+        let key = &text[i + 1..key_end - 1];
+        i = skip_ws(text, key_end);
+        if text.get(i) != Some(&b':') {
+            return None;
+        }
+        let start = skip_ws(text, i + 1);
+        let end = value_end(text, start)?;
+        members.push((key, &text[start..end]));
+        i = skip_ws(text, end);
+        match text.get(i) {
+            Some(b',') => i = skip_ws(text, i + 1),
+            Some(b'}') => return Some(members),
+            _ => return None,
+        }
+    }
+}
+
+fn skip_ws(text: &[u8], mut i: usize) -> usize {
+    while matches!(text.get(i), Some(b' ' | b'\t' | b'\n' | b'\r')) {
+        i += 1;
+    }
+    i
+}
+
+/// Just past the string opening at `text[start]`.
+fn string_end(text: &[u8], start: usize) -> Option<usize> {
+    let mut i = start + 1;
+    loop {
+        i += memchr::memchr2(b'"', b'\\', text.get(i..)?)?;
+        if text[i] == b'"' {
+            return Some(i + 1);
+        }
+        i += 2; // an escape: the next byte is never the string's end
+    }
+}
+
+/// Just past the value starting at `text[start]`.
+fn value_end(text: &[u8], start: usize) -> Option<usize> {
+    match *text.get(start)? {
+        b'"' => string_end(text, start),
+        b'{' | b'[' => {
+            // Byte by byte: request bodies are mostly short tokens, where a vector search's
+            // setup costs more than it saves; strings (the long part of a prompt) use one.
+            let mut depth = 0usize;
+            let mut i = start;
+            while let Some(&b) = text.get(i) {
+                match b {
+                    b'"' => {
+                        i = string_end(text, i)?;
+                        continue;
+                    }
+                    b'{' | b'[' => depth += 1,
+                    b'}' | b']' => {
+                        depth = depth.checked_sub(1)?;
+                        if depth == 0 {
+                            return Some(i + 1);
+                        }
+                    }
+                    _ => {}
+                }
+                i += 1;
+            }
+            None
+        }
+        _ => {
+            let len = text[start..].iter().position(|b| matches!(b, b',' | b'}' | b']' | b' ' | b'\t' | b'\n' | b'\r'));
+            Some(start + len.unwrap_or(text.len() - start)).filter(|&end| end > start)
+        }
+    }
 }
 
 /// `s` as a JSON string.
@@ -73,6 +178,46 @@ mod tests {
 
     fn raw(text: &str) -> &RawValue {
         serde_json::from_str(text).unwrap_or_else(|_| panic!("{text}"))
+    }
+
+    #[test]
+    fn text_parses_as_the_byte_parser_parses_it() {
+        let cases: [&[u8]; 5] = [
+            br#"{"a":"caf\u00e9","b":[1,2.5,null]}"#,
+            b"{\"a\":1,}",
+            b"{\"a\":\"\xff\"}",
+            b"[1",
+            "{\"é\":\"ü\"}".as_bytes(),
+        ];
+        for text in cases {
+            let by_text = from_text::<serde_json::Value>(text).map_err(|e| e.to_string());
+            let by_bytes = serde_json::from_slice::<serde_json::Value>(text).map_err(|e| e.to_string());
+            assert_eq!(by_text, by_bytes, "{}", String::from_utf8_lossy(text));
+        }
+        assert!(from_text::<serde_json::Value>(b"{\"a\":\"\xff\"}").is_err(), "invalid UTF-8 is refused");
+    }
+
+    #[test]
+    fn members_are_found_where_a_parser_finds_them() {
+        let text = br#" { "a" : "x\"}" , "b\\":[{"c":"]"},[]], "n":-1.5e3,"t":true ,"o":{}}"#;
+        let found = object_members(text).unwrap_or_default();
+        let by_parser: Vec<(String, Box<RawValue>)> =
+            serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(text)
+                .map(|m| m.into_iter().map(|(k, v)| (k, serde_json::value::to_raw_value(&v).unwrap())).collect())
+                .unwrap_or_default();
+        assert_eq!(found.len(), 5);
+        let keys: Vec<&[u8]> = found.iter().map(|m| m.0).collect();
+        assert_eq!(keys, [&b"a"[..], br"b\\", b"n", b"t", b"o"]);
+        for (key, value) in &found {
+            let key = serde_json::from_slice::<String>(&[b"\"", *key, b"\""].concat()).unwrap_or_default();
+            let parsed = serde_json::from_slice::<serde_json::Value>(value).unwrap_or_default();
+            let expected = by_parser.iter().find(|(k, _)| *k == key).map(|(_, v)| v.get());
+            assert_eq!(Some(parsed.to_string().as_str()), expected, "{key}");
+        }
+        assert_eq!(object_members(b"{}").map(|m| m.len()), Some(0));
+        for not_an_object in [&b"[1]"[..], b"", b"{", b"{\"a\"}", b"{\"a\":}", b"{\"a\":[1}", b"{\"a\":\"x"] {
+            assert!(object_members(not_an_object).is_none(), "{}", String::from_utf8_lossy(not_an_object));
+        }
     }
 
     #[test]

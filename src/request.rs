@@ -142,7 +142,7 @@ pub async fn read_json_body(s: &mut Session, cx: &mut RequestCtx) -> Result<Byte
     }
     cx.body_read = true;
     let raw = buf.freeze();
-    let value: Value = serde_json::from_slice(&raw)
+    let value: Value = crate::json_raw::from_text(&raw)
         .map_err(|e| GatewayError::new(ErrorKind::InvalidJson, format!("The request body is not valid JSON: {e}.")))?;
     if !value.is_object() {
         return Err(GatewayError::new(ErrorKind::InvalidJson, "The request body must be a JSON object."));

@@ -131,15 +131,18 @@ fn check_tool_calls(i: usize, calls: Option<&Value>) -> Result<usize, GatewayErr
 /// Rule 6: `developer` is sent as `system`; on a model taking one system message, first,
 /// the leading system messages merge (blank-line separated) and later ones become `user`
 /// messages in place. Impossible (decisions.md 58): a leading system message that is not
-/// text, or no message other than system ones.
-pub fn repair_system(list: &mut Vec<Value>, mode: SystemMessages) -> Result<(), GatewayError> {
+/// text, or no message other than system ones. Returns whether the list changed (the
+/// replica's body then carries the list as changed, not as the client wrote it).
+pub fn repair_system(list: &mut Vec<Value>, mode: SystemMessages) -> Result<bool, GatewayError> {
+    let mut changed = false;
     for m in list.iter_mut() {
         if m.get("role").and_then(Value::as_str) == Some("developer") {
             m["role"] = Value::String("system".into());
+            changed = true;
         }
     }
     if mode == SystemMessages::Any {
-        return Ok(());
+        return Ok(changed);
     }
     let is_system = |m: &Value| m.get("role").and_then(Value::as_str) == Some("system");
     let leading = list.iter().take_while(|m| is_system(m)).count();
@@ -163,13 +166,15 @@ pub fn repair_system(list: &mut Vec<Value>, mode: SystemMessages) -> Result<(), 
         let mut first: Map<String, Value> = list[0].as_object().cloned().unwrap_or_default();
         first.insert("content".into(), Value::String(merged));
         list.splice(..leading, std::iter::once(Value::Object(first)));
+        changed = true;
     }
     for m in list.iter_mut().skip(1) {
         if is_system(m) {
             m["role"] = Value::String("user".into());
+            changed = true;
         }
     }
-    Ok(())
+    Ok(changed)
 }
 
 /// The text of a string content or of an array of only text parts.

@@ -71,10 +71,10 @@ fn roles(list: &[Value]) -> Vec<&str> {
 #[test]
 fn developer_becomes_system_on_every_model() {
     let mut list = vec![json!({"role": "developer", "content": "d"}), json!({"role": "user", "content": "u"})];
-    assert!(repair_system(&mut list, SystemMessages::Any).is_ok());
+    assert_eq!(repair_system(&mut list, SystemMessages::Any).ok(), Some(true), "changed");
     assert_eq!(roles(&list), ["system", "user"]);
     let mut list = vec![json!({"role": "user", "content": "u"}), json!({"role": "system", "content": "s"})];
-    assert!(repair_system(&mut list, SystemMessages::Any).is_ok());
+    assert_eq!(repair_system(&mut list, SystemMessages::Any).ok(), Some(false), "nothing to change");
     assert_eq!(roles(&list), ["user", "system"], "untouched where any position is accepted");
 }
 
@@ -87,7 +87,7 @@ fn first_only_merges_leading_and_demotes_later_system_messages() {
         json!({"role": "system", "content": "later"}),
         json!({"role": "assistant", "content": "x"}),
     ];
-    assert!(repair_system(&mut list, SystemMessages::FirstOnly).is_ok());
+    assert_eq!(repair_system(&mut list, SystemMessages::FirstOnly).ok(), Some(true));
     assert_eq!(roles(&list), ["system", "user", "user", "assistant"]);
     assert_eq!(list[0]["content"], "a\n\nb");
     assert_eq!(list[2]["content"], "later");
@@ -107,5 +107,11 @@ fn impossible_repairs_name_messages() {
     assert_eq!(e.map(|e| (e.kind, e.param)), Some((ErrorKind::InvalidRequest, Some("messages".into()))));
     let mut one =
         vec![json!({"role": "system", "content": [{"type": "image_url"}]}), json!({"role": "user", "content": "u"})];
-    assert!(repair_system(&mut one, SystemMessages::FirstOnly).is_ok(), "a single leading one needs no merge");
+    assert_eq!(
+        repair_system(&mut one, SystemMessages::FirstOnly).ok(),
+        Some(false),
+        "a single leading one needs no merge"
+    );
+    let mut demoted = vec![json!({"role": "user", "content": "u"}), json!({"role": "system", "content": "s"})];
+    assert_eq!(repair_system(&mut demoted, SystemMessages::FirstOnly).ok(), Some(true), "a later one demoted");
 }

@@ -17,6 +17,7 @@ mod request;
 mod response;
 mod schema;
 mod stream;
+mod upstream_body;
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]

@@ -1,6 +1,7 @@
 //! Chat request -> replica request (clarification 4): only the fields the gateway handles,
 //! the rule-1 allowlist and the sampling fields are forwarded; `model` becomes the upstream
-//! name and usage is always requested on streams so billing can settle.
+//! name and usage is always requested on streams so billing can settle (the body itself is
+//! written by `upstream_body.rs`).
 //!
 //! The rule groups live beside this file and run in this order (decisions.md 56): message
 //! shapes (`messages.rs`), rules 4 and the candidate count (here), capabilities (rule 5,
@@ -9,47 +10,13 @@
 //! fitted to the context window (rule 11, `context.rs`).
 
 use bytes::Bytes;
-use serde_json::{Map, Value, json};
+use serde_json::{Map, Value};
 
-use super::{capability, context, effort, images, messages, schema};
+use super::{capability, context, effort, images, messages, schema, upstream_body};
+use crate::shared::answer::Translation;
 use crate::shared::prompt_tokens::count_prompt_tokens;
 use tollgate::ctx::RequestCtx;
 use tollgate::error::{ErrorKind, GatewayError};
-
-/// Forwarded as they are (spec rule 1, plus the fields of clarification 4).
-const FORWARDED: &[&str] = &[
-    "messages",
-    "max_tokens",
-    "max_completion_tokens",
-    "reasoning_effort",
-    "response_format",
-    "tools",
-    "tool_choice",
-    "n",
-    "stop",
-    "temperature",
-    "top_p",
-    "audio",
-    "frequency_penalty",
-    "function_call",
-    "functions",
-    "logit_bias",
-    "logprobs",
-    "metadata",
-    "modalities",
-    "moderation",
-    "parallel_tool_calls",
-    "prediction",
-    "presence_penalty",
-    "safety_identifier",
-    "seed",
-    "service_tier",
-    "store",
-    "top_logprobs",
-    "user",
-    "verbosity",
-    "web_search_options",
-];
 
 /// Candidate-count fields: at most four (rule 2 reads them, then most are removed).
 const CANDIDATE_FIELDS: &[&str] = &["n", "best_of", "num_return_sequences", "num_beams", "beam_width"];
@@ -113,34 +80,28 @@ pub fn rewrite(cx: &mut RequestCtx) -> Result<Bytes, GatewayError> {
     let json_format = capability::check(&body, &model)?;
     images::check(list, model.input_modalities.iter().any(|m| m == "image"))?;
     let mut body = body;
+    let mut changed = upstream_body::Changed::default();
     if let Some(Value::Array(list)) = body.get_mut("messages") {
-        messages::repair_system(list, model.chat.system_messages)?;
+        changed.messages = messages::repair_system(list, model.chat.system_messages)?;
     }
     schema::sanitize_body(&mut body)?;
     let applied_effort = effort::apply(&mut body, &model.chat, json_format)?;
+    changed.effort = applied_effort.is_some();
 
     let pool = cx.pool().cloned().ok_or_else(|| GatewayError::internal("no pool resolved"))?;
-    let mut out = Map::with_capacity(body.len() + 2);
-    out.insert("model".into(), Value::String(pool.to_upstream().to_string()));
-    // The body's own members (a handful) looked up in the list, not the list's thirty-one
-    // looked up in the body; the keys move over without a copy.
-    for (field, v) in body {
-        if FORWARDED.contains(&field.as_str()) {
-            out.insert(field, v);
-        }
-    }
-    if stream {
-        out.insert("stream".into(), Value::Bool(true));
-        // Always asked for, so the stream can be settled; forwarded to the client only
-        // when it asked (see stream.rs).
-        out.insert("stream_options".into(), json!({ "include_usage": true }));
-    }
-    let out = Value::Object(out);
-    let prompt_tokens = count_prompt_tokens(&out, model.chat.tokenizer.as_deref());
-    let Value::Object(mut out) = out else { return Err(GatewayError::internal("body is an object")) };
-    let clamped = context::fit(&mut out, model.context_window, prompt_tokens)?;
-    let bytes = serde_json::to_vec(&Value::Object(out))
-        .map_err(|e| GatewayError::internal(format!("could not serialize the body: {e}")))?;
+    // Counted on what the replica reads: the messages and tools, both forwarded.
+    let body = Value::Object(body);
+    let prompt_tokens = count_prompt_tokens(&body, model.chat.tokenizer.as_deref());
+    let Value::Object(mut body) = body else { return Err(GatewayError::internal("body is an object")) };
+    let clamped = context::fit(&mut body, model.context_window, prompt_tokens)?;
+    changed.ceilings = clamped.is_some();
+    // The client's own text, unless a dialect translated it into this body.
+    let client_text = cx.raw_body.as_deref().filter(|_| cx.ext.get::<Translation>().is_none());
+    let upstream = pool.to_upstream();
+    let bytes = match client_text.and_then(|t| upstream_body::from_client_text(t, &body, upstream, stream, changed)) {
+        Some(b) => b,
+        None => upstream_body::serialize(body, upstream, stream)?,
+    };
     if let Some(e) = applied_effort {
         cx.response_headers.push((effort::APPLIED_HEADER, e));
     }

@@ -220,7 +220,7 @@ impl<'a> AnswerView<'a> {
         if text.trim_ascii_start().first() != Some(&b'{') {
             return None;
         }
-        serde_json::from_slice(text).ok()
+        json_raw::from_text(text).ok()
     }
 
     /// An error object in place of a chunk.
