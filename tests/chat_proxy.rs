@@ -99,6 +99,31 @@ async fn request_rewrite_for_the_replica() {
     assert_eq!(seen["body"]["stream_options"]["include_usage"], true);
 }
 
+/// Through the binary: the replica reads the client's own text for the members the gateway
+/// leaves alone (decision 199), numbers as written and a repeated member's last value.
+#[tokio::test]
+async fn untouched_members_reach_the_replica_as_the_client_wrote_them() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&mock);
+    let text = r#"{"temperature": 1.0, "model": "org/Chat-Model-7B", "seed": 18446744073709551616,
+        "messages": [ {"role": "user", "content": "caf\u00e9"} ], "n": 2, "top_k": 5, "n": 1}"#;
+    let r = reqwest::Client::new()
+        .post(gw.url("/v1/chat/completions"))
+        .header("authorization", gw.bearer())
+        .header("content-type", "application/json")
+        .body(text)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap_or_default());
+    let seen = mock.last_request().await;
+    let raw = seen["raw_body"].as_str().unwrap_or_default();
+    assert!(raw.starts_with(r#"{"model":"org/Chat-Model-7B","temperature":1.0,"seed":18446744073709551616,"#), "{raw}");
+    assert!(raw.contains(r#""messages":[ {"role": "user", "content": "caf\u00e9"} ]"#), "copied as sent: {raw}");
+    assert!(raw.ends_with(r#","n":1}"#) && !raw.contains(r#""n":2"#) && !raw.contains("top_k"), "{raw}");
+    assert_eq!(seen["body"]["messages"][0]["content"], "café");
+}
+
 #[tokio::test]
 async fn candidate_count_and_unsupported_cache_parameters() {
     let mock = Mock::start();

@@ -98,6 +98,8 @@ impl State {
             "path": last.path,
             "headers": headers,
             "body": body,
+            // The text as it arrived, for tests of what the gateway copies as sent.
+            "raw_body": String::from_utf8_lossy(&last.body),
         });
         Bytes::from(json.to_string())
     }
@@ -150,5 +152,6 @@ mod tests {
         assert_eq!(v["path"], "/v1/x");
         assert_eq!(v["headers"]["x-a"], "1, 2");
         assert_eq!(v["body"], "hi {");
+        assert_eq!(v["raw_body"], "hi {");
     }
 }
