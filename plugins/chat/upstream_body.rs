@@ -104,18 +104,28 @@ pub fn from_client_text(
     let mut out = Vec::with_capacity(text.len() + upstream.len() + STREAM_MEMBERS.len());
     out.extend_from_slice(b"{\"model\":");
     json_raw::write_string(&mut out, upstream);
-    let mut has_effort = false;
-    for (i, &(key, value)) in members.iter().enumerate() {
+    // Where each forwarded member last appears (at most 31 names): of a repeated member only
+    // the last is sent, the one the parse kept and the rules checked. One pass with a short
+    // list, so a body of many repeats costs no more than its length.
+    let mut last: Vec<(&[u8], usize)> = Vec::with_capacity(8);
+    for (i, &(key, _)) in members.iter().enumerate() {
         // `model`, `stream` and `stream_options` are not in the list: written here.
-        if !is_forwarded(key) || members[i + 1..].iter().any(|&(later, _)| later == key) {
-            continue; // of a repeated member, the last one is the one parsed and checked
+        if is_forwarded(key) {
+            match last.iter_mut().find(|(k, _)| *k == key) {
+                Some(slot) => slot.1 = i,
+                None => last.push((key, i)),
+            }
         }
+    }
+    last.sort_unstable_by_key(|&(_, i)| i);
+    let mut has_effort = false;
+    for &(key, i) in &last {
         has_effort |= key == b"reasoning_effort";
         if changed.written_from_body(key) {
             let name = std::str::from_utf8(key).ok()?;
             push_member(&mut out, key, &serde_json::to_vec(body.get(name)?).ok()?);
         } else {
-            push_member(&mut out, key, value);
+            push_member(&mut out, key, members[i].1);
         }
     }
     // A member a rule added (an effort in place of an omitted one).

@@ -41,6 +41,14 @@ fn of_a_repeated_member_the_last_is_sent() {
 }
 
 #[test]
+fn many_repeats_send_the_last_once() {
+    let repeats: String = (0..50_000).map(|k| format!(r#""n":{},"x":{k},"#, k % 4)).collect();
+    let text = format!(r#"{{"model":"m",{repeats}"messages":[]}}"#);
+    let written = same_as_serialized(&text, &parsed(&text), false, Changed::default());
+    assert_eq!(written, r#"{"model":"served-name","n":3,"messages":[]}"#);
+}
+
+#[test]
 fn a_stream_always_asks_for_usage_once() {
     let text = r#"{"model":"m","stream":true,"stream_options":{"include_usage":false},"messages":[]}"#;
     let written = same_as_serialized(text, &parsed(text), true, Changed::default());
