@@ -2,7 +2,7 @@
 # Count the gateway's CPU cost per request on the plain proxy path, deterministically.
 #
 # Usage: scripts/profile.sh [--bin PATH] [--mock PATH] [--case json|sse|msgs] [--tool callgrind|strace]
-#                           [--requests N] [--base M] [--keep DIR]
+#                           [--requests N] [--base M] [--keep DIR] [--floor PATH]
 #
 #   --bin       gateway binary (default target/release/tollgate under $CARGO_TARGET_DIR or ./target)
 #   --mock      mock replica binary (default: tollgate-mock-replica next to --bin)
@@ -19,6 +19,9 @@
 #               (connection_gate auth dialects idempotency chat_completions limits billing) on
 #               the embedded stores (SQLite identity and ledger, in-process limiter), with a
 #               funded workspace and its key, limits that refuse nothing: what users run
+#   --floor     profile the bare Pingora floor instead (`tollgate-bench-floor --mode pass` at
+#               PATH, the bench's "pingora" row) with the same client and requests, so the
+#               gateway's own share is the difference of the two figures
 #   --idem MODE off (default); chain: the `idempotency` plugin joins the chain, requests carry
 #               no key; key: the plugin, and each request a fresh `Idempotency-Key` (the
 #               in-process record store): the difference is what a key costs
@@ -33,7 +36,7 @@
 # --keep, leaves callgrind.out.N / callgrind.out.M for `callgrind_annotate --inclusive=yes`.
 set -euo pipefail
 
-BIN="" MOCK="" CASE=json TOOL=callgrind N=2000 M=200 KEEP="" IDEM=off CHAIN=chat
+BIN="" MOCK="" CASE=json TOOL=callgrind N=2000 M=200 KEEP="" IDEM=off CHAIN=chat FLOOR=""
 while [[ $# -gt 0 ]]; do
     case $1 in
     --bin) BIN=$2; shift 2 ;;
@@ -45,6 +48,7 @@ while [[ $# -gt 0 ]]; do
     --keep) KEEP=$2; shift 2 ;;
     --idem) IDEM=$2; shift 2 ;;
     --chain) CHAIN=$2; shift 2 ;;
+    --floor) FLOOR=$2; shift 2 ;;
     -h | --help) sed -n '2,30p' "$0"; exit 0 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
     esac
@@ -58,6 +62,11 @@ case $CASE in json | sse | msgs) ;; *) echo "--case json|sse|msgs" >&2; exit 2 ;
 case $TOOL in callgrind | strace) ;; *) echo "--tool callgrind|strace" >&2; exit 2 ;; esac
 case $IDEM in off | chain | key) ;; *) echo "--idem off|chain|key" >&2; exit 2 ;; esac
 case $CHAIN in chat | full) ;; *) echo "--chain chat|full" >&2; exit 2 ;; esac
+[[ -z $FLOOR || -x $FLOOR ]] || { echo "no floor binary at $FLOOR" >&2; exit 1; }
+if [[ -n $FLOOR && ( $CHAIN == full || $CASE == msgs || $IDEM != off ) ]]; then
+    echo "--floor profiles the plain proxy hop: the json and sse cases, no chain options" >&2
+    exit 2
+fi
 if [[ $CHAIN == full && ( $CASE == msgs || $IDEM != off ) ]]; then
     echo "--chain full runs the json and sse cases, with the chain's own idempotency plugin" >&2
     exit 2
@@ -131,9 +140,9 @@ fi
 
 # client PORT COUNT: COUNT identical POSTs on one keep-alive connection; fails on any non-200.
 client() {
-    python3 - "$1" "$2" "$WORK/body.json" "$TOKENS" "$CASE" "$REQUEST_PATH" "$IDEM" "$API_KEY" <<'PY'
+    python3 - "$1" "$2" "$WORK/body.json" "$TOKENS" "$CASE" "$REQUEST_PATH" "$IDEM" "$API_KEY" "${FLOOR:+floor}" <<'PY'
 import http.client, sys
-port, count, body_file, tokens, case, path, idem, key = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6], sys.argv[7], sys.argv[8]
+port, count, body_file, tokens, case, path, idem, key, floor = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6], sys.argv[7], sys.argv[8], sys.argv[9] == "floor"
 body = open(body_file, "rb").read()
 conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
 for i in range(count):
@@ -148,8 +157,9 @@ for i in range(count):
     conn.endheaders(body)
     r = conn.getresponse()
     data = r.read()
-    done = {"json": b'"cost"', "sse": b"data: [DONE]", "msgs": b"event: message_stop"}[case]
-    if r.status != 200 or done not in data or (case != "msgs" and b'"cost"' not in data):
+    # The floor passes the replica's answer on unpriced: no `cost` in its usage.
+    done = {"json": b'"usage"' if floor else b'"cost"', "sse": b"data: [DONE]", "msgs": b"event: message_stop"}[case]
+    if r.status != 200 or done not in data or (case != "msgs" and not floor and b'"cost"' not in data):
         sys.exit(f"request {i}: HTTP {r.status}: {data[:300]!r}")
 conn.close()
 PY
@@ -209,14 +219,20 @@ run() {
     port=$(free_port)
     admin=$(free_port)
     write_config "$port" "$admin"
+    local cmd=("$BIN" serve --config "$WORK/gw/tollgate.yaml") stop=TERM
+    if [[ -n $FLOOR ]]; then
+        # SIGINT: Pingora's fast shutdown (the floor has no short grace period configured).
+        cmd=("$FLOOR" --listen "127.0.0.1:$port" --upstream "127.0.0.1:$MOCK_PORT" --mode pass)
+        stop=INT
+    fi
     if [[ $TOOL == callgrind ]]; then
         out=$OUTDIR/callgrind.$CASE.$count
         env RUST_LOG=warn TMPDIR="$WORK/gw" valgrind --tool=callgrind --callgrind-out-file="$out" \
-            "$BIN" serve --config "$WORK/gw/tollgate.yaml" >"$WORK/gw.$count.log" 2>&1 &
+            "${cmd[@]}" >"$WORK/gw.$count.log" 2>&1 &
     else
         out=$OUTDIR/strace.$CASE.$count
         env RUST_LOG=warn TMPDIR="$WORK/gw" strace -f -c -o "$out" \
-            "$BIN" serve --config "$WORK/gw/tollgate.yaml" >"$WORK/gw.$count.log" 2>&1 &
+            "${cmd[@]}" >"$WORK/gw.$count.log" 2>&1 &
     fi
     pid=$!
     wait_port "$port" "$pid" || { tail -20 "$WORK/gw.$count.log" >&2; return 1; }
@@ -224,11 +240,11 @@ run() {
     local gw=$pid
     if [[ $TOOL == strace ]]; then gw=$(pgrep -P "$pid" | head -n 1); fi
     if [[ $count -gt 0 ]] && ! client "$port" "$count" >&2; then
-        kill -TERM "$gw"
+        kill -"$stop" "$gw"
         wait "$pid" || true
         return 1
     fi
-    kill -TERM "$gw"
+    kill -"$stop" "$gw"
     wait "$pid" || true
     echo "$out"
 }

@@ -59,10 +59,19 @@ pub fn is_object(raw: &RawValue) -> bool {
 
 /// The string a raw value holds, if it is a string.
 pub fn as_str(raw: &RawValue) -> Option<Str<'_>> {
-    if !raw.get().starts_with('"') {
+    let text = raw.get();
+    if !text.starts_with('"') {
         return None;
     }
-    serde_json::from_str(raw.get()).ok()
+    // A raw value is text a parse accepted, so a string with no backslash holds exactly the
+    // text between its quotes: borrowed without running the parser again (every stream
+    // frame's content, reasoning and finish reason are read this way).
+    if let Some(inner) = text.strip_prefix('"').and_then(|t| t.strip_suffix('"')) {
+        if memchr::memchr(b'\\', inner.as_bytes()).is_none() {
+            return Some(Str(Cow::Borrowed(inner)));
+        }
+    }
+    serde_json::from_str(text).ok()
 }
 
 /// One member of an object as raw text: the key between its quotes (escapes not decoded)
@@ -226,6 +235,36 @@ mod tests {
         assert_eq!(as_str(raw(r#""q\"s""#)).map(|s| s.0.into_owned()), Some("q\"s".to_string()));
         assert!(as_str(raw("1")).is_none() && as_str(raw("null")).is_none());
         assert!(is_null(raw("null")) && is_object(raw(r#"{"a":1}"#)) && !is_object(raw("[1]")));
+    }
+
+    #[test]
+    fn strings_read_as_the_parser_reads_them() {
+        let cases = [
+            r#""""#,
+            r#""caf\u00e9 \ud83d\ude00""#,
+            r#""tab\there""#,
+            r#""ends with a backslash\\""#,
+            r#""\"quoted\"""#,
+            "\"ünïcödé ✓ 😀\"",
+            r#""slash / and ' quote""#,
+        ];
+        for text in cases {
+            let parsed: String = serde_json::from_str(text).unwrap_or_else(|_| panic!("{text}"));
+            let read = as_str(raw(text)).unwrap_or_else(|| panic!("{text}"));
+            assert_eq!(read.0, parsed, "{text}");
+            // Borrowed from the text exactly when there is nothing to decode.
+            assert_eq!(matches!(read.0, Cow::Borrowed(_)), !text.contains('\\'), "{text}");
+        }
+        // A member of a larger text too.
+        #[derive(serde::Deserialize)]
+        struct Holder<'a> {
+            #[serde(borrow)]
+            s: &'a RawValue,
+        }
+        let holder: Holder<'_> = serde_json::from_str(r#"{ "s" : "in \"here\"" }"#).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(as_str(holder.s).map(|s| s.0.into_owned()).as_deref(), Some("in \"here\""));
+        let plain: Holder<'_> = serde_json::from_str(r#"{"s":"plain text"}"#).unwrap_or_else(|e| panic!("{e}"));
+        assert!(matches!(as_str(plain.s), Some(Str(Cow::Borrowed("plain text")))));
     }
 
     #[test]

@@ -46,7 +46,7 @@ fn frame_end(buf: &[u8]) -> Option<usize> {
 /// frame without data (comments, bare `event:` lines).
 pub fn data_payload(frame: &[u8]) -> Option<std::borrow::Cow<'_, [u8]>> {
     let mut found: Option<std::borrow::Cow<'_, [u8]>> = None;
-    for line in frame.split(|&b| b == b'\n') {
+    for line in lines(frame) {
         let line = line.strip_suffix(b"\r").unwrap_or(line);
         let Some(rest) = line.strip_prefix(b"data:") else {
             continue;
@@ -63,6 +63,23 @@ pub fn data_payload(frame: &[u8]) -> Option<std::borrow::Cow<'_, [u8]>> {
         });
     }
     found
+}
+
+/// The `\n`-separated lines of `frame`, as `split` gives them (the text after the last `\n`
+/// included), found with `memchr` rather than a test of every byte: every stream frame is
+/// split this way.
+fn lines(frame: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let mut rest = Some(frame);
+    std::iter::from_fn(move || {
+        let text = rest?;
+        match memchr::memchr(b'\n', text) {
+            Some(i) => {
+                rest = Some(&text[i + 1..]);
+                Some(&text[..i])
+            }
+            None => rest.take(),
+        }
+    })
 }
 
 #[cfg(test)]
@@ -103,6 +120,13 @@ mod tests {
     }
 
     proptest! {
+        #[test]
+        fn lines_are_the_lines_split_gives(text in proptest::collection::vec(
+            prop_oneof![Just(b'\n'), Just(b'\r'), Just(b'd'), Just(b':'), Just(b' '), any::<u8>()], 0..64)) {
+            let by_split: Vec<&[u8]> = text.split(|&b| b == b'\n').collect();
+            prop_assert_eq!(lines(&text).collect::<Vec<_>>(), by_split);
+        }
+
         #[test]
         fn any_chunking_gives_the_same_frames(cuts in proptest::collection::vec(0usize..200, 0..12)) {
             let stream: &[u8] = b"data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\ndata: {\"usage\":{}}\r\n\r\ndata: [DONE]\n\n";
