@@ -57,8 +57,9 @@ fn renamed_model(view: &AnswerView<'_>, cx: &mut RequestCtx) -> Option<Bytes> {
     if let Some(ModelJson(json)) = cx.ext.get::<ModelJson>() {
         return cx.pool()?.from_upstream(&name).map(|_| json.clone());
     }
-    let mut json = Vec::new();
-    tollgate::json_raw::write_string(&mut json, cx.pool()?.from_upstream(&name)?);
+    let id = cx.pool()?.from_upstream(&name)?;
+    let mut json = Vec::with_capacity(id.len() + 2); // quotes; an id with escapes grows it
+    tollgate::json_raw::write_string(&mut json, id);
     let json = Bytes::from(json);
     cx.ext.insert(ModelJson(json.clone()));
     Some(json)
