@@ -30,10 +30,11 @@
 # replica, only the `chat_completions` plugin, no identity, threads: 1) under valgrind
 # (callgrind) or strace -f -c. One client connection with keep-alive sends the same request
 # (bench.sh's bodies and headers) N times, one after another; the gateway is then stopped
-# with SIGTERM (grace period 1 s) so callgrind writes its counts.
+# with SIGTERM (grace period 1 s; the floor with SIGINT, Pingora's fast shutdown) so callgrind
+# writes its counts.
 #
 # Prints e.g. `json callgrind: 2000 vs 200 requests: 412345.6 instructions/request` and, with
-# --keep, leaves callgrind.out.N / callgrind.out.M for `callgrind_annotate --inclusive=yes`.
+# --keep, leaves callgrind.CASE.N / callgrind.CASE.M for `callgrind_annotate --inclusive=yes`.
 set -euo pipefail
 
 BIN="" MOCK="" CASE=json TOOL=callgrind N=2000 M=200 KEEP="" IDEM=off CHAIN=chat FLOOR=""
@@ -49,7 +50,7 @@ while [[ $# -gt 0 ]]; do
     --idem) IDEM=$2; shift 2 ;;
     --chain) CHAIN=$2; shift 2 ;;
     --floor) FLOOR=$2; shift 2 ;;
-    -h | --help) sed -n '2,30p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,37p' "$0"; exit 0 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
     esac
 done
