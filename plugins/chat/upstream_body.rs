@@ -77,12 +77,24 @@ impl Changed {
     }
 }
 
-/// `,"key":value` (`model` is always the first member; `key` has no escapes).
-fn push_member(out: &mut Vec<u8>, key: &[u8], value: &[u8]) {
+/// `,"key":` (`model` is always the first member; `key` has no escapes).
+fn push_key(out: &mut Vec<u8>, key: &[u8]) {
     out.extend_from_slice(b",\"");
     out.extend_from_slice(key);
     out.extend_from_slice(b"\":");
+}
+
+/// `,"key":value` with the value as the client wrote it.
+fn push_member(out: &mut Vec<u8>, key: &[u8], value: &[u8]) {
+    push_key(out, key);
     out.extend_from_slice(value);
+}
+
+/// `,"key":value` with the value serialized from the parsed body, straight into `out`.
+fn push_parsed(out: &mut Vec<u8>, key: &[u8], body: &Map<String, Value>) -> Option<()> {
+    let value = body.get(std::str::from_utf8(key).ok()?)?;
+    push_key(out, key);
+    serde_json::to_writer(&mut *out, value).ok()
 }
 
 const STREAM_MEMBERS: &[u8] = br#","stream":true,"stream_options":{"include_usage":true}}"#;
@@ -122,15 +134,14 @@ pub fn from_client_text(
     for &(key, i) in &last {
         has_effort |= key == b"reasoning_effort";
         if changed.written_from_body(key) {
-            let name = std::str::from_utf8(key).ok()?;
-            push_member(&mut out, key, &serde_json::to_vec(body.get(name)?).ok()?);
+            push_parsed(&mut out, key, body)?;
         } else {
             push_member(&mut out, key, members[i].1);
         }
     }
     // A member a rule added (an effort in place of an omitted one).
     if changed.effort && !has_effort {
-        push_member(&mut out, b"reasoning_effort", &serde_json::to_vec(body.get("reasoning_effort")?).ok()?);
+        push_parsed(&mut out, b"reasoning_effort", body)?;
     }
     if stream {
         out.extend_from_slice(STREAM_MEMBERS);
