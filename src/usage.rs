@@ -163,7 +163,7 @@ fn reported_counts(usage: &str) -> Option<Option<(u64, u64, u64, u64)>> {
     let count = |raw: Option<&RawValue>| raw.and_then(|r| r.get().parse::<u64>().ok());
     // A derived struct also reads an array (fields by position), and borrowed raw members
     // skip `Value`'s nesting limit: such reports take the general reading.
-    if !usage.trim_start().starts_with('{') || nesting(usage) > 100 {
+    if !usage.trim_start().starts_with('{') || deeper_than(usage, 100) {
         return None;
     }
     let report: Report<'_> = serde_json::from_str(usage).ok()?;
@@ -175,6 +175,15 @@ fn reported_counts(usage: &str) -> Option<Option<(u64, u64, u64, u64)>> {
     let completion = count(report.completion_tokens).unwrap_or(0);
     let total = count(report.total_tokens).unwrap_or(prompt + completion);
     Some(Some((prompt, cached.unwrap_or(0), completion, total)))
+}
+
+/// Whether JSON `text` nests arrays and objects deeper than `limit`.
+fn deeper_than(text: &str, limit: usize) -> bool {
+    // Each level opens with `{` or `[`, so text with no more of those than `limit` cannot go
+    // deeper (ones inside strings only send it on to the scan). The count is one vectorized
+    // pass over the usual short report; the scan is a branch per byte.
+    let openers = text.bytes().filter(|b| matches!(b, b'{' | b'[')).count();
+    openers > limit && nesting(text) > limit
 }
 
 /// The deepest nesting of arrays and objects in JSON `text` (strings skipped).
@@ -332,6 +341,17 @@ pub fn render_chat_usage(u: &UsageFigures, no_answer: bool) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    proptest::proptest! {
+        /// The opener count only skips the scan where the scan would say "not deeper".
+        #[test]
+        fn deeper_than_agrees_with_the_scan(
+            text in "[{}\\[\\]\"\\\\a,:]{0,300}",
+            limit in 0usize..120,
+        ) {
+            proptest::prop_assert_eq!(deeper_than(&text, limit), nesting(&text) > limit);
+        }
+    }
 
     fn pricing(input: u64, output: u64, cached: Option<u64>) -> Pricing {
         Pricing { input, output, cached_input: cached }
