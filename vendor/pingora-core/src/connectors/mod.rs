@@ -241,7 +241,10 @@ impl TransportConnector {
             .await
             .or_err(InternalError, "offload runtime failure")??
         } else {
-            do_connect(peer, bind_to, alpn_override, &self.tls_ctx.ctx, None).await?
+            // Boxed: a connect future (TCP and TLS) is ~8 KB, and unboxed it sits inside every
+            // request's future, which is copied whole into its box per request, though only a
+            // request opening a new connection runs it.
+            Box::pin(do_connect(peer, bind_to, alpn_override, &self.tls_ctx.ctx, None)).await?
         };
 
         Ok(stream)
