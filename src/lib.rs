@@ -8,6 +8,7 @@
 
 pub mod access_log;
 pub mod admin;
+pub mod allocator;
 pub mod background;
 pub mod body_replay;
 pub mod clock;

@@ -17,9 +17,10 @@ use pingora::server::configuration::ServerConf;
 use tollgate::body_replay::replace_request_body;
 use tollgate::held_output::OutputHold;
 
-/// The same allocator as the `tollgate` binary (decision 137).
+/// The same allocator as the `tollgate` binary (decisions 137 and 201), so the floor differs
+/// from the gateway only by the gateway's work.
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: tollgate::allocator::Allocator = tollgate::allocator::Allocator;
 
 struct Floor {
     upstream: String,
