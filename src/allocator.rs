@@ -19,12 +19,14 @@ use libmimalloc_sys::{
 /// aligned to at least 16 bytes.
 const WORD_ALIGN: usize = std::mem::size_of::<usize>();
 
-/// The global allocator of the `tollgate` binary and of the bench's floor binary (decision 137).
+/// The global allocator of the `tollgate` binary and of the bench's floor binary (decisions 137
+/// and 201).
 pub struct Allocator;
 
-// SAFETY: each method forwards to the mimalloc call with the same contract; a block from any
-// of them can be freed or resized by `mi_free` and `mi_realloc`, and `mi_malloc`'s blocks are
-// aligned to `WORD_ALIGN`, which is all the unaligned calls are used for.
+// SAFETY: each method forwards to the mimalloc call with the same contract; `mi_free` frees a
+// block from any of them, a block is resized by the call matching its layout's alignment (the
+// same one that made it), and `mi_malloc`'s blocks are aligned to `WORD_ALIGN`, which is all the
+// unaligned calls are used for.
 unsafe impl GlobalAlloc for Allocator {
     #[inline]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
@@ -73,8 +75,9 @@ unsafe impl GlobalAlloc for Allocator {
 mod tests {
     use super::*;
 
-    /// Every size a request uses, at every alignment: the block is aligned as asked, holds
-    /// what is written to it, keeps it through growth and shrinking, and zeroed blocks are zero.
+    /// Sizes from 1 byte to 4 MiB at alignments from 1 to 4096: the block is aligned as asked,
+    /// holds what is written to it, keeps it through growth and shrinking, and a zeroed block is
+    /// zero. An alignment above a word sent to the unaligned calls fails here.
     #[test]
     fn blocks_are_aligned_and_hold_their_bytes() {
         let sizes = (1..=64).chain((65..=20_000).step_by(37)).chain([65_536, 1 << 20, (4 << 20) + 3]);
