@@ -45,7 +45,7 @@ fn bench(c: &mut Criterion) {
     g.bench_function("malformed_key_rejected", |b| b.iter(|| rt.block_on(hit.authenticate("rp_short")).unwrap_err()));
 
     match support::bench_database(&rt, "tollgate_bench")
-        .and_then(|url| identity(&rt, StoreConfig::Postgres { url }, never_fresh()))
+        .and_then(|url| identity(&rt, StoreConfig::postgres(url), never_fresh()))
     {
         Some((pg, key)) => {
             g.bench_function("cache_miss_postgres", |b| b.iter(|| rt.block_on(pg.authenticate(&key)).unwrap()));

@@ -61,7 +61,7 @@ fn bench(c: &mut Criterion) {
     let dir = std::env::temp_dir().join(format!("tollgate-bench-ledger-{}", std::process::id()));
     let mut stores = vec![("sqlite", StoreConfig::Sqlite { path: dir.join("ledger.db") })];
     match support::bench_database(&rt, "tollgate_bench_ledger") {
-        Some(url) => stores.push(("postgres", StoreConfig::Postgres { url })),
+        Some(url) => stores.push(("postgres", StoreConfig::postgres(url))),
         None => eprintln!("ledger: PostgreSQL not reachable, its rows are not measured"),
     }
     let mut g = c.benchmark_group("ledger");

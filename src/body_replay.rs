@@ -272,6 +272,9 @@ async fn rebuild(
     fresh.set_pipelining_enabled(true);
     // The fresh session starts with default settings: re-apply ours.
     fresh.set_write_timeout(Some(DOWNSTREAM_WRITE_TIMEOUT));
+    // Keep Pingora's copy of a body up to 64 KiB as it reads it, so a request the replica
+    // never answered can be sent again to another (`proxy/retry.rs`, decision 204).
+    fresh.enable_retry_buffering();
     **downstream = fresh;
     Ok(())
 }

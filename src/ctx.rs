@@ -138,6 +138,9 @@ pub struct RequestCtx {
     pub heartbeat: Option<crate::heartbeat::Heartbeat>,
     /// Set by the stream parser at the first content frame (read by the watchdog).
     pub first_token_seen: Arc<AtomicBool>,
+    /// Set when the replica's response header arrives (read by the watchdog's first-byte
+    /// deadline, and by the retry decision: a request that got no byte may go elsewhere).
+    pub upstream_header_seen: Arc<AtomicBool>,
     pub response: ResponseState,
     /// Usage of the response as delivered: counts and cost (for billing in `logging`).
     pub usage: Option<UsageFigures>,
@@ -236,6 +239,7 @@ impl RequestCtx {
             heartbeat_payload: None,
             heartbeat: None,
             first_token_seen: Arc::new(AtomicBool::new(false)),
+            upstream_header_seen: Arc::new(AtomicBool::new(false)),
             response: ResponseState::default(),
             usage: None,
             paid_from: None,

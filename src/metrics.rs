@@ -31,6 +31,8 @@ struct Metrics {
     refusals: IntCounterVec,
     settlement_retries: IntCounterVec,
     holds_outstanding: IntGaugeVec,
+    ejections: IntCounterVec,
+    replica_retries: IntCounterVec,
 }
 
 const STORE_BUCKETS: &[f64] = &[0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0];
@@ -115,7 +117,35 @@ fn register() -> prometheus::Result<Metrics> {
             ),
             &["store"]
         )?,
+        ejections: register_int_counter_vec!(
+            Opts::new(
+                "tollgate_replica_ejections_total",
+                "Replicas taken out of placement by passive health: refused connections, or consecutive failures"
+            ),
+            &["model", "replica", "reason"]
+        )?,
+        replica_retries: register_int_counter_vec!(
+            Opts::new(
+                "tollgate_replica_retries_total",
+                "Requests sent to another replica after one gave no byte (connect failure, reset, no header in time)"
+            ),
+            &["model", "reason"]
+        )?,
     })
+}
+
+/// A replica was ejected by passive health (`reason`: a fixed name).
+pub fn replica_ejected(model: &str, replica: &str, reason: &str) {
+    if let Some(m) = metrics() {
+        m.ejections.with_label_values(&[model, replica, reason]).inc();
+    }
+}
+
+/// A request was sent to another replica after `reason` (a fixed name).
+pub fn replica_retried(model: &str, reason: &str) {
+    if let Some(m) = metrics() {
+        m.replica_retries.with_label_values(&[model, reason]).inc();
+    }
 }
 
 /// `metrics.enabled` in `tollgate.yaml` (default on); set once at start.

@@ -39,8 +39,39 @@ pub enum NoSlot {
     Unhealthy,
 }
 
-/// How long a replica that refused a connection gets no new request (decision 121).
+/// How long an ejected replica gets no new request (decisions 121 and 204).
 pub const EJECT_MS: i64 = 10_000;
+
+/// How a replica failed a request (passive health, decision 204).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// It refused the connection: nothing listens there now.
+    Refused,
+    /// The connection did not open in time.
+    ConnectTimeout,
+    /// A streamed request's response header did not come in time.
+    NoHeader,
+    /// A stream's first token did not come within the first-token budget.
+    NoFirstToken,
+    /// It closed or reset the connection before its answer ended.
+    Reset,
+    /// It answered with a 5xx status.
+    ServerError,
+}
+
+impl Fault {
+    /// The metric label and log word.
+    pub fn name(self) -> &'static str {
+        match self {
+            Fault::Refused => "refused",
+            Fault::ConnectTimeout => "connect_timeout",
+            Fault::NoHeader => "no_header",
+            Fault::NoFirstToken => "no_first_token",
+            Fault::Reset => "reset",
+            Fault::ServerError => "server_error",
+        }
+    }
+}
 
 fn try_reserve(index: usize, replica: &Arc<Replica>) -> Option<Slot> {
     replica
@@ -125,15 +156,50 @@ fn least_loaded(pool: &Pool, skip: &[usize], budget: usize, now: i64) -> Result<
     candidates.iter().take(budget).find_map(|&(_, i)| try_reserve(i, &pool.replicas[i])).ok_or(NoSlot::AtCapacity)
 }
 
-/// Passive health: a replica that refused a connection gets no new request for `EJECT_MS`.
-pub fn eject(slot: &Slot, request_id: &str) {
-    let until = crate::clock::now_ms() + EJECT_MS;
-    slot.replica.state.ejected_until_ms.store(until, Ordering::Relaxed);
+/// The replica answered (any status a live server gives): its failure streak ends.
+pub fn answered(replica: &Replica) {
+    if replica.state.failures.load(Ordering::Relaxed) != 0 {
+        replica.state.failures.store(0, Ordering::Relaxed);
+    }
+}
+
+/// Passive health (decision 204): a replica that refused a connection gets no new request for
+/// [`EJECT_MS`] at once; one that timed out, reset or answered 5xx after
+/// `pool.eject_after_failures` such failures in a row (an answer in between starts the count
+/// again). A connect timeout never ejects the pool's last replica in service: a burst that
+/// overflowed its accept queue is not a dead server, and ejecting the last one would refuse
+/// every request of the pool. Returns whether it was ejected.
+pub fn failed(pool: &Pool, replica: &Replica, fault: Fault, request_id: &str) -> bool {
+    let streak = replica.state.failures.fetch_add(1, Ordering::Relaxed).saturating_add(1);
+    let now = crate::clock::now_ms();
+    let eject = match fault {
+        Fault::Refused => true,
+        Fault::ConnectTimeout => {
+            streak >= pool.eject_after_failures
+                && pool.replicas.iter().any(|r| !std::ptr::eq(&**r, replica) && r.up(now))
+        }
+        _ => streak >= pool.eject_after_failures,
+    };
+    if !eject {
+        log::info!(
+            "{request_id}: replica {} of {} failed ({}, {streak} in a row)",
+            replica.authority,
+            pool.model_id,
+            fault.name()
+        );
+        return false;
+    }
+    replica.state.ejected_until_ms.store(now + EJECT_MS, Ordering::Relaxed);
+    replica.state.failures.store(0, Ordering::Relaxed);
+    crate::metrics::replica_ejected(&pool.model_id, &replica.authority, fault.name());
     log::warn!(
-        "{request_id}: replica {} refused a connection; ejected for {} s",
-        slot.replica.authority,
-        EJECT_MS / 1000
+        "{request_id}: replica {} of {} ejected for {} s ({}, {streak} failure(s) in a row)",
+        replica.authority,
+        pool.model_id,
+        EJECT_MS / 1000,
+        fault.name()
     );
+    true
 }
 
 /// Requests in flight across the pool (this instance's view).
@@ -220,6 +286,29 @@ mod tests {
         assert_eq!(place(&p, &[]).err(), Some(NoSlot::Unhealthy), "no healthy replica: answered at once");
         p.replicas[0].state.ejected_until_ms.store(now - 1, Ordering::Relaxed);
         assert_eq!(place(&p, &[]).ok().map(|s| s.index), Some(0), "back once its ejection ends");
+    }
+
+    #[test]
+    fn consecutive_failures_eject_an_answer_resets_the_count_and_a_timeout_spares_the_last_replica() {
+        let p = uniform_pool(2, 4);
+        let (a, b) = (&p.replicas[0], &p.replicas[1]);
+        assert!(!failed(&p, a, Fault::Reset, "r"));
+        assert!(!failed(&p, a, Fault::ServerError, "r"));
+        answered(a);
+        assert!(!failed(&p, a, Fault::NoHeader, "r"));
+        assert!(!failed(&p, a, Fault::Reset, "r"));
+        assert!(a.up(crate::clock::now_ms()), "two in a row after an answer: still in service");
+        assert!(failed(&p, a, Fault::ConnectTimeout, "r"), "the third in a row ejects");
+        assert!(!a.up(crate::clock::now_ms()));
+        // `b` is now the last replica in service: connect timeouts never take it out...
+        for _ in 0..10 {
+            assert!(!failed(&p, b, Fault::ConnectTimeout, "r"));
+        }
+        assert!(b.up(crate::clock::now_ms()));
+        // ...a refused connection does, at once.
+        answered(b);
+        assert!(failed(&p, b, Fault::Refused, "r"));
+        assert_eq!(place(&p, &[]).err(), Some(NoSlot::Unhealthy));
     }
 
     #[test]

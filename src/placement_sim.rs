@@ -70,6 +70,8 @@ pub fn uniform_pool(n: usize, capacity: u32) -> Pool {
         authorization: None,
         health_check: None,
         tls: None,
+        eject_after_failures: 3,
+        first_byte_timeout: Duration::from_secs(30),
     }
 }
 

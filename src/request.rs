@@ -215,7 +215,7 @@ pub fn place(cx: &mut RequestCtx) -> Result<(), GatewayError> {
         }
         Err(NoSlot::Unhealthy) => Err(GatewayError::new(
             ErrorKind::UpstreamUnreachable,
-            "No replica of the model is reachable right now (each refused a connection moments ago).",
+            "No replica of the model is reachable right now (each refused a connection or failed repeatedly moments ago).",
         )),
         Err(NoSlot::AtCapacity | NoSlot::Exhausted) => Err(GatewayError::new(
             ErrorKind::HostedModelAtCapacity,

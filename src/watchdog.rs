@@ -1,5 +1,5 @@
-//! Time budgets of a generation: the first-token budget (streams) and the whole-response
-//! budget. Pingora's `read_timeout` is per read, not a total, so a timer task shuts the
+//! Time budgets of a generation: the replica's first byte (streams: a live replica sends its
+//! response header at once), the first-token budget (streams) and the whole-response budget. Pingora's `read_timeout` is per read, not a total, so a timer task shuts the
 //! upstream socket down at the deadline; the pending read then fails at once and
 //! `fail_to_proxy` answers 504 (nothing sent yet) or writes the error frame (stream open).
 //!
@@ -19,6 +19,7 @@ const DISARMED: u8 = 1;
 const FIRED_FIRST_TOKEN: u8 = 2;
 const FIRED_RESPONSE: u8 = 3;
 const FIRED_TAIL: u8 = 4;
+const FIRED_FIRST_BYTE: u8 = 5;
 
 /// How long a replica has to end its HTTP body once its stream has ended (`[DONE]`, or the
 /// gateway's error frame): a correct one ends it in the same write.
@@ -27,6 +28,8 @@ pub const TAIL_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
 /// Which budget ran out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fired {
+    /// The replica sent no response header in time (it accepted the connection and hangs).
+    FirstByte,
     FirstToken,
     Response,
     /// The stream had ended, but the replica did not end its body within [`TAIL_GRACE`].
@@ -54,11 +57,13 @@ fn fire(state: &AtomicU8, fd: RawFd, why: u8) {
 }
 
 impl Watchdog {
-    /// Arm the budgets on the upstream socket `fd`. `first_token` is checked only when given
-    /// (streamed requests); `seen` is set by the stream parser at the first content frame.
+    /// Arm the budgets on the upstream socket `fd`. `first_byte` and `first_token` are checked
+    /// only when given (streamed requests); each flag is set when that arrives (the response
+    /// header; the first content frame, by the stream parser).
     pub fn arm(
         fd: RawFd,
         response_deadline: Instant,
+        first_byte: Option<(Instant, Arc<AtomicBool>)>,
         first_token: Option<(Instant, Arc<AtomicBool>)>,
     ) -> Option<Watchdog> {
         // SAFETY: dup of a descriptor pingora holds open for the duration of this call.
@@ -70,6 +75,17 @@ impl Watchdog {
         let state = Arc::new(AtomicU8::new(ARMED));
         let st = state.clone();
         let task = tokio::spawn(async move {
+            if let Some((at, seen)) = first_byte {
+                // Past the first-token deadline, that budget's own error says more.
+                let first = first_token.as_ref().is_none_or(|(token_at, _)| at < *token_at);
+                if first && at < response_deadline {
+                    tokio::time::sleep_until(at).await;
+                    if !seen.load(Ordering::Acquire) {
+                        fire(&st, dup, FIRED_FIRST_BYTE);
+                        return;
+                    }
+                }
+            }
             if let Some((at, seen)) = first_token {
                 if at < response_deadline {
                     tokio::time::sleep_until(at).await;
@@ -120,6 +136,7 @@ impl Watchdog {
 
     pub fn fired(&self) -> Option<Fired> {
         match self.state.load(Ordering::Acquire) {
+            FIRED_FIRST_BYTE => Some(Fired::FirstByte),
             FIRED_FIRST_TOKEN => Some(Fired::FirstToken),
             FIRED_RESPONSE => Some(Fired::Response),
             FIRED_TAIL => Some(Fired::Tail),

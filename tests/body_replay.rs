@@ -340,7 +340,7 @@ async fn every_framing_is_served_on_every_inference_route() {
 }
 
 #[tokio::test]
-async fn pipelined_requests_survive_the_gateways_own_answers_and_failures_say_close() {
+async fn pipelined_requests_survive_the_gateways_own_answers_and_failures_keep_the_connection() {
     let mock = Mock::start();
     let gw = Gateway::start(&mock);
     let mut c = Conn::open(gw.port);
@@ -364,15 +364,27 @@ async fn pipelined_requests_survive_the_gateways_own_answers_and_failures_say_cl
     c.send(format!("{}{}", post("{bad", ""), post(good, "")).as_bytes());
     assert_eq!(c.read().status, 400, "invalid JSON");
     assert_eq!(c.read().status, 200, "the request pipelined behind it");
-    // A replica failure (502) or a replica reset before the header (502): the answer says the
-    // connection closes, and it does (Pingora does not keep it after a failed proxy attempt).
-    for extra in ["x-mock-status: 500\r\n", "x-mock-abort-after: 0\r\n"] {
+    // A replica failure (502), a replica reset before the header (502) and a stream the replica
+    // cuts mid-way (an error frame on the 200, then the chunked end): each answer is complete,
+    // so the connection stays open and serves the client's next request (decision 158, issue
+    // 48: a client that pooled the connection must not find it closed).
+    let cut_stream = r#"{"model":"chat-model","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+    for (body, extra, status) in [
+        (good, "x-mock-status: 500\r\n", 502),
+        (good, "x-mock-abort-after: 0\r\n", 502),
+        (cut_stream, "x-mock-tokens: 10\r\nx-mock-abort-after: 3\r\n", 200),
+    ] {
         let mut c = Conn::open(gw.port);
-        c.send(post(good, extra).as_bytes());
+        c.send(post(body, extra).as_bytes());
         let r = c.read();
-        assert_eq!(r.status, 502, "{extra}: {}", String::from_utf8_lossy(&r.body));
-        assert_eq!(r.header("connection"), Some("close"), "{extra}");
-        assert!(c.closed(), "{extra}");
+        let text = String::from_utf8_lossy(&r.body).into_owned();
+        assert_eq!(r.status, status, "{extra}: {text}");
+        assert!(text.contains("\"error\":{") && !text.contains("[DONE]"), "{extra}: {text}");
+        assert_eq!(r.header("connection"), Some("keep-alive"), "{extra}");
+        assert!(!r.close_delimited, "{extra}");
+        c.send(post(good, "").as_bytes());
+        let next = c.read();
+        assert_eq!(next.status, 200, "{extra}: the next request on the same connection");
     }
 }
 
@@ -494,6 +506,6 @@ async fn a_replica_refusing_the_connection_gets_the_body_retried_on_another() {
         assert_eq!(seen["body"]["model"], "org/Chat-Model-7B", "{seen}");
         assert_eq!(seen["body"]["messages"][0]["content"], format!("conversation {n}"));
     }
-    let ejections = gw.log().matches(&format!("replica {dead} refused a connection; ejected")).count();
+    let ejections = gw.log().matches(&format!("replica {dead} of chat-model ejected for 10 s (refused")).count();
     assert_eq!(ejections, 1, "one conversation met the dead replica and was retried: {}", gw.log());
 }

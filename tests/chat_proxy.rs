@@ -446,7 +446,7 @@ async fn a_replica_that_refuses_a_connection_is_ejected_and_a_pool_without_one_a
         let r = gw.post("/v1/chat/completions", &b, &[]).await;
         assert_eq!(r.status, 200, "{}", r.text);
     }
-    let ejections = gw.log().matches(&format!("replica {dead} refused a connection; ejected")).count();
+    let ejections = gw.log().matches(&format!("replica {dead} of chat-model ejected for 10 s (refused")).count();
     assert_eq!(ejections, 1, "ejected once, then skipped: {}", gw.log());
     let text = gw.metrics().await;
     assert!(text.contains(&format!("tollgate_replica_up{{model=\"chat-model\",replica=\"{dead}\"}} 0")), "{text}");

@@ -26,7 +26,7 @@ async fn sqlite() -> Arc<dyn IdentityStore> {
 
 async fn postgres() -> Arc<dyn IdentityStore> {
     let url = pg::fresh_database().await;
-    let store = tollgate::store::open(&StoreConfig::Postgres { url }).await.unwrap();
+    let store = tollgate::store::open(&StoreConfig::postgres(url)).await.unwrap();
     store.migrate().await.unwrap();
     store
 }

@@ -7,6 +7,7 @@
 mod common;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use common::pg;
 use tollgate::clock::now_ms;
@@ -24,8 +25,15 @@ async fn sqlite() -> Stores {
     s
 }
 
+/// PostgreSQL with a generous call bound: these tests run hundreds of calls at once on one
+/// workspace row, on a machine that may be running a build beside them, and are about
+/// exactness, not outages (a timed-out call there is a store outage, tested elsewhere).
+fn pg_config(url: String) -> StoreConfig {
+    StoreConfig::Postgres { url, call_timeout: Duration::from_secs(120) }
+}
+
 async fn postgres() -> Stores {
-    let s = tollgate::store::open_stores(&StoreConfig::Postgres { url: pg::fresh_database().await }).await.unwrap();
+    let s = tollgate::store::open_stores(&pg_config(pg::fresh_database().await)).await.unwrap();
     s.identity.migrate().await.unwrap();
     s
 }
@@ -39,7 +47,7 @@ async fn sqlite_unbatched() -> Stores {
 
 async fn postgres_unbatched() -> Stores {
     let url = pg::fresh_database().await;
-    let s = tollgate::store::open_stores_unbatched(&StoreConfig::Postgres { url }).await.unwrap();
+    let s = tollgate::store::open_stores_unbatched(&pg_config(url)).await.unwrap();
     s.identity.migrate().await.unwrap();
     s
 }
@@ -572,7 +580,7 @@ async fn a_hold_placed_before_migration_5_is_released_with_its_entry() {
 #[tokio::test]
 async fn a_postgres_batch_finds_its_workspaces_by_key_not_by_scanning_them() {
     let url = pg::fresh_database().await;
-    let s = tollgate::store::open_stores(&StoreConfig::Postgres { url: url.clone() }).await.unwrap();
+    let s = tollgate::store::open_stores(&pg_config(url.clone())).await.unwrap();
     s.identity.migrate().await.unwrap();
     let (c, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
     tokio::spawn(conn);
@@ -749,7 +757,7 @@ macro_rules! two_instances {
             }
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn postgres() {
-                run(StoreConfig::Postgres { url: super::pg::fresh_database().await }).await
+                run(super::pg_config(super::pg::fresh_database().await)).await
             }
         }
     )*};

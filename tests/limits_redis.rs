@@ -211,3 +211,69 @@ async fn the_limiter_the_records_and_the_placements_share_one_connection() {
     let gateway_clients: Vec<&str> = list.lines().filter(|l| !l.starts_with(&format!("id={mine} "))).collect();
     assert_eq!(gateway_clients.len(), 1, "the gateway's connections: {gateway_clients:#?}");
 }
+
+/// Issue 48, finding 1 (decision 202): Redis restarted without persistence empties the gate
+/// sets. The requests still running are counted again before anything else is admitted:
+/// with 3 of the workspace's 4 slots taken by running requests, new requests after the
+/// restart are refused (`503` while the limiter recovers, then `429`) except one.
+#[tokio::test]
+async fn running_requests_are_counted_again_after_a_redis_restart() {
+    let mock = Mock::start();
+    let port = RedisChild::free_port();
+    let mut redis = RedisChild::start(port).await;
+    let limits =
+        redis_limits(&redis.url(), &prefix(), "  workspace_concurrency: { free: 4, core: 4, enterprise: 4 }\n");
+    let gw = Gateway::start_with(&mock, Opts { limits: Some(limits), response_seconds: 60.0, ..Opts::default() });
+    let url = gw.url("/v1/chat/completions");
+    let auth = gw.bearer();
+    // A request that runs for 30 s; its outcome (status and code) once it ends.
+    let long = || {
+        let (url, auth) = (url.clone(), auth.clone());
+        tokio::spawn(async move {
+            let r = reqwest::Client::new()
+                .post(url)
+                .header("authorization", auth)
+                .header("x-mock-ttft-ms", "30000")
+                .json(&chat_body("chat-model", false))
+                .send()
+                .await
+                .unwrap();
+            let status = r.status().as_u16();
+            let v: serde_json::Value = r.json().await.unwrap_or_default();
+            (status, v["error"]["code"].as_str().unwrap_or_default().to_string())
+        })
+    };
+    let running: Vec<_> = (0..3).map(|_| long()).collect();
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert!(running.iter().all(|t| !t.is_finished()), "three requests run");
+
+    redis.kill();
+    let _redis = RedisChild::start(port).await;
+    // New requests for 8 s: each is refused at once, or admitted and still running at the end.
+    let mut probes = Vec::new();
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(8) {
+        probes.push(long());
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (mut admitted, mut codes) = (0, Vec::new());
+    for p in probes {
+        if p.is_finished() {
+            codes.push(p.await.unwrap());
+        } else {
+            admitted += 1;
+            p.abort();
+        }
+    }
+    assert!(
+        codes.iter().all(|(s, c)| matches!(
+            (*s, c.as_str()),
+            (503, "hosted_admission_unavailable") | (429, "hosted_workspace_concurrency_limit")
+        )),
+        "{codes:?}"
+    );
+    assert!(codes.iter().any(|(s, _)| *s == 429), "the running requests were counted again: {codes:?}");
+    assert_eq!(admitted, 1, "one slot was free; refused: {codes:?}\n{}", gw.log());
+    assert!(!gw.log().contains("panicked"));
+}

@@ -235,7 +235,11 @@ async fn a_lease_not_renewed_frees_after_its_ttl(s: Pair) {
     );
     // Nobody renewed "a": its slot is free at its expiry.
     let (b, _) = admitted_lease(s.b.check(&one(t + 10_000, "b")).await.unwrap());
-    assert_eq!(s.a.renew(&a, 10_000, t + 10_001).await.unwrap(), Renewal::Lost);
+    // "a"'s request is still running after all (its gateway could not renew in time): a
+    // renewal counts it again, over the limit, until one of them ends (decision 202).
+    assert_eq!(s.a.renew(&a, 10_000, t + 10_001).await.unwrap(), Renewal::Restored { expires_at_ms: t + 20_001 });
+    assert!(matches!(s.b.check(&one(t + 10_002, "x")).await.unwrap(), Verdict::GateRefused { in_use: 2, .. }));
+    s.a.release(&a).await.unwrap();
     // A renewed lease keeps its slot past its first expiry.
     assert_eq!(s.b.renew(&b, 10_000, t + 15_000).await.unwrap(), Renewal::Renewed { expires_at_ms: t + 25_000 });
     assert_eq!(
@@ -243,7 +247,6 @@ async fn a_lease_not_renewed_frees_after_its_ttl(s: Pair) {
         Verdict::GateRefused { index: 0, in_use: 1, retry_after_ms: 4_000 }
     );
     admitted_lease(s.a.check(&one(t + 25_000, "c")).await.unwrap());
-    assert_eq!(s.b.renew(&b, 10_000, t + 25_000).await.unwrap(), Renewal::Lost);
     // Repeating a live lease's check does not take a second slot (it refreshes the expiry).
     let (c, in_use) = admitted_lease(s.b.check(&one(t + 26_000, "c")).await.unwrap());
     assert_eq!((c.expires_at_ms, in_use), (t + 36_000, vec![1]));
@@ -261,7 +264,9 @@ async fn release_is_idempotent(s: Pair) {
     s.a.release(&Lease { id: "no-gates".into(), keys: vec![], expires_at_ms: t }).await.unwrap();
     let (_, in_use) = admitted_lease(s.b.check(&two("b")).await.unwrap());
     assert_eq!(in_use, vec![1, 1]);
-    assert_eq!(s.a.renew(&a, 10_000, t + 1).await.unwrap(), Renewal::Lost);
+    // Renewing a released lease would count it again: the keeper renews running requests only.
+    assert_eq!(s.a.renew(&a, 10_000, t + 1).await.unwrap(), Renewal::Restored { expires_at_ms: t + 10_001 });
+    assert!(matches!(s.b.check(&two("c")).await.unwrap(), Verdict::GateRefused { index: 0, .. }));
 }
 
 /// Decision 148: the log phase's release. This instance's next check must count the slot free
@@ -620,7 +625,9 @@ async fn an_outage_counts_locally_without_hanging_and_shared_counting_resumes() 
                     Ok(Outcome { counting: Counting::Local, verdict: Verdict::Admitted { .. } }) => {
                         traffic.local.fetch_add(1, Ordering::SeqCst);
                     }
-                    Err(LimiterError::Unavailable(_)) => _ = traffic.unavailable.fetch_add(1, Ordering::SeqCst),
+                    Err(LimiterError::Unavailable(_) | LimiterError::Recovering { .. }) => {
+                        _ = traffic.unavailable.fetch_add(1, Ordering::SeqCst)
+                    }
                     other => panic!("unexpected {other:?}"),
                 }
                 tokio::time::sleep(Duration::from_millis(5)).await;
@@ -688,4 +695,59 @@ async fn an_outage_counts_locally_without_hanging_and_shared_counting_resumes() 
     eprintln!("outage traffic: {shared} shared, {local} local, {unavailable} unavailable, slowest call {slowest:?}");
     assert!(shared > 0 && local > 0 && unavailable > 0);
     assert!(slowest < BOUND, "a call took {slowest:?}");
+}
+
+/// Decision 202 (issue 48): Redis restarted without persistence loses every gate set. The
+/// running requests' leases are registered again by their keepers, and no gated check is
+/// admitted before they are: two gateways hold 3 of a gate's 4 slots, Redis restarts, and
+/// from then on exactly one more is admitted, never four.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_store_restart_running_leases_count_again_before_anything_is_admitted() {
+    use tollgate::limits::LeaseKeeper;
+    let port = RedisChild::free_port();
+    let mut server = RedisChild::start(port).await;
+    let opts = || RedisOptions { prefix: "tollgate".into(), timeout: Duration::from_millis(300) };
+    let fb = FallbackOptions { retry_shared_after_ms: 200 };
+    let gateway = || Arc::new(FallbackLimiter::new(Arc::new(RedisLimiter::new(&server.url(), opts()).unwrap()), fb));
+    let gateways = [gateway(), gateway()];
+    let keepers = gateways.clone().map(|g| LeaseKeeper::new(g, Duration::from_secs(30)));
+    let ws = uniq("ws");
+    let one = |id: &str| Check { lease_ttl_ms: 30_000, ..gates(now_ms(), id, vec![gate("workspace", &ws, 4)]) };
+    let mut running = Vec::new();
+    for (i, id) in ["a", "b", "c"].into_iter().enumerate() {
+        let out = gateways[i % 2].check(&one(id)).await.unwrap();
+        let Verdict::Admitted { lease: Some(lease), .. } = out.verdict else { panic!("{out:?}") };
+        running.push(keepers[i % 2].hold(lease));
+    }
+    // Let each keeper read the store's epoch once before the restart.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    server.kill();
+    let _server = RedisChild::start(port).await;
+    let restarted = Instant::now();
+    // From the restart on: a gated check is either refused (recovering, or the gate full) or
+    // admitted while the three running leases count; at most one is admitted in all.
+    let mut admitted = Vec::new();
+    let mut recovering = 0;
+    while restarted.elapsed() < Duration::from_secs(8) {
+        let id = uuid::Uuid::new_v4().to_string();
+        match gateways[admitted.len() % 2].check(&one(&id)).await {
+            Ok(Outcome { verdict: Verdict::Admitted { lease: Some(l), gates_in_use, .. }, .. }) => {
+                assert_eq!(gates_in_use, vec![4], "admitted beside the three running requests");
+                admitted.push(l);
+            }
+            Ok(Outcome { verdict: Verdict::GateRefused { in_use, .. }, .. }) => assert!(in_use >= 4, "{in_use}"),
+            Err(LimiterError::Recovering { retry_after_ms }) => {
+                assert!(retry_after_ms <= 3_000);
+                recovering += 1;
+            }
+            Err(LimiterError::Unavailable(_)) => {} // reconnecting
+            other => panic!("unexpected {other:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(recovering > 0, "gated checks waited for the recovery");
+    assert_eq!(admitted.len(), 1, "one slot was free: {admitted:?}");
+    for held in running {
+        held.release().await;
+    }
 }

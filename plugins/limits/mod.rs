@@ -76,6 +76,14 @@ fn store_error(e: LimiterError, admission: bool, request_id: &str) -> GatewayErr
             }
         }
         LimiterError::Invalid(m) => GatewayError::internal(format!("invalid limiter check: {m}")),
+        // Only gated checks wait for the recovery; windows-only checks are counted at once.
+        LimiterError::Recovering { retry_after_ms } => {
+            log::info!("{request_id}: limiter store recovering from a data loss ({retry_after_ms} ms more)");
+            GatewayError::new(
+                ErrorKind::HostedAdmissionUnavailable,
+                "Capacity admission is recovering from a rate-limit store restart; retry shortly.",
+            )
+        }
     }
 }
 

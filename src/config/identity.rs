@@ -26,8 +26,16 @@ pub(super) struct RawIdentity {
 #[derive(Deserialize)]
 #[serde(tag = "backend", rename_all = "lowercase", deny_unknown_fields)]
 enum RawStore {
-    Sqlite { path: String },
-    Postgres { url: Option<String>, url_env: Option<String> },
+    Sqlite {
+        path: String,
+    },
+    Postgres {
+        url: Option<String>,
+        url_env: Option<String>,
+        /// Bound on each store call in ms (default 5,000): past it the call counts as the store
+        /// being unavailable.
+        call_timeout_ms: Option<u64>,
+    },
 }
 
 /// A secret from an environment variable or a file (never inline in the YAML).
@@ -96,7 +104,15 @@ pub(super) fn read_secret(p: &mut Problems, path: &str, base: &Path, s: &RawSecr
 pub(super) fn identity_settings(p: &mut Problems, base: &Path, raw: &RawIdentity) -> Option<IdentitySettings> {
     let store = match &raw.store {
         RawStore::Sqlite { path } => crate::store::StoreConfig::Sqlite { path: sibling(base, path) },
-        RawStore::Postgres { url, url_env } => {
+        RawStore::Postgres { url, url_env, call_timeout_ms } => {
+            let call_timeout = match call_timeout_ms {
+                None => crate::store::postgres::CALL_TIMEOUT,
+                Some(ms) if (100..=600_000).contains(ms) => std::time::Duration::from_millis(*ms),
+                Some(_) => {
+                    p.add("identity.store.call_timeout_ms", "must be 100..=600000");
+                    crate::store::postgres::CALL_TIMEOUT
+                }
+            };
             let url = match (url, url_env) {
                 (Some(u), None) => Some(u.clone()),
                 (None, var) => {
@@ -111,7 +127,7 @@ pub(super) fn identity_settings(p: &mut Problems, base: &Path, raw: &RawIdentity
                     None
                 }
             }?;
-            crate::store::StoreConfig::Postgres { url }
+            crate::store::StoreConfig::Postgres { url, call_timeout }
         }
     };
     let pepper = read_secret(p, "identity.key_pepper", base, &raw.key_pepper);

@@ -32,6 +32,14 @@ struct RawPool {
     api_key_env: Option<String>,
     /// Active health checks; off unless given (decision 123).
     health_check: Option<RawHealthCheck>,
+    /// Passive health: consecutive failures (timeouts, resets, 5xx answers) after which a
+    /// replica is ejected like one that refused a connection (decision 204).
+    #[serde(default = "default_eject_after_failures")]
+    eject_after_failures: u32,
+    /// A streamed request's replica must send its response header within this, else it is
+    /// taken as not answering (and the request tried once on another replica).
+    #[serde(default = "default_first_byte_timeout_ms")]
+    first_byte_timeout_ms: u64,
     /// `https://` replicas: certificates verified against `ca_file` (else the system roots).
     #[serde(default)]
     tls: bool,
@@ -64,6 +72,12 @@ struct RawHealthCheck {
 
 fn default_connect_timeout_ms() -> u64 {
     2_000
+}
+fn default_eject_after_failures() -> u32 {
+    3
+}
+fn default_first_byte_timeout_ms() -> u64 {
+    30_000
 }
 fn default_busy_percent() -> u8 {
     75
@@ -106,6 +120,9 @@ pub struct ReplicaState {
     pub ejected_until_ms: AtomicI64,
     /// Active health (decision 123).
     pub checks: HealthState,
+    /// Passive health: failures in a row (timeouts, resets, 5xx), reset by an answer
+    /// (decision 204).
+    pub failures: AtomicU32,
 }
 
 /// The outcome of the active checks so far.
@@ -193,6 +210,10 @@ pub struct Pool {
     pub authorization: Option<String>,
     pub health_check: Option<HealthCheck>,
     pub tls: Option<UpstreamTls>,
+    /// Consecutive failures that eject a replica (decision 204).
+    pub eject_after_failures: u32,
+    /// A streamed request's response header must arrive within this.
+    pub first_byte_timeout: Duration,
 }
 
 impl Pool {
@@ -273,6 +294,12 @@ pub(super) fn load(
         if pool.connect_timeout_ms == 0 || pool.connect_timeout_ms > 60_000 {
             p.add(at("connect_timeout_ms"), "must be 1..=60000");
         }
+        if !(1..=1_000).contains(&pool.eject_after_failures) {
+            p.add(at("eject_after_failures"), "must be 1..=1000");
+        }
+        if !(100..=740_000).contains(&pool.first_byte_timeout_ms) {
+            p.add(at("first_byte_timeout_ms"), "must be 100..=740000");
+        }
         let authorization = match &pool.api_key_env {
             Some(var) => match std::env::var(var) {
                 Ok(v) if !v.trim().is_empty() => Some(format!("Bearer {}", v.trim())),
@@ -328,6 +355,8 @@ pub(super) fn load(
             authorization,
             health_check,
             tls,
+            eject_after_failures: pool.eject_after_failures.max(1),
+            first_byte_timeout: Duration::from_millis(pool.first_byte_timeout_ms.max(1)),
         };
         pools.by_model.insert(entry.id.clone(), Arc::new(pool));
     }

@@ -10,6 +10,8 @@ fn pool(model_id: &str, upstream: &str) -> Pool {
         authorization: None,
         health_check: None,
         tls: None,
+        eject_after_failures: 3,
+        first_byte_timeout: Duration::from_secs(30),
     }
 }
 

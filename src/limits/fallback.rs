@@ -166,6 +166,11 @@ impl FallbackLimiter {
         timed(&RENEW, self.primary.renew(lease, ttl_ms, now_ms)).await
     }
 
+    /// The shared store's epoch (see [`LimiterStore::epoch`]), passed through.
+    pub async fn epoch(&self, now_ms: i64) -> Result<Option<super::Epoch>, LimiterError> {
+        timed(&EPOCH, self.primary.epoch(now_ms)).await
+    }
+
     /// Passed through; a lease not released expires by its TTL.
     pub async fn release(&self, lease: &Lease) -> Result<(), LimiterError> {
         timed(&RELEASE, self.primary.release(lease)).await
@@ -181,6 +186,7 @@ type OpMetric = std::sync::LazyLock<Option<crate::metrics::StoreOp>>;
 static CHECK: OpMetric = std::sync::LazyLock::new(|| crate::metrics::StoreOp::new("limiter", "check"));
 static RENEW: OpMetric = std::sync::LazyLock::new(|| crate::metrics::StoreOp::new("limiter", "renew"));
 static RELEASE: OpMetric = std::sync::LazyLock::new(|| crate::metrics::StoreOp::new("limiter", "release"));
+static EPOCH: OpMetric = std::sync::LazyLock::new(|| crate::metrics::StoreOp::new("limiter", "epoch"));
 
 /// Run one store call and record its outcome and latency.
 async fn timed<T>(

@@ -204,19 +204,15 @@ impl State {
         Verdict::Admitted { windows, gates_in_use, lease }
     }
 
+    /// As the Redis script: a lease missing or expired on a gate is put back there (the
+    /// request is still running; here that happens only when renewal stalled past the TTL).
     fn renew(&mut self, lease: &Lease, ttl_ms: u64, now_ms: i64) -> Renewal {
         let live = lease.keys.iter().all(|k| self.gates.get(k).is_some_and(|s| s.live(&lease.id, now_ms)));
-        if !live {
-            self.release(lease);
-            return Renewal::Lost;
-        }
         let exp = expiry(now_ms, ttl_ms);
         for key in &lease.keys {
-            if let Some(s) = self.gates.get_mut(key) {
-                s.put(&lease.id, exp);
-            }
+            self.gates.entry(key.clone()).or_default().put(&lease.id, exp);
         }
-        Renewal::Renewed { expires_at_ms: exp }
+        if live { Renewal::Renewed { expires_at_ms: exp } } else { Renewal::Restored { expires_at_ms: exp } }
     }
 
     fn release(&mut self, lease: &Lease) {

@@ -15,7 +15,11 @@
 //!
 //! Concurrency is held by [`Lease`]s that expire: a gateway renews the lease of a running
 //! request and releases it when the request ends; a crashed gateway's slots free by
-//! themselves within the lease TTL.
+//! themselves within the lease TTL. A renewal that finds its lease gone (the store restarted
+//! without persistence, failed over, or the lease expired while its gateway could not reach
+//! the store) registers it again: the request is still running, so it is counted again
+//! (decision 202). After the store lost its data, gated checks wait a short recovery
+//! ([`LimiterError::Recovering`]) while every gateway registers its running leases again.
 //!
 //! During a store outage [`FallbackLimiter`] answers the request windows from a per-server
 //! fixed 60-second window (and says so), while admission returns the error so the caller
@@ -139,15 +143,24 @@ pub enum Verdict {
     TokensRefused { used: u64, limit: u64, retry_after_ms: u64, never: bool },
 }
 
-/// The result of [`LimiterStore::renew`].
+/// The result of [`LimiterStore::renew`]. Renew only a running request's lease: a renewal
+/// registers the lease again wherever it is missing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Renewal {
     Renewed {
         expires_at_ms: i64,
     },
-    /// The lease had expired (or was released): its slots are gone and were not taken back.
-    Lost,
+    /// The lease was missing (or expired) on at least one gate and is counted there again: the
+    /// store lost it (a restart without persistence, a failover) or it expired while its
+    /// gateway could not renew it. A gate may be over its limit until running requests end.
+    Restored {
+        expires_at_ms: i64,
+    },
 }
+
+/// What a limiter store knows of its own continuity: it changes when the store lost its data.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Epoch(pub String);
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LimiterError {
@@ -157,6 +170,9 @@ pub enum LimiterError {
     NotConfigured,
     /// The check itself is malformed (a caller bug).
     Invalid(String),
+    /// The store lost its data moments ago (its epoch is new) and gated checks wait while
+    /// every gateway registers its running leases again (`503 hosted_admission_unavailable`).
+    Recovering { retry_after_ms: u64 },
 }
 
 impl std::fmt::Display for LimiterError {
@@ -165,6 +181,9 @@ impl std::fmt::Display for LimiterError {
             LimiterError::Unavailable(m) => write!(f, "limiter store unavailable: {m}"),
             LimiterError::NotConfigured => write!(f, "no limiter store is configured"),
             LimiterError::Invalid(m) => write!(f, "invalid limiter check: {m}"),
+            LimiterError::Recovering { retry_after_ms } => {
+                write!(f, "limiter store recovering from a data loss for {retry_after_ms} ms more")
+            }
         }
     }
 }
@@ -178,7 +197,8 @@ pub trait LimiterStore: Send + Sync {
     fn backend(&self) -> &'static str;
     /// Windows, then gates, then tokens per minute, atomically; records only if all pass.
     async fn check(&self, c: &Check) -> Result<Verdict, LimiterError>;
-    /// Push the lease's expiry to `now_ms + ttl_ms` on every gate.
+    /// Push the lease's expiry to `now_ms + ttl_ms` on every gate, registering it again on any
+    /// gate that lost it. Only for a running request's lease (a released one would come back).
     async fn renew(&self, lease: &Lease, ttl_ms: u64, now_ms: i64) -> Result<Renewal, LimiterError>;
     /// Free the lease's slots. Idempotent: releasing twice, or after expiry, is `Ok`.
     async fn release(&self, lease: &Lease) -> Result<(), LimiterError>;
@@ -187,6 +207,13 @@ pub trait LimiterStore: Send + Sync {
     /// milliseconds longer (Redis: decision 148). The default frees them at once.
     async fn release_deferred(&self, lease: &Lease) -> Result<(), LimiterError> {
         self.release(lease).await
+    }
+    /// The store's epoch, created (with a recovery period for gated checks) when the store has
+    /// none: a store that can lose its data while gateways hold leases in it says so by a new
+    /// epoch, and each gateway then registers its running leases again. `None`: this store
+    /// never loses leases while the process lives (in process).
+    async fn epoch(&self, _now_ms: i64) -> Result<Option<Epoch>, LimiterError> {
+        Ok(None)
     }
 }
 

@@ -1,8 +1,15 @@
 //! The Redis limiter: shared by every gateway pointed at the same Redis. A check is one
-//! `EVALSHA` of `tollgate_check_v2` (a cold script cache adds one `SCRIPT LOAD`, once per
+//! `EVALSHA` of `tollgate_check_v3` (a cold script cache adds one `SCRIPT LOAD`, once per
 //! connection after a Redis restart), sent behind the `ZREM`s of the releases queued since the
-//! last check (`redis_releases`, decision 148); renew is one `EVALSHA` of `tollgate_renew_v1`;
+//! last check (`redis_releases`, decision 148); renew is one `EVALSHA` of `tollgate_renew_v2`;
 //! an immediate release is one pipelined round of `ZREM`s.
+//!
+//! Redis may lose its data (a restart without persistence, a failover to an empty replica)
+//! while gateways hold leases in it. The store's epoch (`{<prefix>}:epoch`, a hash) says so:
+//! a gateway's first check sets it, and a check that finds it missing creates a new one with
+//! a recovery deadline: gated checks wait [`RECOVERY`] while every gateway, which reads the
+//! epoch every second (`LimiterStore::epoch`), registers its running leases again (decision
+//! 202).
 //!
 //! Keys are `{<prefix>}:<kind>:<logical key>` with kind `w` (window hash), `g` (gate sorted
 //! set) or `t` (tokens hash), so a logical key reused across kinds never meets a wrong type.
@@ -34,12 +41,18 @@ use super::buckets::leaves_at_ms;
 use super::redis_releases::{CARRY_MAX, Releases};
 use super::{Check, Lease, LimiterError, LimiterStore, Renewal, Verdict, WindowState, redact};
 
-/// The check script's versioned name; see `tollgate_check_v2.lua`.
-pub const CHECK_SCRIPT: &str = "tollgate_check_v2";
-/// The renew script's versioned name; see `tollgate_renew_v1.lua`.
-pub const RENEW_SCRIPT: &str = "tollgate_renew_v1";
-const CHECK_LUA: &str = include_str!("tollgate_check_v2.lua");
-const RENEW_LUA: &str = include_str!("tollgate_renew_v1.lua");
+/// The check script's versioned name; see `tollgate_check_v3.lua`.
+pub const CHECK_SCRIPT: &str = "tollgate_check_v3";
+/// The renew script's versioned name; see `tollgate_renew_v2.lua`.
+pub const RENEW_SCRIPT: &str = "tollgate_renew_v2";
+const CHECK_LUA: &str = include_str!("tollgate_check_v3.lua");
+const RENEW_LUA: &str = include_str!("tollgate_renew_v2.lua");
+const EPOCH_LUA: &str = include_str!("tollgate_epoch_v1.lua");
+
+/// How long gated checks wait after the store lost its data: every gateway reads the epoch
+/// every [`super::leases::EPOCH_PROBE`] and then registers its running leases again, within a
+/// store timeout or two.
+pub const RECOVERY: Duration = Duration::from_secs(3);
 
 /// How long a compensating release may wait behind a stalled check.
 const COMPENSATE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -64,7 +77,10 @@ pub struct RedisLimiter {
     tag: String,
     check_script: redis::Script,
     renew_script: redis::Script,
+    epoch_script: redis::Script,
     releases: Arc<Releases>,
+    /// This process has set the store's epoch where it had none (its first check does).
+    epoch_set: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for RedisLimiter {
@@ -100,7 +116,9 @@ impl RedisLimiter {
             opts,
             check_script: redis::Script::new(CHECK_LUA),
             renew_script: redis::Script::new(RENEW_LUA),
+            epoch_script: redis::Script::new(EPOCH_LUA),
             releases: Arc::default(),
+            epoch_set: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -135,6 +153,9 @@ impl RedisLimiter {
     fn tokens_key(&self, key: &str) -> String {
         format!("{}:t:{key}", self.tag)
     }
+    fn epoch_key(&self) -> String {
+        format!("{}:epoch", self.tag)
+    }
 
     async fn conn(&self) -> Result<ConnectionManager, LimiterError> {
         self.redis.get().await.map_err(LimiterError::Unavailable)
@@ -158,6 +179,12 @@ impl RedisLimiter {
         let mut conn = self.conn().await?;
         let mut pipe = redis::pipe();
         let carried = self.releases.carry(&mut pipe, CARRY_MAX);
+        let first = !self.epoch_set.load(std::sync::atomic::Ordering::Relaxed);
+        if first {
+            // This process holds no lease yet and the store may simply be new: set its epoch
+            // where it has none, without a recovery, before the check reads it.
+            pipe.hset_nx(self.epoch_key(), "epoch", format!("{}@{}", c.lease_id, c.now_ms)).ignore();
+        }
         pipe.add_command(self.check_command(c));
         let sent = match pipe.query_async::<(Vec<i64>,)>(&mut conn).await {
             Err(e) if e.kind() == redis::ErrorKind::NoScriptError => {
@@ -169,7 +196,12 @@ impl RedisLimiter {
             other => other,
         };
         match sent {
-            Ok(reply) => Ok(reply.0),
+            Ok(reply) => {
+                if first {
+                    self.epoch_set.store(true, std::sync::atomic::Ordering::Relaxed);
+                }
+                Ok(reply.0)
+            }
             Err(e) => {
                 if let Some(carried) = carried {
                     self.releases.put_back(carried);
@@ -180,7 +212,7 @@ impl RedisLimiter {
     }
 
     fn check_command(&self, c: &Check) -> redis::Cmd {
-        let keys = c.windows.len() + c.gates.len() + usize::from(c.tpm.is_some());
+        let keys = c.windows.len() + c.gates.len() + usize::from(c.tpm.is_some()) + 1;
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(self.check_script.get_hash()).arg(keys);
         for w in &c.windows {
@@ -192,12 +224,14 @@ impl RedisLimiter {
         if let Some(t) = &c.tpm {
             cmd.arg(self.tokens_key(&t.key));
         }
+        cmd.arg(self.epoch_key());
         cmd.arg(c.now_ms)
             .arg(c.windows.len())
             .arg(c.gates.len())
             .arg(u8::from(c.tpm.is_some()))
             .arg(&*c.lease_id)
-            .arg(c.lease_ttl_ms);
+            .arg(c.lease_ttl_ms)
+            .arg(u64::try_from(RECOVERY.as_millis()).unwrap_or(u64::MAX));
         for w in &c.windows {
             cmd.arg(w.limit);
         }
@@ -266,6 +300,7 @@ fn verdict(c: &Check, r: &[i64]) -> Result<Verdict, LimiterError> {
             let limit = c.tpm.as_ref().map(|t| t.limit).ok_or_else(|| malformed(r))?;
             Ok(Verdict::TokensRefused { used: unsigned(1)?, limit, retry_after_ms: unsigned(2)?, never: at(3)? == 1 })
         }
+        4 => Err(LimiterError::Recovering { retry_after_ms: unsigned(1)? }),
         _ => Err(malformed(r)),
     }
 }
@@ -279,6 +314,7 @@ impl LimiterStore for RedisLimiter {
     async fn check(&self, c: &Check) -> Result<Verdict, LimiterError> {
         c.validate()?;
         match self.bounded(CHECK_SCRIPT, self.run_check(c)).await {
+            // The store answered: a recovery (4) recorded nothing, so there is nothing to undo.
             Ok(reply) => verdict(c, &reply),
             Err(e) => {
                 self.compensate(c);
@@ -291,7 +327,7 @@ impl LimiterStore for RedisLimiter {
         if lease.keys.is_empty() {
             return Ok(Renewal::Renewed { expires_at_ms: super::expiry(now_ms, ttl_ms) });
         }
-        let expires_at_ms = self
+        let (expires_at_ms, restored) = self
             .bounded(RENEW_SCRIPT, async {
                 let mut conn = self.conn().await?;
                 let mut inv = self.renew_script.prepare_invoke();
@@ -299,10 +335,25 @@ impl LimiterStore for RedisLimiter {
                     inv.key(self.gate_key(k));
                 }
                 inv.arg(now_ms).arg(ttl_ms).arg(&*lease.id);
-                inv.invoke_async::<i64>(&mut conn).await.map_err(unavailable)
+                inv.invoke_async::<(i64, i64)>(&mut conn).await.map_err(unavailable)
             })
             .await?;
-        Ok(if expires_at_ms < 0 { Renewal::Lost } else { Renewal::Renewed { expires_at_ms } })
+        Ok(if restored > 0 { Renewal::Restored { expires_at_ms } } else { Renewal::Renewed { expires_at_ms } })
+    }
+
+    async fn epoch(&self, now_ms: i64) -> Result<Option<super::Epoch>, LimiterError> {
+        let recovery = u64::try_from(RECOVERY.as_millis()).unwrap_or(u64::MAX);
+        let until = now_ms.saturating_add(i64::try_from(recovery).unwrap_or(i64::MAX));
+        let fresh = format!("probe:{}@{now_ms}", std::process::id());
+        let id = self
+            .bounded("epoch", async {
+                let mut conn = self.conn().await?;
+                let mut inv = self.epoch_script.prepare_invoke();
+                inv.key(self.epoch_key()).arg(&fresh).arg(until);
+                inv.invoke_async::<String>(&mut conn).await.map_err(unavailable)
+            })
+            .await?;
+        Ok(Some(super::Epoch(id)))
     }
 
     async fn release(&self, lease: &Lease) -> Result<(), LimiterError> {

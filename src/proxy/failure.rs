@@ -23,6 +23,12 @@ fn classify(e: &Error, cx: &RequestCtx) -> GatewayError {
     use ErrorType::*;
     if let Some(fired) = cx.watchdog.as_ref().and_then(Watchdog::fired) {
         return match fired {
+            // A request the replica never answered, and that could not go to another (decision
+            // 204): the replica failed, not the request's budget.
+            Fired::FirstByte => GatewayError::new(
+                ErrorKind::UpstreamFailed,
+                "The model server accepted the request but did not start answering in time.",
+            ),
             Fired::FirstToken => timeout_error("No token arrived within the first-token budget.", cx.stream),
             Fired::Response => timeout_error("The response did not finish within the response budget.", cx.stream),
             // Not reached in practice (`answer` ends a stream whose tail timer fired before
@@ -70,13 +76,16 @@ pub(super) async fn answer(s: &mut Session, e: &Error, cx: &mut RequestCtx, chai
             }
         }
         cx.response.tail_fault = true; // no second (ERROR) line from Pingora
-        end_body(s, None, cx).await;
-        return FailToProxy { error_code: 200, can_reuse_downstream: false };
+        let ended = end_body(s, None, cx).await;
+        return FailToProxy { error_code: 200, can_reuse_downstream: ended };
     }
     let err = match cx.failure.take() {
         Some(err) => err,
         None => classify(e, cx),
     };
+    // Whether the client has a complete response and may send its next request on this
+    // connection (decision 158): Pingora then keeps it, as after a response that succeeded.
+    let mut complete = false;
     let code = if replace_held(cx, &err) {
         // Nothing of the response had reached the client: all of it was replaced.
         err.status()
@@ -90,38 +99,43 @@ pub(super) async fn answer(s: &mut Session, e: &Error, cx: &mut RequestCtx, chai
             let frame = chain
                 .stream_failure_frame(&frame_err, cx)
                 .unwrap_or_else(|| envelope::sse_error_frame(&frame_err, cx.envelope, &cx.request_id));
-            end_body(s, Some(frame), cx).await;
+            complete = end_body(s, Some(frame), cx).await;
         } else if cx.response.streaming {
             // The stream already ended with its error frame: only the body's end is missing.
-            end_body(s, None, cx).await;
+            complete = end_body(s, None, cx).await;
         }
         // A body that was not held (routes forwarded as they are) and already started cannot
         // change status: the connection is closed, so the client sees an incomplete response.
         200
     } else {
         let status = err.status();
-        // After a failed proxy attempt Pingora 0.9.1 never reuses the client's connection
-        // (`can_reuse_downstream` is read only for failures before it), so the answer says
-        // `Connection: close`: a client must not send its next request on it (decision 158).
-        s.set_keepalive(None);
-        if let Err(we) = responder::error(s, cx, &err).await {
-            log::debug!("{}: error response not written: {we}", cx.request_id);
+        match responder::error(s, cx, &err).await {
+            Ok(()) => complete = true,
+            Err(we) => log::debug!("{}: error response not written: {we}", cx.request_id),
         }
         status
     };
     cx.failure = Some(err);
-    FailToProxy { error_code: code, can_reuse_downstream: false }
+    // A failure on the client's side (its body's framing, say) leaves the connection unusable.
+    let reusable = complete && e.esource() != &ErrorSource::Downstream;
+    FailToProxy { error_code: code, can_reuse_downstream: reusable }
 }
 
 /// Write the last bytes of a stream the client already has the start of, and its end (the
-/// chunked terminator), so the client sees a cleanly ended body. Bounded: Pingora writes the
-/// terminator without a timeout, and a client that stopped reading must not hold the request
-/// (and its settlement in `logging`) open.
-async fn end_body(s: &mut Session, last: Option<bytes::Bytes>, cx: &RequestCtx) {
+/// chunked terminator), so the client sees a cleanly ended body; whether it was written.
+/// Bounded: Pingora writes the terminator without a timeout, and a client that stopped reading
+/// must not hold the request (and its settlement in `logging`) open.
+async fn end_body(s: &mut Session, last: Option<bytes::Bytes>, cx: &RequestCtx) -> bool {
     match tokio::time::timeout(END_WRITE_LIMIT, s.write_response_body(last, true)).await {
-        Ok(Ok(())) => {}
-        Ok(Err(we)) => log::debug!("{}: end of the stream not written: {we}", cx.request_id),
-        Err(_) => log::debug!("{}: end of the stream not written within {END_WRITE_LIMIT:?}", cx.request_id),
+        Ok(Ok(())) => true,
+        Ok(Err(we)) => {
+            log::debug!("{}: end of the stream not written: {we}", cx.request_id);
+            false
+        }
+        Err(_) => {
+            log::debug!("{}: end of the stream not written within {END_WRITE_LIMIT:?}", cx.request_id);
+            false
+        }
     }
 }
 

@@ -30,6 +30,7 @@ use crate::watchdog::Watchdog;
 mod affinity;
 mod failure;
 mod forward;
+mod retry;
 mod stream_end;
 mod upstream_status;
 
@@ -191,22 +192,25 @@ impl ProxyHttp for Gateway {
     }
 
     fn fail_to_connect(&self, _s: &mut Session, _peer: &HttpPeer, cx: &mut Self::CTX, mut e: Box<Error>) -> Box<Error> {
-        if let Some(p) = cx.placement.as_mut() {
-            if let Some(slot) = p.slot.take() {
-                crate::placement::eject(&slot, &cx.request_id);
-                p.tried.push(slot.index);
-            }
-            if let Ok((next, spilled)) = crate::placement::place_home(&p.pool, &p.tried, p.home) {
-                log::info!("{}: replica connect failed, trying another", cx.request_id);
-                p.ran_on = Some(next.index);
-                p.slot = Some(next);
-                p.spilled |= spilled;
-                e.set_retry(true);
-                return e;
-            }
+        if retry::after_connect_failure(&e, cx) {
+            e.set_retry(true);
+            return e;
         }
         cx.failure =
             Some(GatewayError::new(ErrorKind::UpstreamUnreachable, "No replica of the model could be reached."));
+        e
+    }
+
+    fn error_while_proxy(
+        &self,
+        peer: &HttpPeer,
+        s: &mut Session,
+        e: Box<Error>,
+        cx: &mut Self::CTX,
+        _client_reused: bool,
+    ) -> Box<Error> {
+        let mut e = e.more_context(format!("Peer: {peer}"));
+        retry::after_proxy_error(s, &mut e, cx, &self.settings.budgets);
         e
     }
 
@@ -227,8 +231,11 @@ impl ProxyHttp for Gateway {
         }
         let budgets = &self.settings.budgets;
         let start = tokio::time::Instant::from_std(cx.started);
-        let first = Some((start + budgets.first_token, cx.first_token_seen.clone()));
-        cx.watchdog = Watchdog::arm(fd, start + budgets.response, first);
+        let first_token = Some((start + budgets.first_token, cx.first_token_seen.clone()));
+        // A live replica sends a stream's header at once; each attempt gets the pool's time.
+        let first_byte =
+            cx.pool().map(|p| (tokio::time::Instant::now() + p.first_byte_timeout, cx.upstream_header_seen.clone()));
+        cx.watchdog = Watchdog::arm(fd, start + budgets.response, first_byte, first_token);
         Ok(())
     }
 
@@ -278,6 +285,16 @@ impl ProxyHttp for Gateway {
         }
         let status = resp.status.as_u16();
         cx.response.upstream_status = Some(status);
+        cx.upstream_header_seen.store(true, std::sync::atomic::Ordering::Release);
+        if let Some(p) = cx.placement.as_ref() {
+            if let Some(replica) = p.ran_on.and_then(|i| p.pool.replicas.get(i)) {
+                if status >= 500 {
+                    crate::placement::failed(&p.pool, replica, crate::placement::Fault::ServerError, &cx.request_id);
+                } else {
+                    crate::placement::answered(replica);
+                }
+            }
+        }
         if !upstream_status::judge(resp, cx)? {
             return Ok(()); // a refusal, rewritten once its message is read
         }

@@ -27,7 +27,10 @@
 //!
 //! Most holds do not wait for the writer at all: a plan-less workspace's hold is taken in
 //! memory from a lease of its balance and its row queued like a settlement (`fund_op`,
-//! `ledger_lease.rs`, decision 187).
+//! `ledger_lease.rs`, decision 187). Such a row, and a lease's return, is nobody's to retry:
+//! when its batch fails (the store restarted or went away) the writer keeps it and sends it
+//! again at the head of its next batches until the store takes it (decision 203), so the row
+//! still lands before the request's settlement, which billing sends again after the failure.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -96,6 +99,9 @@ struct Job {
     op: LedgerOp,
     reply: Reply,
     queued: Instant,
+    /// Sent again after failed batches (see [`Job::kept_until_written`]); such a job's
+    /// `queued` time is no measure of the queue's wait.
+    retried: bool,
 }
 
 /// Where a job's outcome goes: a caller waiting for it, or a continuation run on the writer's
@@ -119,7 +125,18 @@ impl Reply {
 impl Job {
     /// An op nobody waits for: `done` gets its outcome on whichever thread completes it.
     fn then(op: LedgerOp, done: super::ledger::Detached) -> Job {
-        Job { op, reply: Reply::Then(done), queued: Instant::now() }
+        Job { op, reply: Reply::Then(done), queued: Instant::now(), retried: false }
+    }
+
+    /// A lease hold's row or a lease's return: no caller waits for it and none would send it
+    /// again, so the writer keeps it through failed batches until the store takes it.
+    fn kept_until_written(&self) -> bool {
+        matches!(self.reply, Reply::Then(_))
+            && match &self.op {
+                LedgerOp::LeaseHold { .. } => true,
+                LedgerOp::Release { request_id, .. } => request_id.starts_with(super::ledger_lease::LEASE_PREFIX),
+                _ => false,
+            }
     }
 
     /// A hold or funding decision: a request waits for it before going upstream.
@@ -285,7 +302,7 @@ impl BatchedLedger {
 
     async fn enqueue(&self, op: LedgerOp) -> OpResult {
         let (reply, answer) = oneshot::channel();
-        let job = Job { op, reply: Reply::Wait(reply), queued: Instant::now() };
+        let job = Job { op, reply: Reply::Wait(reply), queued: Instant::now(), retried: false };
         if job.holds() {
             if let Some(wait) = self.congested() {
                 return Err(StoreError::Busy(format!(
@@ -321,10 +338,21 @@ impl BatchedLedger {
 
 /// The outcome of a row nobody waits for: logged if it failed.
 fn written(r: OpResult) {
-    if let Err(e) = r {
-        log::warn!("a lease's ledger row was not written: {e}");
+    match r {
+        Ok(_) => {}
+        // Sent again after a batch whose commit went through but whose answer was lost.
+        Err(StoreError::Conflict(m)) => log::debug!("a lease's ledger row was written already: {m}"),
+        Err(e) => log::warn!("a lease's ledger row was not written: {e}"),
     }
 }
+
+/// Most jobs kept through failed batches at once: a longer outage drops the newer ones (their
+/// holds stay in their lease's row, given back with it, or expire and are swept).
+pub const KEPT_MAX: usize = MAX_BATCH;
+/// First wait before a batch of kept jobs is sent again with nothing else queued; doubled up
+/// to [`KEPT_RETRY_MAX`].
+const KEPT_RETRY: Duration = Duration::from_millis(100);
+const KEPT_RETRY_MAX: Duration = Duration::from_secs(2);
 
 /// Give back leases past their use, four times per [`LEASE_USE`], until the writer stops.
 async fn return_leases(queue: mpsc::WeakSender<Job>, leases: Arc<Leases>) {
@@ -355,7 +383,9 @@ pub(crate) fn on_writer_thread() -> bool {
 static BATCH: std::sync::LazyLock<Option<crate::metrics::StoreOp>> =
     std::sync::LazyLock::new(|| crate::metrics::StoreOp::new("ledger", "batch"));
 
-/// Drain the queue: everything waiting (up to `MAX_BATCH`) in one transaction.
+/// Drain the queue: everything waiting (up to `MAX_BATCH`) in one transaction. Jobs kept
+/// through a failed batch go first in the next one (they were queued before anything queued
+/// now); with nothing else queued they are sent again after a growing wait.
 async fn writer(
     mut rx: mpsc::Receiver<Job>,
     writes: Arc<dyn LedgerWrites>,
@@ -363,31 +393,57 @@ async fn writer(
     urgent: Arc<Notify>,
 ) {
     let mut jobs: Vec<Job> = Vec::with_capacity(MAX_BATCH);
-    while rx.recv_many(&mut jobs, MAX_BATCH).await > 0 {
-        if !jobs.iter().any(Job::holds) {
+    let mut kept: Vec<Job> = Vec::new();
+    let mut retry_in = KEPT_RETRY;
+    loop {
+        let room = MAX_BATCH - kept.len().min(MAX_BATCH);
+        if kept.is_empty() {
+            if rx.recv_many(&mut jobs, MAX_BATCH).await == 0 {
+                return;
+            }
+        } else if room > 0 {
+            // A closed queue (0) still sends the kept jobs once more.
+            let _ = tokio::time::timeout(retry_in, rx.recv_many(&mut jobs, room)).await;
+        } else {
+            tokio::time::sleep(retry_in).await;
+        }
+        if !kept.is_empty() {
+            let new = std::mem::take(&mut jobs);
+            jobs = kept.drain(..).chain(new).collect();
+        }
+        if !jobs.iter().any(Job::holds) && jobs.len() < MAX_BATCH {
             linger(&mut rx, &mut jobs, &urgent).await;
         }
-        // The queue is first in, first out: the first job waited longest.
-        let oldest = jobs.first().map_or(0, |j| j.queued.elapsed().as_millis());
+        // The queue is first in, first out: the first job queued now waited longest.
+        let oldest = jobs.iter().find(|j| !j.retried).map_or(0, |j| j.queued.elapsed().as_millis());
         congestion.seen_wait_ms.store(u64::try_from(oldest).unwrap_or(u64::MAX), Ordering::Relaxed);
         congestion.applying_since.store(congestion.ms() + 1, Ordering::Relaxed);
         // No request waits for a batch without holds, and one whose oldest op waited little
         // more than the linger is not behind: it may give way to request threads on its core
         // (decision 194). A batch holds waited for, or a writer falling behind, does not.
         let give_way = oldest <= 2 * SETTLE_LINGER.as_millis() && !jobs.iter().any(Job::holds);
-        let (ops, replies): (Vec<LedgerOp>, Vec<_>) = jobs.drain(..).map(|j| (j.op, j.reply)).unzip();
+        let ops: Vec<LedgerOp> = jobs.iter().map(|j| j.op.clone()).collect();
         log::trace!("ledger batch of {}", ops.len());
         let started = Instant::now();
         let giving_way = crate::thread_policy::GivingWay::start(give_way);
-        let results = apply_batch(&*writes, ops).await;
+        let (results, failed) = apply_batch(&*writes, ops).await;
         drop(giving_way);
         crate::metrics::StoreOp::record(&BATCH, results.iter().all(|r| r.is_ok()), started.elapsed());
         congestion.applying_since.store(0, Ordering::Relaxed);
         if rx.is_empty() {
             congestion.seen_wait_ms.store(0, Ordering::Relaxed);
         }
-        for (reply, r) in replies.into_iter().zip(results) {
-            reply.send(r);
+        retry_in = if failed { (retry_in * 2).min(KEPT_RETRY_MAX) } else { KEPT_RETRY };
+        for (mut job, r) in jobs.drain(..).zip(results) {
+            if failed && job.kept_until_written() {
+                if kept.len() < KEPT_MAX {
+                    job.retried = true;
+                    kept.push(job);
+                    continue;
+                }
+                log::warn!("ledger: too many rows wait for the store; one is dropped (its lease keeps the money)");
+            }
+            job.reply.send(r);
         }
     }
 }
@@ -429,24 +485,27 @@ fn take_queued(rx: &mut mpsc::Receiver<Job>, jobs: &mut Vec<Job>) -> bool {
     jobs.len() >= MAX_BATCH || jobs.iter().any(Job::holds)
 }
 
-/// One transaction for `ops`. A uniqueness conflict (which the snapshot should have
-/// prevented) fails a whole transaction, so then each op is retried alone and only the
-/// offending one fails; an outage fails them all (nothing was written).
-async fn apply_batch(writes: &dyn LedgerWrites, ops: Vec<LedgerOp>) -> Vec<OpResult> {
+/// One transaction for `ops`, and whether it failed whole (an outage: nothing written). A
+/// uniqueness conflict (which the snapshot should have prevented) fails a whole transaction,
+/// so then each op is retried alone and only the offending one fails.
+async fn apply_batch(writes: &dyn LedgerWrites, ops: Vec<LedgerOp>) -> (Vec<OpResult>, bool) {
     let n = ops.len();
     let ops: Arc<[LedgerOp]> = Arc::from(ops);
     match writes.apply(ops.clone()).await {
-        Ok(results) if results.len() == n => results,
-        Ok(_) => vec![Err(StoreError::Unavailable("the ledger answered a batch partly".into())); n],
+        Ok(results) if results.len() == n => (results, false),
+        Ok(_) => (vec![Err(StoreError::Unavailable("the ledger answered a batch partly".into())); n], true),
         Err(StoreError::Conflict(m)) if n > 1 => {
             log::warn!("ledger batch of {n} refused ({m}); applying its ops one by one");
             let mut out = Vec::with_capacity(n);
             for op in ops.iter() {
                 out.push(apply_one(writes, op.clone()).await);
             }
-            out
+            (out, false)
         }
-        Err(e) => vec![Err(e); n],
+        Err(e) => {
+            let outage = matches!(e, StoreError::Unavailable(_));
+            (vec![Err(e); n], outage)
+        }
     }
 }
 

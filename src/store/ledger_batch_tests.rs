@@ -389,6 +389,72 @@ mod leases {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    /// The SQLite store's writes behind a switch: off, every batch fails whole, as when
+    /// PostgreSQL restarts under a batch.
+    struct Switch {
+        store: Arc<SqliteStore>,
+        down: std::sync::atomic::AtomicBool,
+        failed: std::sync::atomic::AtomicUsize,
+    }
+
+    #[async_trait]
+    impl LedgerWrites for Switch {
+        async fn apply(&self, ops: Arc<[LedgerOp]>) -> Result<Vec<OpResult>, StoreError> {
+            if self.down.load(Ordering::SeqCst) {
+                self.failed.fetch_add(1, Ordering::SeqCst);
+                return Err(StoreError::Unavailable("switched off".into()));
+            }
+            self.store.apply(ops).await
+        }
+        async fn expired_holds(&self, now: Millis) -> Result<Vec<String>, StoreError> {
+            LedgerWrites::expired_holds(&*self.store, now).await
+        }
+    }
+
+    /// Decision 203: a hold placed from a lease while the store is down keeps its row through
+    /// the failed batches and lands before the request's settlement, sent again once the store
+    /// answers: no settlement without its hold, and the money exact.
+    #[tokio::test]
+    async fn a_lease_holds_row_outlives_an_outage_and_lands_before_its_settlement() {
+        let (dir, store, _) = funded(100_000).await;
+        let switch = Arc::new(Switch {
+            store: store.clone(),
+            down: std::sync::atomic::AtomicBool::new(false),
+            failed: std::sync::atomic::AtomicUsize::new(0),
+        });
+        let l = Arc::new(BatchedLedger::with_parts(store.clone(), switch.clone(), QUEUE).unwrap());
+        assert_eq!(l.fund(fund("r1", 5, false)).await.unwrap().verdict, Ok(Funding::PayAsYouGo));
+        until(async || l.leased_cents("w") == 5 * 1_024).await;
+        switch.down.store(true, Ordering::SeqCst);
+        // Placed in memory from the lease; its row's batch fails (and fails again, kept).
+        assert_eq!(l.fund(fund("r2", 5, false)).await.unwrap().verdict, Ok(Funding::PayAsYouGo));
+        until(async || switch.failed.load(Ordering::SeqCst) >= 2).await;
+        assert!(l.settle(&settlement("r2", 3_000_000)).await.is_err(), "the store is down");
+        switch.down.store(false, Ordering::SeqCst);
+        // Billing sends the settlement again; the kept row goes first in that batch at latest.
+        assert!(matches!(l.settle(&settlement("r2", 3_000_000)).await, Ok(SettleOutcome::Settled { .. })));
+        l.settle(&settlement("r1", 3_000_000)).await.unwrap();
+        let count = |sql: &'static str| {
+            let store = store.clone();
+            async move { store.with_conn(move |c| c.query_row(sql, [], |r| r.get::<_, i64>(0))).await.unwrap() }
+        };
+        let unmatched = count(
+            "SELECT count(*) FROM ledger_entries s WHERE s.kind = 'settlement' \
+             AND NOT EXISTS (SELECT 1 FROM holds h WHERE h.request_id = s.request_id)",
+        )
+        .await;
+        assert_eq!(unmatched, 0, "every settlement has its hold row");
+        let r2 = count("SELECT count(*) FROM holds WHERE request_id = 'r2' AND state = 'settled'").await;
+        assert_eq!(r2, 1, "r2's hold row was written and then settled");
+        // The lease given back: nothing held, every cent accounted for.
+        tokio::time::sleep(LEASE_USE).await;
+        until(async || LedgerStore::expired_holds(&*store, Millis::MAX).await.unwrap().is_empty()).await;
+        let b = store.balance("w").await.unwrap().unwrap();
+        assert_eq!((b.balance_cents, b.held_cents), (100_000 - 6, 0));
+        assert_eq!(store.derived_balance("w").await.unwrap(), b.balance_cents);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     /// Hold the writer's thread in a continuation until the returned sender is used (or
     /// dropped), so what the test queues meanwhile goes into the writer's next batch.
     /// Also returns how many times the writer had given way by then.

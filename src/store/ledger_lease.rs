@@ -53,6 +53,9 @@ pub const LEASE_MIN_HOLDS: i64 = 16;
 /// the sweeper gives it back.
 pub const LEASE_LIVE: Duration = Duration::from_secs(2);
 
+/// What every lease's id starts with (its hold row's request id).
+pub const LEASE_PREFIX: &str = "lease_";
+
 /// A lease as stored: an open hold row named `lease_…` (`LedgerWrites::balance_with_leases`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeaseRow {
@@ -104,7 +107,7 @@ impl Default for Leases {
         let prefix = u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]);
         Leases {
             slots: Mutex::new(FastMap::default()),
-            own: format!("lease_{prefix:016x}"),
+            own: format!("{LEASE_PREFIX}{prefix:016x}"),
             counter: AtomicU64::new(0),
         }
     }

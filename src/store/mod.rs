@@ -155,15 +155,28 @@ pub const POSTGRES_MIGRATIONS: &[Migration] = &[
 /// Which backend a config names.
 #[derive(Clone, PartialEq, Eq)]
 pub enum StoreConfig {
-    Sqlite { path: std::path::PathBuf },
-    Postgres { url: String },
+    Sqlite {
+        path: std::path::PathBuf,
+    },
+    Postgres {
+        url: String,
+        /// Bound on each store call, waiting for a pooled connection included.
+        call_timeout: std::time::Duration,
+    },
+}
+
+impl StoreConfig {
+    /// PostgreSQL at `url` with the default call timeout.
+    pub fn postgres(url: impl Into<String>) -> StoreConfig {
+        StoreConfig::Postgres { url: url.into(), call_timeout: postgres_pool::CALL_TIMEOUT }
+    }
 }
 
 impl std::fmt::Debug for StoreConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             StoreConfig::Sqlite { path } => write!(f, "sqlite {}", path.display()),
-            StoreConfig::Postgres { url } => write!(f, "postgres {}", redact_url(url)),
+            StoreConfig::Postgres { url, .. } => write!(f, "postgres {}", redact_url(url)),
         }
     }
 }
@@ -191,8 +204,8 @@ pub async fn open_stores_tuned(config: &StoreConfig, max_hold_wait: std::time::D
             let s = Arc::new(sqlite::SqliteStore::open(path)?);
             Ok(Stores { identity: s.clone(), ledger: tuned(ledger_batch::BatchedLedger::new(s)?) })
         }
-        StoreConfig::Postgres { url } => {
-            let s = Arc::new(postgres::PostgresStore::connect(url).await?);
+        StoreConfig::Postgres { url, call_timeout } => {
+            let s = Arc::new(postgres::PostgresStore::connect_with(url, *call_timeout).await?);
             Ok(Stores { identity: s.clone(), ledger: tuned(ledger_batch::BatchedLedger::new(s)?) })
         }
     }
@@ -206,8 +219,8 @@ pub async fn open_stores_unbatched(config: &StoreConfig) -> Result<Stores, Store
             let s = Arc::new(sqlite::SqliteStore::open(path)?);
             Ok(Stores { identity: s.clone(), ledger: s })
         }
-        StoreConfig::Postgres { url } => {
-            let s = Arc::new(postgres::PostgresStore::connect(url).await?);
+        StoreConfig::Postgres { url, call_timeout } => {
+            let s = Arc::new(postgres::PostgresStore::connect_with(url, *call_timeout).await?);
             Ok(Stores { identity: s.clone(), ledger: s })
         }
     }

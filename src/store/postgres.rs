@@ -9,8 +9,8 @@ use async_trait::async_trait;
 use deadpool_postgres::GenericClient;
 use tokio_postgres::Row;
 
-pub use super::postgres_pool::PostgresStore;
 use super::postgres_pool::ko;
+pub use super::postgres_pool::{CALL_TIMEOUT, PostgresStore};
 use super::{CopyAudit, IdentityStore, KeyPatch, POSTGRES_MIGRATIONS, RotateOpts, StoreError, Successor};
 use crate::clock::Millis;
 use crate::identity::lifecycle::{self, KeyOpError};

@@ -1,4 +1,5 @@
-//! The PostgreSQL connection pools and how a store call runs, bounded by `CALL_TIMEOUT`: on a
+//! The PostgreSQL connection pools and how a store call runs, bounded by the call timeout
+//! (`identity.store.call_timeout_ms`, [`CALL_TIMEOUT`] by default): on a
 //! dedicated store runtime (Pingora gives each service its own tokio runtime, and a pooled
 //! connection's I/O task lives on the runtime that opened it), except the ledger writer's
 //! batches, which run on its own thread with connections of its own (decision 151).
@@ -13,8 +14,8 @@ use tokio_postgres::NoTls;
 use super::{IdentityStore, StoreError};
 use crate::identity::lifecycle::KeyOpError;
 
-/// Longest a single store call may take before it counts as unavailable.
-const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest a single store call may take before it counts as unavailable, unless configured.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 
 fn store_runtime() -> Result<&'static tokio::runtime::Runtime, StoreError> {
     static RT: OnceLock<Result<tokio::runtime::Runtime, String>> = OnceLock::new();
@@ -36,6 +37,8 @@ pub struct PostgresStore {
     /// The ledger writer's own connections, used only on its thread, so their I/O runs there
     /// and a batch needs no other thread (decision 151). They connect on first use.
     pub(super) writer: Pool,
+    /// Bound on each call, waiting for a pooled connection included.
+    call_timeout: Duration,
 }
 
 pub(super) fn pg(e: tokio_postgres::Error) -> StoreError {
@@ -73,7 +76,7 @@ const WRITER_CONNECTIONS: usize = 2;
 
 /// A pool of at most `max` connections, each set up with [`PLANNING`]. Connects on first use,
 /// and a connection's I/O task runs on the runtime that opened it.
-fn new_pool(cfg: tokio_postgres::Config, max: usize) -> Result<Pool, StoreError> {
+fn new_pool(cfg: tokio_postgres::Config, max: usize, timeout: Duration) -> Result<Pool, StoreError> {
     let mgr = Manager::from_config(cfg, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
     Pool::builder(mgr)
         .post_create(Hook::async_fn(|client, _| {
@@ -90,41 +93,48 @@ fn new_pool(cfg: tokio_postgres::Config, max: usize) -> Result<Pool, StoreError>
         }))
         .max_size(max)
         .runtime(Runtime::Tokio1)
-        .wait_timeout(Some(CALL_TIMEOUT))
-        .create_timeout(Some(CALL_TIMEOUT))
-        .recycle_timeout(Some(CALL_TIMEOUT))
+        .wait_timeout(Some(timeout))
+        .create_timeout(Some(timeout))
+        .recycle_timeout(Some(timeout))
         .build()
         .map_err(|e| StoreError::Unavailable(format!("pool: {e}")))
 }
 
 impl PostgresStore {
     pub async fn connect(url: &str) -> Result<PostgresStore, StoreError> {
+        Self::connect_with(url, CALL_TIMEOUT).await
+    }
+
+    /// Connect with each call bounded by `call_timeout`.
+    pub async fn connect_with(url: &str, call_timeout: Duration) -> Result<PostgresStore, StoreError> {
         let cfg: tokio_postgres::Config =
             url.parse().map_err(|e| StoreError::Unavailable(format!("bad PostgreSQL URL: {e}")))?;
         let rt = store_runtime()?.handle().clone();
-        let writer = new_pool(cfg.clone(), WRITER_CONNECTIONS)?;
-        let pool =
-            rt.spawn(async move { new_pool(cfg, 16) }).await.map_err(|e| StoreError::Unavailable(e.to_string()))??;
-        let store = PostgresStore { pool, rt, writer };
+        let writer = new_pool(cfg.clone(), WRITER_CONNECTIONS, call_timeout)?;
+        let pool = rt
+            .spawn(async move { new_pool(cfg, 16, call_timeout) })
+            .await
+            .map_err(|e| StoreError::Unavailable(e.to_string()))??;
+        let store = PostgresStore { pool, rt, writer, call_timeout };
         store.ping().await?;
         Ok(store)
     }
 
-    /// Run `f` with a pooled client on the store runtime, bounded by `CALL_TIMEOUT`.
+    /// Run `f` with a pooled client on the store runtime, bounded by the call timeout.
     pub(super) async fn run<T, F, Fut>(&self, f: F) -> Result<T, KeyOpError>
     where
         T: Send + 'static,
         F: FnOnce(deadpool_postgres::Object) -> Fut + Send + 'static,
         Fut: Future<Output = Result<T, KeyOpError>> + Send + 'static,
     {
-        let pool = self.pool.clone();
+        let (pool, call_timeout) = (self.pool.clone(), self.call_timeout);
         self.rt
             .spawn(async move {
                 let work = async {
                     let client = pool.get().await.map_err(|e| KeyOpError::Store(format!("pool: {e}")))?;
                     f(client).await
                 };
-                tokio::time::timeout(CALL_TIMEOUT, work)
+                tokio::time::timeout(call_timeout, work)
                     .await
                     .unwrap_or_else(|_| Err(KeyOpError::Store("PostgreSQL did not answer in time".into())))
             })
@@ -133,7 +143,7 @@ impl PostgresStore {
     }
 
     /// Run `f` with one of the ledger writer's own clients, here on the writer's thread,
-    /// bounded by `CALL_TIMEOUT` (decision 151).
+    /// bounded by the call timeout (decision 151).
     pub(super) async fn on_writer<T, F, Fut>(&self, f: F) -> Result<T, StoreError>
     where
         F: FnOnce(deadpool_postgres::Object) -> Fut,
@@ -143,7 +153,7 @@ impl PostgresStore {
             let client = self.writer.get().await.map_err(|e| StoreError::Unavailable(format!("pool: {e}")))?;
             f(client).await.map_err(pg)
         };
-        tokio::time::timeout(CALL_TIMEOUT, work)
+        tokio::time::timeout(self.call_timeout, work)
             .await
             .unwrap_or_else(|_| Err(StoreError::Unavailable("PostgreSQL did not answer in time".into())))
     }

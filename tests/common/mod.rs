@@ -72,6 +72,14 @@ impl Mock {
         format!("127.0.0.1:{}", self.port)
     }
 
+    /// Send `sig` to the mock's process (SIGSTOP freezes it: connections are still accepted
+    /// by the kernel, nothing is answered; SIGCONT wakes it).
+    pub fn signal(&self, sig: libc::c_int) {
+        let pid = self._proc.child.id();
+        // SAFETY: a plain kill(2) on our own child's pid.
+        assert_eq!(unsafe { libc::kill(pid as libc::pid_t, sig) }, 0);
+    }
+
     /// What the mock received last (`/mock/last-request`).
     pub async fn last_request(&self) -> serde_json::Value {
         reqwest::get(format!("http://{}/mock/last-request", self.addr())).await.unwrap().json().await.unwrap()

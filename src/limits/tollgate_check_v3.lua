@@ -1,11 +1,17 @@
--- tollgate_check_v2: one admission check, atomically. Windows, then concurrency gates, then
+-- tollgate_check_v3: one admission check, atomically. Windows, then concurrency gates, then
 -- tokens per minute; nothing is recorded unless every part passes. A changed script gets a new
 -- name (v3, ...); gateways of two versions share keys only when each counts the other's writes
 -- exactly, as v1 and v2 do (below).
 --
--- KEYS: nw window hashes, ng gate sorted sets, then the tokens hash when has_tpm = 1.
--- ARGV: now_ms, nw, ng, has_tpm, lease_id, lease_ttl_ms,
+-- KEYS: nw window hashes, ng gate sorted sets, the tokens hash when has_tpm = 1, then the
+--       store's epoch hash (`tollgate_epoch_v1.lua`).
+-- ARGV: now_ms, nw, ng, has_tpm, lease_id, lease_ttl_ms, recovery_ms,
 --       nw window limits, ng gate limits, then tokens and the tokens limit when has_tpm = 1.
+--
+-- v3 adds the recovery (decision 202): a gated check on a store without its epoch (it lost
+-- its data) creates the epoch with a recovery deadline, and gated checks answer 4 until then
+-- while every gateway registers its running leases again. v2 gateways do not read the epoch;
+-- both versions count the same keys the same way.
 --
 -- Windows and tokens: a hash per key, field = second (floor(now_ms / 1000)), value = amount.
 -- Second s is counted while floor(now / 1000) <= s + 60, so an entry counts for more than 60
@@ -27,9 +33,11 @@
 --   {1, window_index, counted, retry_after_ms}
 --   {2, gate_index, in_use, retry_after_ms}
 --   {3, used_tokens, retry_after_ms, never}
+--   {4, retry_after_ms}                  (recovering: the store lost its data)
 local now = tonumber(ARGV[1])
 local nw, ng, has_tpm = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local lease, ttl = ARGV[5], tonumber(ARGV[6])
+local lease, ttl, recovery = ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7])
+local A = 7 -- the last fixed ARGV; the limits follow
 local SPAN = 60
 local CAP = 8000
 local cur = math.floor(now / 1000)
@@ -86,10 +94,22 @@ local function wait_for(list, need)
   return (last + SPAN + 1) * 1000 - now
 end
 
+-- (0) Gates need the running leases of every gateway: none while the store recovers.
+if ng > 0 then
+  local epoch = KEYS[nw + ng + has_tpm + 1]
+  local e = redis.call('HMGET', epoch, 'epoch', 'until')
+  local until_ms = tonumber(e[2]) or 0
+  if not e[1] then
+    until_ms = now + recovery
+    redis.call('HSET', epoch, 'epoch', lease .. '@' .. now, 'until', until_ms)
+  end
+  if until_ms > now then return { 4, until_ms - now } end
+end
+
 -- (1) Windows, in order.
 local windows, oldests = {}, {}
 for i = 1, nw do
-  local limit = tonumber(ARGV[6 + i])
+  local limit = tonumber(ARGV[A + i])
   local n, oldest = load(KEYS[i])
   if n + 1 > limit then
     return { 1, i - 1, n, wait_for(buckets(KEYS[i]), n + 1 - limit) }
@@ -103,7 +123,7 @@ end
 -- its slot.
 local counted = {}
 for j = 1, ng do
-  local key, limit = KEYS[nw + j], tonumber(ARGV[6 + nw + j])
+  local key, limit = KEYS[nw + j], tonumber(ARGV[A + nw + j])
   redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
   local n = redis.call('ZCARD', key)
   if n >= limit and not redis.call('ZSCORE', key, lease) then
@@ -119,8 +139,8 @@ end
 local tokens, tkey, toldest = 0, nil, nil
 if has_tpm == 1 then
   tkey = KEYS[nw + ng + 1]
-  tokens = tonumber(ARGV[6 + nw + ng + 1])
-  local limit = tonumber(ARGV[6 + nw + ng + 2])
+  tokens = tonumber(ARGV[A + nw + ng + 1])
+  local limit = tonumber(ARGV[A + nw + ng + 2])
   local used
   used, toldest = load(tkey)
   if tokens > limit then return { 3, used, 0, 1 } end
