@@ -166,20 +166,16 @@ pub fn answered(replica: &Replica) {
 /// Passive health (decision 204): a replica that refused a connection gets no new request for
 /// [`EJECT_MS`] at once; one that timed out, reset or answered 5xx after
 /// `pool.eject_after_failures` such failures in a row (an answer in between starts the count
-/// again). A connect timeout never ejects the pool's last replica in service: a burst that
-/// overflowed its accept queue is not a dead server, and ejecting the last one would refuse
-/// every request of the pool. Returns whether it was ejected.
+/// again), unless it is the pool's last replica in service: a burst that overflowed its accept
+/// queue, or requests whose content makes it fail, are not a dead server, and ejecting the
+/// last one would refuse every request of the pool (the active checks take out a dead one).
+/// Returns whether it was ejected.
 pub fn failed(pool: &Pool, replica: &Replica, fault: Fault, request_id: &str) -> bool {
     let streak = replica.state.failures.fetch_add(1, Ordering::Relaxed).saturating_add(1);
     let now = crate::clock::now_ms();
-    let eject = match fault {
-        Fault::Refused => true,
-        Fault::ConnectTimeout => {
-            streak >= pool.eject_after_failures
-                && pool.replicas.iter().any(|r| !std::ptr::eq(&**r, replica) && r.up(now))
-        }
-        _ => streak >= pool.eject_after_failures,
-    };
+    let eject = fault == Fault::Refused
+        || (streak >= pool.eject_after_failures
+            && pool.replicas.iter().any(|r| !std::ptr::eq(&**r, replica) && r.up(now)));
     if !eject {
         log::info!(
             "{request_id}: replica {} of {} failed ({}, {streak} in a row)",
@@ -289,7 +285,7 @@ mod tests {
     }
 
     #[test]
-    fn consecutive_failures_eject_an_answer_resets_the_count_and_a_timeout_spares_the_last_replica() {
+    fn consecutive_failures_eject_an_answer_resets_the_count_and_the_last_replica_is_spared() {
         let p = uniform_pool(2, 4);
         let (a, b) = (&p.replicas[0], &p.replicas[1]);
         assert!(!failed(&p, a, Fault::Reset, "r"));
@@ -300,9 +296,11 @@ mod tests {
         assert!(a.up(crate::clock::now_ms()), "two in a row after an answer: still in service");
         assert!(failed(&p, a, Fault::ConnectTimeout, "r"), "the third in a row ejects");
         assert!(!a.up(crate::clock::now_ms()));
-        // `b` is now the last replica in service: connect timeouts never take it out...
-        for _ in 0..10 {
-            assert!(!failed(&p, b, Fault::ConnectTimeout, "r"));
+        // `b` is now the last replica in service: timeouts and 5xx never take it out...
+        for fault in [Fault::ConnectTimeout, Fault::ServerError, Fault::Reset, Fault::NoHeader] {
+            for _ in 0..5 {
+                assert!(!failed(&p, b, fault, "r"));
+            }
         }
         assert!(b.up(crate::clock::now_ms()));
         // ...a refused connection does, at once.

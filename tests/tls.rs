@@ -134,7 +134,7 @@ async fn https_clients_reach_an_https_replica_verified_against_its_ca() {
     let body: serde_json::Value = r.json().await.unwrap();
     assert_eq!(body["error"]["code"], "upstream_error", "{body}");
     assert_eq!(mock.stats().await["requests"].as_u64().unwrap(), before, "an unverified replica gets nothing");
-    assert!(gw.log().contains("refused a connection"), "the failed handshake ejects the replica: {}", gw.log());
+    assert!(gw.log().contains("ejected for 10 s (refused"), "the failed handshake ejects the replica: {}", gw.log());
 }
 
 /// `tollgate check-config` on `dir/tollgate.yaml`: whether it passed, and its stderr.
