@@ -55,7 +55,12 @@ fn size() -> Size {
             outage: Duration::from_secs(10),
         }
     } else {
-        Size { clients: 12, before: Duration::from_secs(2), after: Duration::from_secs(8), outage: Duration::from_secs(3) }
+        Size {
+            clients: 12,
+            before: Duration::from_secs(2),
+            after: Duration::from_secs(8),
+            outage: Duration::from_secs(3),
+        }
     }
 }
 
@@ -92,8 +97,11 @@ async fn fleet(mocks: &[&Mock], pool_extra: &str) -> Fleet {
     let a = Gateway::start_with(mocks[0], opts.clone());
     let b = Gateway::start_with(mocks[0], opts);
     let (key, workspace) = (a.key.clone(), a.workspace.clone());
-    let (s, v) =
-        a.admin("POST", &format!("/admin/v1/workspaces/{workspace}/credits"), Some(serde_json::json!({"amount_cents": 100_000, "source": "purchase"})));
+    let (s, v) = a.admin(
+        "POST",
+        &format!("/admin/v1/workspaces/{workspace}/credits"),
+        Some(serde_json::json!({"amount_cents": 100_000, "source": "purchase"})),
+    );
     assert_eq!(s, 201, "{v}");
     Fleet {
         gateways: vec![a, b],
@@ -118,7 +126,13 @@ struct Tally {
 /// Streaming clients: each sends streamed chat requests one after another, to the live
 /// gateways in turn, until `stop`. A client with `leaves` set reads a few frames and then drops
 /// the connection.
-fn clients(f: &Fleet, n: usize, leaves: usize, stop: Arc<AtomicBool>, fault_at: Arc<Mutex<Option<Instant>>>) -> (Arc<Mutex<Tally>>, Vec<tokio::task::JoinHandle<()>>) {
+fn clients(
+    f: &Fleet,
+    n: usize,
+    leaves: usize,
+    stop: Arc<AtomicBool>,
+    fault_at: Arc<Mutex<Option<Instant>>>,
+) -> (Arc<Mutex<Tally>>, Vec<tokio::task::JoinHandle<()>>) {
     let tally = Arc::new(Mutex::new(Tally::default()));
     let urls: Vec<String> = f.gateways.iter().map(|g| g.url("/v1/chat/completions")).collect();
     let tasks = (0..n)
@@ -132,7 +146,8 @@ fn clients(f: &Fleet, n: usize, leaves: usize, stop: Arc<AtomicBool>, fault_at: 
                 let mut i = c;
                 while !stop.load(Ordering::SeqCst) {
                     i += 1;
-                    let Some(g) = (0..urls.len()).map(|k| (i + k) % urls.len()).find(|&g| alive[g].load(Ordering::SeqCst))
+                    let Some(g) =
+                        (0..urls.len()).map(|k| (i + k) % urls.len()).find(|&g| alive[g].load(Ordering::SeqCst))
                     else {
                         return;
                     };
@@ -177,7 +192,10 @@ fn clients(f: &Fleet, n: usize, leaves: usize, stop: Arc<AtomicBool>, fault_at: 
 
 /// Read one streamed answer: `200 done`, `200 <code>` for an error frame, `<status> <code>`,
 /// `left` (the client dropped it on purpose) or `transport` (the connection failed).
-async fn read_stream(call: impl std::future::Future<Output = reqwest::Result<reqwest::Response>>, leaving: bool) -> String {
+async fn read_stream(
+    call: impl std::future::Future<Output = reqwest::Result<reqwest::Response>>,
+    leaving: bool,
+) -> String {
     let r = match call.await {
         Ok(r) => r,
         Err(_) => return "transport".into(),
@@ -245,7 +263,8 @@ async fn audit(f: &Fleet) -> Result<String, String> {
          AND kind = 'settlement' GROUP BY request_id HAVING count(*) > 1) d"
     ))
     .await;
-    let settled = count(format!("SELECT count(*) FROM ledger_entries WHERE workspace_id = '{ws}' AND kind = 'settlement'")).await;
+    let settled =
+        count(format!("SELECT count(*) FROM ledger_entries WHERE workspace_id = '{ws}' AND kind = 'settlement'")).await;
     let live = f.gateways.iter().zip(f.alive.iter()).find(|(_, a)| a.load(Ordering::SeqCst)).map(|(g, _)| g).unwrap();
     let (s, v) = live.admin("GET", &format!("/admin/v1/workspaces/{ws}/ledger"), None);
     let consistent = s == 200 && v["check"]["consistent"] == true;

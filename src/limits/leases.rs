@@ -125,7 +125,7 @@ fn keep(store: Arc<FallbackLimiter>, live: LiveLeases, ttl: Duration, mut releas
                 },
                 _ = renew.tick() => renew_all(&store, &live, ttl_ms).await,
                 _ = probe.tick() => {
-                    if snapshot(&live).is_empty() {
+                    if live.lock().unwrap_or_else(|e| e.into_inner()).is_empty() {
                         continue;
                     }
                     let seen = store.epoch(now_ms()).await;

@@ -61,6 +61,30 @@ def test_streaming_completes_when_the_replica_body_does_not_end(gateway, after_d
     assert usage is not None and usage.completion_tokens == 3
 
 
+def test_a_stream_ended_by_an_error_frame_leaves_the_connection_usable(gateway):
+    # Decision 158 (issue 48): the replica cuts the stream mid-way, the gateway ends it with an
+    # error frame; the client's next, unrelated request goes out on the same pooled connection
+    # (one connection allowed) and must not find it closed.
+    import httpx
+
+    base, key = gateway
+    one = httpx.Client(limits=httpx.Limits(max_connections=1, max_keepalive_connections=1))
+    c = openai.OpenAI(base_url=f"{base}/v1", api_key=key, max_retries=0, http_client=one)
+    for _ in range(10):
+        stream = c.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "hello"}],
+            stream=True,
+            extra_headers={"x-mock-tokens": "8", "x-mock-abort-after": "3"},
+        )
+        with pytest.raises(openai.APIError) as e:
+            for _chunk in stream:
+                pass
+        assert "model server" in str(e.value)
+        r = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "next"}], max_tokens=2)
+        assert r.choices[0].message.content == "tok0 tok1 "
+
+
 def test_streaming_reasoning_arrives_on_reasoning(gateway):
     stream = client(gateway).chat.completions.create(
         model="qwen3-32b",
