@@ -322,11 +322,11 @@ async fn run(name: &str, f: &mut Fleet, leaves: usize, mocks_in_flight: &[&Mock]
     for t in tasks {
         t.await.unwrap();
     }
-    let t = tally.lock().unwrap();
-    let requests: usize = t.outcomes.values().sum();
-    let recover_ms = t.recovered_at.map(|at| at.saturating_duration_since(faulted).as_millis());
-    let (outcomes, hung) = (format!("{:?}", t.outcomes), t.hung);
-    drop(t);
+    let (requests, recover_ms, outcomes, hung) = {
+        let t = tally.lock().unwrap();
+        let recover_ms = t.recovered_at.map(|at| at.saturating_duration_since(faulted).as_millis());
+        (t.outcomes.values().sum::<usize>(), recover_ms, format!("{:?}", t.outcomes), t.hung)
+    };
     // During the scenario, the replicas never saw more of the workspace's requests at once than
     // its limit (measured where clients do not leave: a left stream's replica request ends a
     // moment after its slot is freed).
