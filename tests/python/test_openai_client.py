@@ -63,13 +63,9 @@ def test_streaming_completes_when_the_replica_body_does_not_end(gateway, after_d
 
 def test_a_stream_ended_by_an_error_frame_leaves_the_connection_usable(gateway):
     # Decision 158 (issue 48): the replica cuts the stream mid-way, the gateway ends it with an
-    # error frame; the client's next, unrelated request goes out on the same pooled connection
-    # (one connection allowed) and must not find it closed.
-    import httpx
-
-    base, key = gateway
-    one = httpx.Client(limits=httpx.Limits(max_connections=1, max_keepalive_connections=1))
-    c = openai.OpenAI(base_url=f"{base}/v1", api_key=key, max_retries=0, http_client=one)
+    # error frame; the client's next, unrelated request goes out on the connection it pooled
+    # (requests one after another reuse the one idle connection) and must not find it closed.
+    c = client(gateway)
     for _ in range(10):
         stream = c.chat.completions.create(
             model=MODEL,
