@@ -179,7 +179,7 @@ impl Extensions {
 
 /// `req_` + a per-process random prefix + a counter: unique across instances without a
 /// random draw (a syscall) per request.
-fn next_request_id() -> String {
+pub fn next_request_id() -> String {
     use std::sync::OnceLock;
     use std::sync::atomic::{AtomicU64, Ordering};
     static PREFIX: OnceLock<u64> = OnceLock::new();

@@ -41,6 +41,10 @@ pub enum ErrorKind {
     MethodNotAllowed,
     IdempotencyConflict,
     PayloadTooLarge,
+    /// The request's header lines exceed `client.max_header_bytes` or `client.max_headers`.
+    HeadersTooLarge,
+    /// The request's head or body did not arrive within its deadline.
+    RequestTimeout,
     IdempotencyReplayUnavailable,
     RateLimitExceeded,
     HostedPerKeyConcurrencyLimit,
@@ -129,6 +133,8 @@ impl ErrorKind {
             MethodNotAllowed => (405, IRE, "method_not_allowed"),
             IdempotencyConflict => (409, IRE, "idempotency_conflict"),
             PayloadTooLarge => (413, IRE, "payload_too_large"),
+            HeadersTooLarge => (431, IRE, "request_header_fields_too_large"),
+            RequestTimeout => (408, IRE, "request_timeout"),
             IdempotencyReplayUnavailable => (422, IRE, "idempotency_replay_unavailable"),
             RateLimitExceeded => (429, RATE, "rate_limit_exceeded"),
             HostedPerKeyConcurrencyLimit => (429, RATE, "hosted_per_key_concurrency_limit"),

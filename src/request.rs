@@ -100,8 +100,91 @@ fn too_large(limit: u64) -> GatewayError {
 
 /// Read the whole body under the size limit and parse it as a JSON object.
 /// Returns the raw bytes too (forwarded unchanged where no plugin rewrites them).
+/// Bytes of request bodies being read now, across the node (`client.body_buffer_budget_bytes`).
+static BODY_BYTES_READING: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Bytes a body being read holds of the node's budget, given back when the read ends.
+struct BudgetShare(u64);
+
+impl BudgetShare {
+    /// Take `n` more bytes of `budget`, or refuse (nothing taken).
+    fn take(&mut self, n: u64, budget: u64) -> bool {
+        use std::sync::atomic::Ordering;
+        let taken = BODY_BYTES_READING.fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+            held.checked_add(n).filter(|&total| total <= budget)
+        });
+        if taken.is_ok() {
+            self.0 += n;
+        }
+        taken.is_ok()
+    }
+}
+
+impl Drop for BudgetShare {
+    fn drop(&mut self) {
+        BODY_BYTES_READING.fetch_sub(self.0, std::sync::atomic::Ordering::AcqRel);
+    }
+}
+
+/// Read the body into a buffer that grows with the bytes that arrived (never sized by what a
+/// client declares: a declared 3.5 MB pins nothing before the bytes come), each arriving
+/// chunk counted against the node's budget for bodies being read; over it, the request is
+/// shed (`429 hosted_admission_congested`), issue 49.
+async fn read_body(s: &mut Session, limit: u64, declared: Option<u64>, budget: u64) -> Result<BytesMut, GatewayError> {
+    const FIRST: u64 = 16 * 1024;
+    let mut share = BudgetShare(0);
+    let mut buf = BytesMut::with_capacity(usize::try_from(declared.unwrap_or(FIRST).min(FIRST)).unwrap_or(0));
+    loop {
+        match s.read_request_body().await {
+            Ok(Some(chunk)) => {
+                let len = u64::try_from(chunk.len()).unwrap_or(u64::MAX);
+                if u64::try_from(buf.len()).unwrap_or(u64::MAX).saturating_add(len) > limit {
+                    return Err(too_large(limit));
+                }
+                if !share.take(len, budget) {
+                    log::warn!("request bodies being read hold the node's budget of {budget} bytes; one is shed");
+                    crate::metrics::admission_refused("body_budget");
+                    return Err(GatewayError::new(
+                        ErrorKind::HostedAdmissionCongested,
+                        "Capacity is being shed under momentary load; retry shortly. This is not a quota.",
+                    )
+                    .with_retry_after(1));
+                }
+                buf.extend_from_slice(&chunk);
+            }
+            Ok(None) => return Ok(buf),
+            Err(e) => {
+                return Err(GatewayError::invalid_request(
+                    "body",
+                    format!("The request body could not be read: {}", e.etype().as_str()),
+                ));
+            }
+        }
+    }
+}
+
+/// A request whose header lines exceed the client limits is refused before anything reads
+/// them, and never reaches a replica: `431 request_header_fields_too_large` (issue 49).
+pub fn check_header_limits(s: &Session, limits: &crate::config::ClientLimits) -> Result<(), GatewayError> {
+    let headers = &s.req_header().headers;
+    let count = u64::try_from(headers.len()).unwrap_or(u64::MAX);
+    // As on the wire: name, `: `, value, CRLF.
+    let bytes: usize = headers.iter().map(|(k, v)| k.as_str().len() + v.len() + 4).sum();
+    if count > limits.max_headers || u64::try_from(bytes).unwrap_or(u64::MAX) > limits.max_header_bytes {
+        return Err(GatewayError::new(
+            ErrorKind::HeadersTooLarge,
+            format!(
+                "The request's headers are too large: {count} lines of {bytes} bytes, at most {} lines of {} bytes.",
+                limits.max_headers, limits.max_header_bytes
+            ),
+        ));
+    }
+    Ok(())
+}
+
 pub async fn read_json_body(s: &mut Session, cx: &mut RequestCtx) -> Result<Bytes, GatewayError> {
     let limit = cx.config.gateway.max_request_bytes;
+    let client = cx.config.gateway.client;
     let declared = s
         .req_header()
         .headers
@@ -121,25 +204,17 @@ pub async fn read_json_body(s: &mut Session, cx: &mut RequestCtx) -> Result<Byte
             .await
             .map_err(|e| GatewayError::internal(format!("could not answer 100-continue: {e}")))?;
     }
-    let cap = usize::try_from(declared.unwrap_or(16 * 1024).min(limit)).unwrap_or(16 * 1024);
-    let mut buf = BytesMut::with_capacity(cap);
-    loop {
-        match s.read_request_body().await {
-            Ok(Some(chunk)) => {
-                if (buf.len() + chunk.len()) as u64 > limit {
-                    return Err(too_large(limit));
-                }
-                buf.extend_from_slice(&chunk);
-            }
-            Ok(None) => break,
-            Err(e) => {
-                return Err(GatewayError::invalid_request(
-                    "body",
-                    format!("The request body could not be read: {}", e.etype().as_str()),
-                ));
-            }
+    let deadline = client.body_deadline(declared.unwrap_or(limit));
+    let read = tokio::time::timeout(deadline, read_body(s, limit, declared, client.body_buffer_budget));
+    let buf = match read.await {
+        Ok(read) => read?,
+        Err(_) => {
+            return Err(GatewayError::new(
+                ErrorKind::RequestTimeout,
+                format!("The request body did not arrive within {} s.", deadline.as_secs()),
+            ));
         }
-    }
+    };
     cx.body_read = true;
     let raw = buf.freeze();
     let value: Value = crate::json_raw::from_text(&raw)

@@ -21,9 +21,32 @@ pub fn truncate(s: &str, max: usize) -> &str {
     &s[..end]
 }
 
+/// `path` fit for a log line: a segment holding an API key's shape (`rp_` and at least eight
+/// letters or digits, wherever in the segment) is replaced by `rp_[redacted]`, so a key a client
+/// put in a URL (`GET /v1/models/rp_...`) is never written to a log (issue 49).
+pub fn redacted_path(path: &str) -> std::borrow::Cow<'_, str> {
+    if !path.contains("rp_") {
+        return std::borrow::Cow::Borrowed(path);
+    }
+    let keyish = |seg: &str| {
+        seg.match_indices("rp_").any(|(i, _)| seg[i + 3..].bytes().take_while(u8::is_ascii_alphanumeric).count() >= 8)
+    };
+    let parts: Vec<&str> = path.split('/').map(|seg| if keyish(seg) { "rp_[redacted]" } else { seg }).collect();
+    std::borrow::Cow::Owned(parts.join("/"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn key_shaped_path_segments_are_redacted() {
+        let key = format!("rp_{}", "a1".repeat(20));
+        assert_eq!(redacted_path(&format!("/v1/models/{key}")), "/v1/models/rp_[redacted]");
+        assert_eq!(redacted_path(&format!("/v1/{key}/x/Bearer%20{key}")), "/v1/rp_[redacted]/x/rp_[redacted]");
+        assert_eq!(redacted_path("/v1/models/llama-3.1-8b"), "/v1/models/llama-3.1-8b");
+        assert_eq!(redacted_path("/v1/models/rp_short"), "/v1/models/rp_short", "not key-shaped");
+    }
 
     #[test]
     fn trace_header_rule() {

@@ -80,7 +80,7 @@ async fn health_checks_take_a_failing_replica_out_and_bring_it_back() {
     let started = Instant::now();
     let r = gw.post("/v1/chat/completions", &chat_body("chat-model", false), &[]).await;
     r.assert_error(503, "upstream_error");
-    assert!(started.elapsed() < Duration::from_millis(500), "answered fast: {:?}", started.elapsed());
+    assert!(started.elapsed() < Duration::from_secs(2), "answered fast: {:?}", started.elapsed());
     assert_eq!((requests_of(&a).await, requests_of(&b).await), (ra, rb), "no replica was tried");
     let (_, v) = gw.admin("GET", "/admin/v1/health", None);
     assert_eq!(v["pools"]["chat-model"]["status"], "down", "{v}");

@@ -35,6 +35,8 @@ struct RawGateway {
     #[serde(default)]
     limits: RawLimits,
     #[serde(default)]
+    client: super::client::RawClient,
+    #[serde(default)]
     budgets: RawBudgets,
     #[serde(default)]
     shutdown: RawShutdown,
@@ -264,6 +266,8 @@ pub struct GatewaySettings {
     pub upstreams_file: PathBuf,
     pub owned_by: String,
     pub max_request_bytes: u64,
+    /// What one client connection may cost before admission (issue 49).
+    pub client: super::ClientLimits,
     /// Rate-limit layers and the limiter store.
     pub limits: LimitSettings,
     pub budgets: Budgets,
@@ -326,6 +330,7 @@ pub(super) fn load(file: &Path, out: &mut Vec<ConfigProblem>) -> Option<GatewayS
         p.add("limits.max_request_bytes", "must be between 1 and 67108864");
     }
     let limits = super::limits::check(&mut p, &raw.limits);
+    let client = super::client::check(&mut p, &raw.client);
     let plans = std::sync::Arc::new(super::plans::check(&mut p, &raw.plans));
     let access_log_json = match raw.access_log.format.as_deref() {
         None | Some("text") => false,
@@ -380,6 +385,7 @@ pub(super) fn load(file: &Path, out: &mut Vec<ConfigProblem>) -> Option<GatewayS
         upstreams_file: sibling(file, &raw.upstreams_file),
         owned_by: raw.owned_by,
         max_request_bytes: raw.limits.max_request_bytes,
+        client,
         limits,
         budgets: Budgets {
             first_token,

@@ -9,6 +9,7 @@
 mod catalog;
 mod catalog_check;
 mod chat_rules;
+mod client;
 mod gateway;
 mod identity;
 mod limits;
@@ -22,6 +23,7 @@ mod upstreams;
 
 pub use catalog::{Catalog, ModelEntry, Pricing};
 pub use chat_rules::{ChatRules, SystemMessages};
+pub use client::ClientLimits;
 pub use gateway::{Budgets, GatewaySettings, PluginSpec};
 pub use identity::{IdentitySettings, Secret};
 pub use limits::{GateSettings, LimitSettings, Tiers};

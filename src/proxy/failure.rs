@@ -222,7 +222,8 @@ pub(super) fn access_log(s: &Session, cx: &RequestCtx, status: u16, json: bool) 
     if json {
         let h = s.req_header();
         let bytes_in = h.headers.get("content-length").and_then(|v| v.to_str().ok()?.parse().ok());
-        let line = crate::access_log::json_line(cx, status, h.uri.path(), bytes_in, s.body_bytes_sent());
+        let path = crate::text::redacted_path(h.uri.path());
+        let line = crate::access_log::json_line(cx, status, &path, bytes_in, s.body_bytes_sent());
         crate::access_log::write_json(line);
     } else {
         log::info!("{}", access_line(s, cx, status));
@@ -241,7 +242,7 @@ fn access_line(s: &Session, cx: &RequestCtx, status: u16) -> String {
         "{} {} {} status={} code={} model={} ms={} usage={:?}{}{}",
         cx.request_id,
         s.req_header().method,
-        s.req_header().uri.path(),
+        crate::text::redacted_path(s.req_header().uri.path()),
         status,
         cx.failure.as_ref().map(|f| f.kind.code()).unwrap_or("-"),
         cx.model().map(|m| m.id.as_str()).unwrap_or("-"),

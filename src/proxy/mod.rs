@@ -74,6 +74,7 @@ impl Gateway {
         s.downstream_session.set_write_timeout(Some(crate::body_replay::DOWNSTREAM_WRITE_TIMEOUT));
         request::echo_version(s, cx);
         let route = request::route(s, cx)?;
+        request::check_header_limits(s, &self.settings.client)?;
         request::client_request_id(s, cx)?;
         if self.chain.on_request_headers(s, cx).await? == Flow::Handled {
             return Ok(Flow::Handled);
@@ -363,6 +364,36 @@ impl ProxyHttp for Gateway {
         }
         stream_end::after_chunk(eos, body.as_ref().is_some_and(|b| !b.is_empty()), cx)?;
         Ok(None)
+    }
+
+    /// A request Pingora refused before any phase ran (a head it cannot parse, `CONNECT`) gets
+    /// the chat dialect's envelope like every other answer (the route is unknown), then the
+    /// connection closes (issue 49).
+    fn refusal_response(&self, status: u16) -> Option<(ResponseHeader, Bytes)> {
+        let err = if status == 405 {
+            GatewayError::new(ErrorKind::MethodNotAllowed, "This method is not served here.")
+        } else {
+            GatewayError::invalid_request(
+                "request",
+                "The request is not valid HTTP/1.1 (its request line, headers or framing); nothing was done.",
+            )
+        };
+        let request_id = crate::ctx::next_request_id();
+        let r = envelope::render(&err, envelope::Envelope::Chat, &request_id);
+        let mut resp = ResponseHeader::build(r.status, Some(5)).ok()?;
+        resp.insert_header("content-type", "application/json").ok()?;
+        resp.insert_header("content-length", r.body.len()).ok()?;
+        resp.insert_header("x-request-id", request_id.as_str()).ok()?;
+        resp.insert_header("connection", "close").ok()?;
+        log::info!("{request_id} refused before routing: status={status}");
+        Some((resp, r.body))
+    }
+
+    /// Pingora's own log lines about a request (its errors): the request line with a key-shaped
+    /// path segment redacted (never a key in a log, issue 49).
+    fn request_summary(&self, s: &Session, cx: &Self::CTX) -> String {
+        let h = s.req_header();
+        format!("{} {} {}", cx.request_id, h.method, crate::text::redacted_path(h.uri.path()))
     }
 
     fn suppress_error_log(&self, _s: &Session, cx: &Self::CTX, e: &Error) -> bool {

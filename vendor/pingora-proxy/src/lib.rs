@@ -352,8 +352,7 @@ where
                         "Fail to proxy: {e}, downstream session type: {}",
                         downstream_session.session_type()
                     );
-                    downstream_session
-                        .respond_error(400)
+                    self.refuse(&mut downstream_session, 400)
                         .await
                         .unwrap_or_else(|e| {
                             error!("failed to send error response to downstream: {e}");
@@ -385,8 +384,7 @@ where
             .is_some_and(|opts| opts.allow_connect_method_proxying)
             && downstream_session.req_header().method == Method::CONNECT
         {
-            downstream_session
-                .respond_error(405)
+            self.refuse(&mut downstream_session, 405)
                 .await
                 .unwrap_or_else(|e| {
                     error!("failed to send error response to downstream: {e}");
@@ -395,6 +393,19 @@ where
             return None;
         }
         Some(downstream_session)
+    }
+
+    /// Answer a request refused before any phase ran with the application's response for
+    /// `status` (`ProxyHttp::refusal_response`), or Pingora's own.
+    async fn refuse(&self, session: &mut Box<HttpSession>, status: u16) -> Result<()>
+    where
+        SV: ProxyHttp + Send + Sync,
+        SV::CTX: Send + Sync,
+    {
+        match self.inner.refusal_response(status) {
+            Some((resp, body)) => session.write_error_response(resp, body).await,
+            None => session.respond_error(status).await,
+        }
     }
 
     // return bool: server_session can be reused, and error if any

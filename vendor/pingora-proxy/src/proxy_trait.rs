@@ -602,6 +602,14 @@ pub trait ProxyHttp {
         e
     }
 
+    /// The response to a request refused before any phase runs: a request head that cannot be
+    /// parsed (`400`) or a `CONNECT` request (`405`). It is written and the connection closed.
+    ///
+    /// `None` (the default) keeps Pingora's own answer: the status line without a body.
+    fn refusal_response(&self, _status: u16) -> Option<(ResponseHeader, Bytes)> {
+        None
+    }
+
     /// This filter is called when there is an error in the process of establishing a connection
     /// to the upstream.
     ///

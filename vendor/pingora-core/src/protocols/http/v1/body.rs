@@ -675,6 +675,18 @@ impl BodyReader {
                             "Got size {chunk_size}, payload_index: {payload_index}, chunk: {:?}",
                             String::from_utf8_lossy(buf).escape_default(),
                         );
+                        // httparse accepts any octet in a chunk extension, a bare LF included;
+                        // a front proxy that reads that LF as the line's end frames the body
+                        // differently (request smuggling). RFC 9112 allows only visible
+                        // characters, spaces and tabs before the line's CRLF.
+                        let line = &buf[..payload_index.saturating_sub(2)];
+                        if line.iter().any(|&b| (b < 0x20 && b != b'\t') || b == 0x7f) {
+                            self.body_state = self.body_state.done(0);
+                            return Error::e_explain(
+                                INVALID_CHUNK,
+                                "control character in a chunk-size line",
+                            );
+                        }
                         let chunk_size = match usize::try_from(chunk_size) {
                             Ok(chunk_size) => chunk_size,
                             Err(_) => {
@@ -2231,6 +2243,19 @@ mod tests {
     async fn read_with_body_overflowing_chunk_size() {
         init_log();
         let input = b"FFFFFFFFFFFFFFFE\r\nAAAA\r\n0\r\n\r\n";
+        let mut mock_io = Builder::new().read(&input[..]).build();
+        let mut body_reader = BodyReader::new(false);
+        body_reader.init_chunked(b"");
+
+        let err = body_reader.read_body(&mut mock_io).await.unwrap_err();
+        assert_eq!(*err.etype(), INVALID_CHUNK);
+        assert_eq!(body_reader.body_state, ParseState::Done(0));
+    }
+
+    #[tokio::test]
+    async fn read_with_body_bare_lf_in_chunk_extension() {
+        init_log();
+        let input = b"2f;a=b\nX\r\nAAAA\r\n0\r\n\r\n";
         let mut mock_io = Builder::new().read(&input[..]).build();
         let mut body_reader = BodyReader::new(false);
         body_reader.init_chunked(b"");

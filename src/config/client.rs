@@ -1,0 +1,104 @@
+//! The `client` section of `tollgate.yaml`: what one client connection may cost the gateway
+//! before it is admitted (issue 49). Header size and count (the replica gets nothing larger),
+//! the bytes of request bodies being read at once across the node, and how long a request's
+//! body may take to arrive.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::Problems;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawClient {
+    #[serde(default = "default_max_header_bytes")]
+    max_header_bytes: u64,
+    #[serde(default = "default_max_headers")]
+    max_headers: u64,
+    #[serde(default = "default_body_buffer_budget")]
+    body_buffer_budget_bytes: u64,
+    #[serde(default = "default_body_timeout")]
+    body_timeout_seconds: f64,
+    #[serde(default = "default_body_min_rate")]
+    body_min_rate_bytes_per_second: u64,
+}
+
+impl Default for RawClient {
+    fn default() -> Self {
+        RawClient {
+            max_header_bytes: default_max_header_bytes(),
+            max_headers: default_max_headers(),
+            body_buffer_budget_bytes: default_body_buffer_budget(),
+            body_timeout_seconds: default_body_timeout(),
+            body_min_rate_bytes_per_second: default_body_min_rate(),
+        }
+    }
+}
+
+/// Envoy's defaults: 60 KiB of headers, 100 of them.
+fn default_max_header_bytes() -> u64 {
+    60 * 1024
+}
+fn default_max_headers() -> u64 {
+    100
+}
+/// 64 bodies of the largest size at once.
+fn default_body_buffer_budget() -> u64 {
+    256 * 1024 * 1024
+}
+fn default_body_timeout() -> f64 {
+    30.0
+}
+/// A body of the largest size (3.5 MB) gets about 54 s at this rate.
+fn default_body_min_rate() -> u64 {
+    64 * 1024
+}
+
+/// Checked client limits.
+#[derive(Debug, Clone, Copy)]
+pub struct ClientLimits {
+    /// Most bytes of a request's header lines (names, values, separators).
+    pub max_header_bytes: u64,
+    /// Most header lines in a request.
+    pub max_headers: u64,
+    /// Most bytes of request bodies being read at once on this node (before admission).
+    pub body_buffer_budget: u64,
+    /// Floor of a body's deadline; a large body gets more at `body_min_rate`.
+    pub body_timeout: Duration,
+    pub body_min_rate: u64,
+}
+
+impl ClientLimits {
+    /// How long a body of `len` bytes (declared; unknown for chunked uploads: the limit) may
+    /// take to arrive: the floor, or the time at the minimum rate if longer.
+    pub fn body_deadline(&self, len: u64) -> Duration {
+        let at_rate = Duration::from_secs_f64(len as f64 / self.body_min_rate.max(1) as f64);
+        self.body_timeout.max(at_rate)
+    }
+}
+
+pub(super) fn check(p: &mut Problems, raw: &RawClient) -> ClientLimits {
+    if !(1024..=1024 * 1024).contains(&raw.max_header_bytes) {
+        p.add("client.max_header_bytes", "must be 1024..=1048576");
+    }
+    if !(8..=1000).contains(&raw.max_headers) {
+        p.add("client.max_headers", "must be 8..=1000");
+    }
+    if raw.body_buffer_budget_bytes < 4 * 1024 * 1024 {
+        p.add("client.body_buffer_budget_bytes", "must be at least 4194304 (one body of the largest size)");
+    }
+    if !(raw.body_timeout_seconds.is_finite() && (1.0..=3600.0).contains(&raw.body_timeout_seconds)) {
+        p.add("client.body_timeout_seconds", "must be a number of seconds in [1, 3600]");
+    }
+    if raw.body_min_rate_bytes_per_second == 0 {
+        p.add("client.body_min_rate_bytes_per_second", "must be above 0");
+    }
+    ClientLimits {
+        max_header_bytes: raw.max_header_bytes,
+        max_headers: raw.max_headers,
+        body_buffer_budget: raw.body_buffer_budget_bytes,
+        body_timeout: Duration::from_secs_f64(raw.body_timeout_seconds.clamp(1.0, 3600.0)),
+        body_min_rate: raw.body_min_rate_bytes_per_second.max(1),
+    }
+}
