@@ -225,3 +225,56 @@ fn rss_kb(pid: u32) -> u64 {
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .unwrap_or(0)
 }
+
+/// Finding 2 (head, idle): a head sent a few bytes at a time (each read well within the
+/// per-read timeout) is answered `408` with the envelope at its deadline, and a kept-alive
+/// connection left idle is closed after the idle timeout.
+#[tokio::test]
+async fn a_trickled_head_is_408_at_its_deadline_and_an_idle_connection_closes() {
+    let mock = Mock::start();
+    let gw = Gateway::start_with(
+        &mock,
+        Opts {
+            extra_yaml: "client:\n  head_timeout_seconds: 2\n  idle_timeout_seconds: 2\n".into(),
+            ..Opts::default()
+        },
+    );
+    let mut c = TcpStream::connect(("127.0.0.1", gw.port)).unwrap();
+    c.set_read_timeout(Some(Duration::from_millis(400))).unwrap();
+    let started = Instant::now();
+    let _ = c.write_all(b"GET /v1/models HTTP/1.1\r\nHost: a\r\n");
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    while started.elapsed() < Duration::from_secs(30) {
+        match c.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => answer.extend_from_slice(&buf[..n]),
+            Err(_) => {
+                let _ = c.write_all(b"X-Slow: a\r\n"); // one more line every 400 ms
+            }
+        }
+    }
+    let answer = String::from_utf8_lossy(&answer).into_owned();
+    let (status, v) = status_and_body(&answer);
+    assert_eq!((status, v["error"]["code"].as_str()), (408, Some("request_timeout")), "{answer}");
+    assert!(started.elapsed() >= Duration::from_secs(2), "not before its deadline");
+    assert!(started.elapsed() < Duration::from_secs(30), "closed, not held open by the per-read timeout");
+
+    // A kept-alive connection that stays idle after its answer is closed.
+    let mut c = TcpStream::connect(("127.0.0.1", gw.port)).unwrap();
+    c.write_all(format!("GET /v1/models HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer {}\r\n\r\n", gw.key).as_bytes())
+        .unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let idle_from = Instant::now();
+    let mut all = Vec::new();
+    loop {
+        match c.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => all.extend_from_slice(&buf[..n]),
+        }
+    }
+    let all = String::from_utf8_lossy(&all);
+    assert!(all.starts_with("HTTP/1.1 200") && all.contains("keep-alive"), "{all}");
+    let idle = idle_from.elapsed();
+    assert!(idle >= Duration::from_secs(2) && idle < Duration::from_secs(30), "closed after {idle:?} idle");
+}

@@ -80,7 +80,14 @@ pub fn run(config: Config, chain: Chain, services: Services, start: Start<'_>) -
     };
     let gateway =
         Gateway::new(live.clone(), chain, placement_store(&config.gateway.limits.store, services.redis.clone()));
+    let head_timeout = config.gateway.client.head_timeout;
     let mut proxy = pingora::proxy::http_proxy_service(&server.configuration, gateway);
+    if let Some(app) = proxy.app_logic_mut() {
+        // A request head must arrive whole within this once it started (issue 49).
+        let mut options = pingora::apps::HttpServerOptions::default();
+        options.h1_head_timeout = Some(head_timeout);
+        app.server_options = Some(options);
+    }
     match &config.gateway.tls {
         Some(tls) => {
             // The files were read and checked with the config; ALPN offers HTTP/1.1 only

@@ -1,7 +1,7 @@
 //! The `client` section of `tollgate.yaml`: what one client connection may cost the gateway
 //! before it is admitted (issue 49). Header size and count (the replica gets nothing larger),
-//! the bytes of request bodies being read at once across the node, and how long a request's
-//! body may take to arrive.
+//! the bytes of request bodies being read at once across the node, how long a request's head
+//! and body may take to arrive, and how long a kept-alive connection may sit idle.
 
 use std::time::Duration;
 
@@ -22,6 +22,10 @@ pub(super) struct RawClient {
     body_timeout_seconds: f64,
     #[serde(default = "default_body_min_rate")]
     body_min_rate_bytes_per_second: u64,
+    #[serde(default = "default_head_timeout")]
+    head_timeout_seconds: u64,
+    #[serde(default = "default_idle_timeout")]
+    idle_timeout_seconds: u64,
 }
 
 impl Default for RawClient {
@@ -32,6 +36,8 @@ impl Default for RawClient {
             body_buffer_budget_bytes: default_body_buffer_budget(),
             body_timeout_seconds: default_body_timeout(),
             body_min_rate_bytes_per_second: default_body_min_rate(),
+            head_timeout_seconds: default_head_timeout(),
+            idle_timeout_seconds: default_idle_timeout(),
         }
     }
 }
@@ -50,6 +56,14 @@ fn default_body_buffer_budget() -> u64 {
 fn default_body_timeout() -> f64 {
     30.0
 }
+/// nginx's `client_header_timeout` is 60 s; a head is one write for every real client.
+fn default_head_timeout() -> u64 {
+    10
+}
+/// nginx's `keepalive_timeout` is 75 s, Envoy's idle timeout an hour.
+fn default_idle_timeout() -> u64 {
+    60
+}
 /// A body of the largest size (3.5 MB) gets about 54 s at this rate.
 fn default_body_min_rate() -> u64 {
     64 * 1024
@@ -67,6 +81,10 @@ pub struct ClientLimits {
     /// Floor of a body's deadline; a large body gets more at `body_min_rate`.
     pub body_timeout: Duration,
     pub body_min_rate: u64,
+    /// A request head must arrive whole within this once its first bytes did (else `408`).
+    pub head_timeout: Duration,
+    /// A kept-alive connection is closed after this long without a request.
+    pub idle_timeout_seconds: u64,
 }
 
 impl ClientLimits {
@@ -94,11 +112,19 @@ pub(super) fn check(p: &mut Problems, raw: &RawClient) -> ClientLimits {
     if raw.body_min_rate_bytes_per_second == 0 {
         p.add("client.body_min_rate_bytes_per_second", "must be above 0");
     }
+    if !(1..=600).contains(&raw.head_timeout_seconds) {
+        p.add("client.head_timeout_seconds", "must be 1..=600");
+    }
+    if !(1..=86_400).contains(&raw.idle_timeout_seconds) {
+        p.add("client.idle_timeout_seconds", "must be 1..=86400");
+    }
     ClientLimits {
         max_header_bytes: raw.max_header_bytes,
         max_headers: raw.max_headers,
         body_buffer_budget: raw.body_buffer_budget_bytes,
         body_timeout: Duration::from_secs_f64(raw.body_timeout_seconds.clamp(1.0, 3600.0)),
         body_min_rate: raw.body_min_rate_bytes_per_second.max(1),
+        head_timeout: Duration::from_secs(raw.head_timeout_seconds.clamp(1, 600)),
+        idle_timeout_seconds: raw.idle_timeout_seconds.clamp(1, 86_400),
     }
 }

@@ -73,6 +73,11 @@ impl Gateway {
     async fn handle(&self, s: &mut Session, cx: &mut RequestCtx) -> Result<Flow, GatewayError> {
         s.downstream_session.set_write_timeout(Some(crate::body_replay::DOWNSTREAM_WRITE_TIMEOUT));
         request::echo_version(s, cx);
+        // HTTP/1.1 keeps a connection alive with no limit by default: bound its idle wait for
+        // the next request (issue 49).
+        if s.get_keepalive() == Some(0) {
+            s.set_keepalive(Some(self.settings.client.idle_timeout_seconds));
+        }
         let route = request::route(s, cx)?;
         request::check_header_limits(s, &self.settings.client)?;
         request::client_request_id(s, cx)?;
@@ -372,6 +377,8 @@ impl ProxyHttp for Gateway {
     fn refusal_response(&self, status: u16) -> Option<(ResponseHeader, Bytes)> {
         let err = if status == 405 {
             GatewayError::new(ErrorKind::MethodNotAllowed, "This method is not served here.")
+        } else if status == 408 {
+            GatewayError::new(ErrorKind::RequestTimeout, "The request head did not arrive in time.")
         } else {
             GatewayError::invalid_request(
                 "request",

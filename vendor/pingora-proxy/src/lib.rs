@@ -357,6 +357,18 @@ where
                         .unwrap_or_else(|e| {
                             error!("failed to send error response to downstream: {e}");
                         });
+                } else if matches!(e.etype, ReadTimedout) {
+                    // The head did not arrive in time (its deadline, or a read timeout): the
+                    // client may still be there to read why.
+                    debug!("Fail to proxy: {e}");
+                    if let Some((resp, body)) = self.inner.refusal_response(408) {
+                        downstream_session
+                            .write_error_response(resp, body)
+                            .await
+                            .unwrap_or_else(|e| {
+                                debug!("failed to send error response to downstream: {e}");
+                            });
+                    }
                 } else {
                     // otherwise the connection must be broken, no need to send anything
                     error!(

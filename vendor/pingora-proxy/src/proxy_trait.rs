@@ -603,7 +603,8 @@ pub trait ProxyHttp {
     }
 
     /// The response to a request refused before any phase runs: a request head that cannot be
-    /// parsed (`400`) or a `CONNECT` request (`405`). It is written and the connection closed.
+    /// parsed (`400`), one that did not arrive in time (`408`) or a `CONNECT` request (`405`).
+    /// It is written and the connection closed.
     ///
     /// `None` (the default) keeps Pingora's own answer: the status line without a body.
     fn refusal_response(&self, _status: u16) -> Option<(ResponseHeader, Bytes)> {

@@ -89,6 +89,14 @@ pub struct HttpServerOptions {
     ///
     /// Default: `None`
     pub h2_idle_timeout: Option<Duration>,
+
+    /// If set, an HTTP/1 request head must arrive whole within this once its first bytes
+    /// arrived; past it the request fails (`ReadTimedout`) and the connection closes. Without
+    /// it only the per-read timeouts apply, so a head sent a byte at a time keeps a connection
+    /// open indefinitely.
+    ///
+    /// Default: `None`
+    pub h1_head_timeout: Option<Duration>,
 }
 
 /// Settings persisted across HTTP/1.x keepalive requests on the same downstream connection.
@@ -344,7 +352,9 @@ where
             return self.clone().process_custom_session(stream, shutdown).await;
         } else {
             // No ALPN or ALPN::H1 and h2c was not configured, fallback to HTTP/1.1
+            let head_timeout = self.server_options().and_then(|o| o.h1_head_timeout);
             let mut session = ServerSession::new_http1(stream);
+            session.set_head_timeout(head_timeout);
             if *shutdown.borrow() {
                 // stop downstream from reusing if this service is shutting down soon
                 session.set_keepalive(None);
@@ -360,6 +370,7 @@ where
             let mut result = self.process_new_http(session, shutdown).await;
             while let Some((stream, persistent_settings)) = result.map(|r| r.consume()) {
                 let mut session = ServerSession::new_http1(stream);
+                session.set_head_timeout(head_timeout);
                 if let Some(persistent_settings) = persistent_settings {
                     persistent_settings.apply_to_session(&mut session);
                 }

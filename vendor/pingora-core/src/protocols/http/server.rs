@@ -385,6 +385,14 @@ impl Session {
         }
     }
 
+    /// Sets the time a request head may take once its first bytes arrived (HTTP/1 only; a
+    /// noop otherwise). Past it, reading the request fails with `ReadTimedout`.
+    pub fn set_head_timeout(&mut self, timeout: Option<Duration>) {
+        if let Self::H1(s) = self {
+            s.set_head_timeout(timeout);
+        }
+    }
+
     /// Gets the downstream read timeout if set.
     pub fn get_read_timeout(&self) -> Option<Duration> {
         match self {

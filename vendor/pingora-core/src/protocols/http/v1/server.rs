@@ -102,6 +102,8 @@ pub struct HttpSession {
     /// timeouts:
     keepalive_timeout: KeepaliveStatus,
     read_timeout: Option<Duration>,
+    /// Once a request head's first bytes arrived, the rest must arrive within this.
+    head_timeout: Option<Duration>,
     write_timeout: Option<Duration>,
     /// How long to wait to make downstream session reusable, if body needs to be drained.
     total_drain_timeout: Option<Duration>,
@@ -187,6 +189,7 @@ impl HttpSession {
             response_written: None,
             request_header: None,
             read_timeout: Some(Duration::from_secs(60)),
+            head_timeout: None,
             write_timeout: None,
             total_drain_timeout: None,
             body_bytes_sent: 0,
@@ -304,6 +307,10 @@ impl HttpSession {
         let mut already_read = buf.len();
         let mut skip_next_read = already_read != 0;
         let mut detached_suffix = None;
+        // The whole head is bounded once its first bytes arrived (the wait for them is the
+        // keepalive or read timeout's): a client that trickles a head never holds the
+        // connection past it.
+        let mut head_deadline = self.head_timeout.filter(|_| already_read > 0).map(|t| std::time::Instant::now() + t);
         loop {
             if already_read > MAX_HEADER_SIZE {
                 /* NOTE: this check only blocks second read. The first large read is allowed
@@ -323,10 +330,27 @@ impl HttpSession {
             // this request and is waiting for our response).
             if skip_next_read {
                 skip_next_read = false;
-            } else if let Some(n) = self.read_request_buf(&mut buf, already_read).await? {
-                already_read += n;
             } else {
-                return Ok(None);
+                let read = match head_deadline {
+                    Some(at) => {
+                        let left = at.saturating_duration_since(std::time::Instant::now());
+                        match timeout(left, self.read_request_buf(&mut buf, already_read)).await {
+                            Ok(read) => read?,
+                            Err(_) => {
+                                return Error::e_explain(
+                                    ReadTimedout,
+                                    format!("request head not complete within {:?}", self.head_timeout),
+                                );
+                            }
+                        }
+                    }
+                    None => self.read_request_buf(&mut buf, already_read).await?,
+                };
+                let Some(n) = read else { return Ok(None) };
+                already_read += n;
+                if head_deadline.is_none() {
+                    head_deadline = self.head_timeout.map(|t| std::time::Instant::now() + t);
+                }
             }
 
             // Use loop as GOTO to retry escaped request buffer, not a real loop
@@ -1334,6 +1358,12 @@ impl HttpSession {
         self.read_timeout = timeout;
     }
 
+    /// Bound the time a request head may take once its first bytes arrived (`None`: only
+    /// the per-read timeouts apply).
+    pub fn set_head_timeout(&mut self, timeout: Option<Duration>) {
+        self.head_timeout = timeout;
+    }
+
     /// Gets the downstream read timeout.
     pub fn get_read_timeout(&self) -> Option<Duration> {
         self.read_timeout
@@ -1930,6 +1960,37 @@ mod tests_stream {
         assert_eq!(res, input3.as_slice());
         assert_eq!(http_stream.body_reader.body_state, ParseState::Complete(3));
         assert_eq!(http_stream.body_bytes_read(), 3);
+    }
+
+    #[tokio::test]
+    async fn read_head_past_its_head_timeout() {
+        init_log();
+        // Each read comes within the per-read timeout, the whole head does not.
+        let mock_io = Builder::new()
+            .read(b"GET / HTTP/1.1\r\n")
+            .wait(Duration::from_millis(300))
+            .read(b"Host: pingora.org\r\n")
+            .wait(Duration::from_millis(300))
+            .read(b"\r\n")
+            .build();
+        let mut http_stream = HttpSession::new(Box::new(mock_io));
+        http_stream.read_timeout = Some(Duration::from_secs(1));
+        http_stream.set_head_timeout(Some(Duration::from_millis(500)));
+        let res = http_stream.read_request().await;
+        assert_eq!(res.unwrap_err().etype(), &ReadTimedout);
+    }
+
+    #[tokio::test]
+    async fn read_head_within_its_head_timeout() {
+        init_log();
+        let mock_io = Builder::new()
+            .read(b"GET / HTTP/1.1\r\n")
+            .wait(Duration::from_millis(100))
+            .read(b"Host: pingora.org\r\n\r\n")
+            .build();
+        let mut http_stream = HttpSession::new(Box::new(mock_io));
+        http_stream.set_head_timeout(Some(Duration::from_secs(5)));
+        assert!(http_stream.read_request().await.unwrap().is_some());
     }
 
     #[tokio::test]
