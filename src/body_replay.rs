@@ -39,7 +39,8 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use crate::held_output::{Mode, OutputHold};
 
-/// A client that stops reading cannot hold a stream (and its replica slot) forever.
+/// A client that stops reading cannot hold a stream (and its replica slot) forever: on a
+/// session whose socket this module does not wrap, each write must end within this.
 pub const DOWNSTREAM_WRITE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// A socket that yields `prefix` before reading from `inner`, and writes through `hold`.
@@ -48,6 +49,42 @@ pub struct PrefixedStream {
     prefix: Bytes,
     inner: Stream,
     hold: OutputHold,
+    progress: WriteProgress,
+}
+
+/// Writes to a client measured by their progress, not their length (issue 49): a client that
+/// keeps reading, however slowly, is never cut; one that reads nothing for `stall` is, with
+/// `TimedOut` (Pingora then ends the request as the client's: its replica request is dropped
+/// and it is billed for what was written).
+#[derive(Debug)]
+struct WriteProgress {
+    stall: Duration,
+    /// Armed when a write could not go on; cleared by any progress.
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl WriteProgress {
+    fn new(stall: Duration) -> Self {
+        WriteProgress { stall, timer: None }
+    }
+
+    /// Fold a write's poll in: progress disarms the timer; no progress arms it, and past
+    /// `stall` without any the write fails.
+    fn check<T>(&mut self, polled: Poll<io::Result<T>>, cx: &mut Context<'_>) -> Poll<io::Result<T>> {
+        if polled.is_ready() {
+            self.timer = None;
+            return polled;
+        }
+        let stall = self.stall;
+        let timer = self.timer.get_or_insert_with(|| Box::pin(tokio::time::sleep(stall)));
+        match timer.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("the client read nothing for {stall:?}"),
+            ))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
 }
 
 /// Write `queued` to `inner` until it is empty.
@@ -77,9 +114,9 @@ impl AsyncRead for PrefixedStream {
     }
 }
 
-impl AsyncWrite for PrefixedStream {
-    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, b: &[u8]) -> Poll<io::Result<usize>> {
-        let this = &mut *self;
+impl PrefixedStream {
+    fn write_through(&mut self, cx: &mut Context<'_>, b: &[u8]) -> Poll<io::Result<usize>> {
+        let this = self;
         let mut st = this.hold.lock();
         match st.mode {
             Mode::Hold | Mode::Gather => {
@@ -96,8 +133,9 @@ impl AsyncWrite for PrefixedStream {
             },
         }
     }
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let this = &mut *self;
+
+    fn flush_through(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self;
         let mut st = this.hold.lock();
         match st.mode {
             Mode::Hold => return Poll::Ready(Ok(())),
@@ -112,6 +150,19 @@ impl AsyncWrite for PrefixedStream {
             }
             other => other,
         }
+    }
+}
+
+impl AsyncWrite for PrefixedStream {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, b: &[u8]) -> Poll<io::Result<usize>> {
+        let this = &mut *self;
+        let polled = this.write_through(cx, b);
+        this.progress.check(polled, cx)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        let polled = this.flush_through(cx);
+        this.progress.check(polled, cx)
     }
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = &mut *self;
@@ -195,7 +246,7 @@ impl Peek for PrefixedStream {
 }
 
 /// Replace the downstream session with one whose request body is `body`; its writes go
-/// through `hold`. `keepalive` is the keepalive setting read before any `100 Continue` was
+/// through `hold`, and fail when the client reads nothing for `stall`. `keepalive` is the keepalive setting read before any `100 Continue` was
 /// written (writing it turns keepalive off on the old session). On an error the session left in
 /// place is a stand-in with the request line (so later phases can still read the header); the
 /// client connection is then lost.
@@ -204,11 +255,12 @@ pub async fn replace_request_body(
     body: Bytes,
     keepalive: Option<u64>,
     hold: &OutputHold,
+    stall: Duration,
 ) -> Result<()> {
     // Only the request line is kept for a failed rebuild (the header is cloned once, below);
     // both clones share their bytes.
     let (method, uri) = (downstream.req_header().method.clone(), downstream.req_header().uri.clone());
-    match rebuild(downstream, body, keepalive, hold).await {
+    match rebuild(downstream, body, keepalive, hold, stall).await {
         Ok(()) => Ok(()),
         Err(e) => {
             *downstream = stand_in(&method, &uri).await;
@@ -222,6 +274,7 @@ async fn rebuild(
     body: Bytes,
     keepalive: Option<u64>,
     hold: &OutputHold,
+    stall: Duration,
 ) -> Result<()> {
     let mut replayed = downstream.req_header().clone();
     for h in ["content-length", "transfer-encoding", "expect"] {
@@ -263,20 +316,50 @@ async fn rebuild(
     if let Some(next) = pipelined {
         wire.extend_from_slice(&next);
     }
-    let stream = PrefixedStream { prefix: wire.freeze(), inner: raw, hold: hold.clone() };
+    hold_little_unsent(&raw);
+    let stream =
+        PrefixedStream { prefix: wire.freeze(), inner: raw, hold: hold.clone(), progress: WriteProgress::new(stall) };
     let mut fresh = ServerSession::new_http1(Box::new(stream));
     fresh.read_request().await?;
     fresh.set_keepalive(keepalive);
     fresh.set_keepalive_reuses_remaining(reuses);
     // Pipelined bytes now sit behind the replayed body: let the session hand them on.
     fresh.set_pipelining_enabled(true);
-    // The fresh session starts with default settings: re-apply ours.
-    fresh.set_write_timeout(Some(DOWNSTREAM_WRITE_TIMEOUT));
+    // The fresh session starts with default settings: re-apply ours. Its writes are timed by
+    // the wrapper's progress, not each as a whole (a slow reader's long write is no stall).
+    fresh.set_write_timeout(None);
     // Keep Pingora's copy of a body up to 64 KiB as it reads it, so a request the replica
     // never answered can be sent again to another (`proxy/retry.rs`, decision 204).
     fresh.enable_retry_buffering();
     **downstream = fresh;
     Ok(())
+}
+
+/// Most bytes the kernel keeps unsent for a client (`TCP_NOTSENT_LOWAT`).
+const UNSENT_MAX: libc::c_int = 16 * 1024;
+
+/// Let the kernel hold at most [`UNSENT_MAX`] bytes not yet sent to this client (issue 49).
+/// Without it a slow reader's socket buffer grows to megabytes: a write then waits until half
+/// of it drained (minutes for a client reading kilobytes a second, which no write deadline
+/// should have to cover), and output queued there counts as delivered though the client may
+/// never read it. With it, a write is woken as the client reads. Set once per connection (a
+/// socket option on the descriptor the connection holds; no write on it).
+fn hold_little_unsent(stream: &Stream) {
+    let fd = stream.id();
+    // SAFETY: `fd` is the connection's socket, open while `stream` lives; setsockopt reads
+    // the `c_int` it is given and nothing else.
+    let set = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_NOTSENT_LOWAT,
+            (&UNSENT_MAX as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if set != 0 {
+        log::debug!("TCP_NOTSENT_LOWAT not set on fd {fd}: {}", io::Error::last_os_error());
+    }
 }
 
 /// A session with no connection that has read the request line of `method` and `uri`, so that
@@ -292,4 +375,57 @@ async fn stand_in(method: &http::Method, uri: &http::Uri) -> Box<ServerSession> 
         }
     }
     Box::new(ServerSession::new_http1(Box::new(std::io::Cursor::new(Vec::<u8>::new()))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A writer timed as the replay's socket is: by [`WriteProgress`].
+    struct Timed<W> {
+        inner: W,
+        progress: WriteProgress,
+    }
+
+    impl<W: AsyncWrite + Unpin> AsyncWrite for Timed<W> {
+        fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, b: &[u8]) -> Poll<io::Result<usize>> {
+            let this = &mut *self;
+            let polled = Pin::new(&mut this.inner).poll_write(cx, b);
+            this.progress.check(polled, cx)
+        }
+        fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Pin::new(&mut self.inner).poll_flush(cx)
+        }
+        fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Pin::new(&mut self.inner).poll_shutdown(cx)
+        }
+    }
+
+    /// Issue 49: one write to a client reading 64 bytes every 100 ms takes 6.4 s for 4 KB, far
+    /// past the 300 ms stall limit, and succeeds (each step makes progress); once the client
+    /// stops reading, the next write fails after the stall limit.
+    #[tokio::test(start_paused = true)]
+    async fn writes_are_timed_by_progress_not_by_length() {
+        let (ours, mut client) = tokio::io::duplex(64);
+        let stall = Duration::from_millis(300);
+        let mut w = Timed { inner: ours, progress: WriteProgress::new(stall) };
+        let reader = tokio::spawn(async move {
+            let mut buf = [0u8; 64];
+            let mut total = 0;
+            while total < 4096 {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                total += client.read(&mut buf).await.unwrap_or(0);
+            }
+            client // kept open, never read again
+        });
+        let started = tokio::time::Instant::now();
+        w.write_all(&[7u8; 4096]).await.unwrap();
+        assert!(started.elapsed() >= Duration::from_secs(6), "paced by the reader: {:?}", started.elapsed());
+        let _client = reader.await.unwrap();
+        let stopped = tokio::time::Instant::now();
+        let err = w.write_all(&[7u8; 4096]).await.unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+        assert!(stopped.elapsed() >= stall && stopped.elapsed() < stall * 2, "{:?}", stopped.elapsed());
+    }
 }

@@ -49,6 +49,47 @@ pub struct ResponseState {
     pub delivered_text_bytes: u64,
     /// Streams: when the first output token arrived, after the request's start.
     pub first_token_after: Option<std::time::Duration>,
+    /// Streams: what reached the client's connection (clarification 19), see [`Written`].
+    pub written: Written,
+}
+
+/// Which of a stream's output tokens the client's connection took (clarification 19: output
+/// still queued in the gateway when the stream ends is not delivered). Each chunk handed to
+/// Pingora is noted with the body bytes up to its end and the tokens counted by then; once
+/// Pingora has written that many bytes, those tokens were delivered. Chunks known written are
+/// dropped as they are, so only the few in flight are kept (a client that stops reading stops
+/// the stream too: no more chunks are read from the replica).
+#[derive(Debug, Default)]
+pub struct Written {
+    handed_bytes: u64,
+    in_flight: std::collections::VecDeque<(u64, u64)>,
+    tokens: u64,
+}
+
+impl Written {
+    /// A chunk of `len` bytes was handed on, `tokens` counted so far; `written` body bytes
+    /// had reached the connection.
+    pub fn handed(&mut self, len: u64, tokens: u64, written: u64) {
+        self.handed_bytes += len;
+        self.in_flight.push_back((self.handed_bytes, tokens));
+        self.confirm(written);
+    }
+
+    /// Output tokens delivered once `written` body bytes reached the connection.
+    pub fn tokens(&mut self, written: u64) -> u64 {
+        self.confirm(written);
+        self.tokens
+    }
+
+    fn confirm(&mut self, written: u64) {
+        while let Some(&(end, tokens)) = self.in_flight.front() {
+            if end > written {
+                break;
+            }
+            self.tokens = tokens;
+            self.in_flight.pop_front();
+        }
+    }
 }
 
 /// What placement resolved for one request, in one value: the catalog entry and its pool,

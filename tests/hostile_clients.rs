@@ -278,3 +278,136 @@ async fn a_trickled_head_is_408_at_its_deadline_and_an_idle_connection_closes() 
     let idle = idle_from.elapsed();
     assert!(idle >= Duration::from_secs(2) && idle < Duration::from_secs(30), "closed after {idle:?} idle");
 }
+
+/// A raw streamed chat request on a new connection (the test's key; `extra` header lines).
+fn stream_request(gw: &Gateway, extra: &str) -> TcpStream {
+    let body = r#"{"model":"chat-model","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+    let mut c = TcpStream::connect(("127.0.0.1", gw.port)).unwrap();
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer {}\r\n{extra}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        gw.key,
+        body.len()
+    );
+    c.write_all(head.as_bytes()).unwrap();
+    c
+}
+
+/// A connection to `port` whose receive buffer is `rcvbuf` bytes (set before connecting, so
+/// the window is that small), as a slow mobile client's.
+fn connect_with_rcvbuf(port: u16, rcvbuf: i32) -> TcpStream {
+    use std::os::fd::FromRawFd;
+    // SAFETY: plain socket calls on a descriptor this function owns until it hands it to
+    // `TcpStream`, which closes it.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0);
+        assert!(fd >= 0);
+        let size = rcvbuf;
+        let set = libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            (&size as *const i32).cast(),
+            std::mem::size_of::<i32>() as libc::socklen_t,
+        );
+        assert_eq!(set, 0);
+        let addr = libc::sockaddr_in {
+            sin_family: libc::AF_INET as libc::sa_family_t,
+            sin_port: port.to_be(),
+            sin_addr: libc::in_addr { s_addr: u32::from_be_bytes([127, 0, 0, 1]).to_be() },
+            sin_zero: [0; 8],
+        };
+        let ok = libc::connect(
+            fd,
+            (&addr as *const libc::sockaddr_in).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        );
+        assert_eq!(ok, 0);
+        TcpStream::from_raw_fd(fd)
+    }
+}
+
+/// Finding 3: a client that keeps reading, however slowly, is never cut while the replica
+/// produces: writes are timed by their progress, not each as a whole, and the kernel holds
+/// little unsent for it (so a write is woken as the client reads, not once half a large
+/// buffer drained). Here the client has an 8 KB receive buffer and reads 8 KB every 200 ms
+/// (40 KB/s) of a 3,000-token stream (about 600 KB, more than the kernel would otherwise
+/// buffer), with a stall limit of 3 s: a write is never left waiting that long.
+#[tokio::test]
+async fn a_slow_reader_gets_its_whole_stream() {
+    let mock = Mock::start();
+    let gw = Gateway::start_with(
+        &mock,
+        Opts {
+            extra_yaml: "client:\n  stalled_reader_seconds: 3\n".into(),
+            response_seconds: 300.0,
+            ..Opts::default()
+        },
+    );
+    let body = r#"{"model":"chat-model","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+    let mut c = connect_with_rcvbuf(gw.port, 8 * 1024);
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer {}\r\nx-mock-tokens: 3000\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        gw.key,
+        body.len()
+    );
+    c.write_all(head.as_bytes()).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 8192];
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(180) {
+        match c.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+        if got.ends_with(b"0\r\n\r\n") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.contains("data: [DONE]"), "cut after {} bytes: {}", got.len(), gw.log());
+    assert_eq!(text.matches("\"content\":\"tok").count(), 3000, "every token arrived");
+    assert!(!gw.log().contains("client_gone"), "{}", gw.log());
+}
+
+/// Finding 3: a client that stops reading is ended after the stall limit, billed for what its
+/// connection took (what the kernel's socket buffers accepted, a few MB on loopback; not the
+/// 200,000 tokens, about 30 MB, the replica would produce), and its concurrency slot is freed.
+#[tokio::test]
+async fn a_client_that_stops_reading_is_ended_billed_for_what_it_took_and_its_slot_freed() {
+    let mock = Mock::start();
+    let limits = "  workspace_concurrency: { free: 1, core: 1, enterprise: 1 }\n".to_string();
+    let gw = Gateway::start_with(
+        &mock,
+        Opts { extra_yaml: "client:\n  stalled_reader_seconds: 2\n".into(), limits: Some(limits), ..Opts::default() },
+    );
+    let mut c = stream_request(&gw, "x-mock-tokens: 200000\r\n");
+    let mut first = [0u8; 2048];
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let n = c.read(&mut first).unwrap();
+    assert!(String::from_utf8_lossy(&first[..n]).starts_with("HTTP/1.1 200"));
+    // Now it reads nothing more, and keeps the connection open.
+    let ended = Instant::now();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !gw.log().contains("client_gone") {
+        assert!(Instant::now() < deadline, "the stalled client was never ended: {}", gw.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(ended.elapsed() >= Duration::from_secs(2), "not before the stall limit");
+    // Billed for what its connection took: a fraction of what the replica produced.
+    let ledger = gw.settled_ledger();
+    let cost: i64 = ledger["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"] == "settlement")
+        .filter_map(|e| e["cost_microcents"].as_i64())
+        .sum();
+    let full = 200_000 * 30; // 200,000 output tokens at $0.30 a million, in microcents
+    assert!(cost > 0 && cost < full / 2, "billed {cost} microcents, the whole stream is {full}: {ledger}");
+    // The slot is free: the workspace's one slot takes the next request.
+    let r = gw.post("/v1/chat/completions", &common::chat_body("chat-model", false), &[]).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    drop(c);
+}

@@ -26,6 +26,8 @@ pub(super) struct RawClient {
     head_timeout_seconds: u64,
     #[serde(default = "default_idle_timeout")]
     idle_timeout_seconds: u64,
+    #[serde(default = "default_stalled_reader")]
+    stalled_reader_seconds: u64,
 }
 
 impl Default for RawClient {
@@ -38,6 +40,7 @@ impl Default for RawClient {
             body_min_rate_bytes_per_second: default_body_min_rate(),
             head_timeout_seconds: default_head_timeout(),
             idle_timeout_seconds: default_idle_timeout(),
+            stalled_reader_seconds: default_stalled_reader(),
         }
     }
 }
@@ -64,6 +67,10 @@ fn default_head_timeout() -> u64 {
 fn default_idle_timeout() -> u64 {
     60
 }
+/// nginx's `send_timeout`: between two successive writes, not for a whole one.
+fn default_stalled_reader() -> u64 {
+    60
+}
 /// A body of the largest size (3.5 MB) gets about 54 s at this rate.
 fn default_body_min_rate() -> u64 {
     64 * 1024
@@ -85,6 +92,8 @@ pub struct ClientLimits {
     pub head_timeout: Duration,
     /// A kept-alive connection is closed after this long without a request.
     pub idle_timeout_seconds: u64,
+    /// A client that reads nothing of its answer for this long is ended.
+    pub stalled_reader: Duration,
 }
 
 impl ClientLimits {
@@ -118,6 +127,9 @@ pub(super) fn check(p: &mut Problems, raw: &RawClient) -> ClientLimits {
     if !(1..=86_400).contains(&raw.idle_timeout_seconds) {
         p.add("client.idle_timeout_seconds", "must be 1..=86400");
     }
+    if !(1..=3_600).contains(&raw.stalled_reader_seconds) {
+        p.add("client.stalled_reader_seconds", "must be 1..=3600");
+    }
     ClientLimits {
         max_header_bytes: raw.max_header_bytes,
         max_headers: raw.max_headers,
@@ -126,5 +138,6 @@ pub(super) fn check(p: &mut Problems, raw: &RawClient) -> ClientLimits {
         body_min_rate: raw.body_min_rate_bytes_per_second.max(1),
         head_timeout: Duration::from_secs(raw.head_timeout_seconds.clamp(1, 600)),
         idle_timeout_seconds: raw.idle_timeout_seconds.clamp(1, 86_400),
+        stalled_reader: Duration::from_secs(raw.stalled_reader_seconds.clamp(1, 3_600)),
     }
 }

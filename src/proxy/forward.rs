@@ -48,7 +48,8 @@ pub async fn forward(
         return Ok(());
     }
     let hold = OutputHold::default();
-    crate::body_replay::replace_request_body(&mut s.downstream_session, body, keepalive, &hold)
+    let stall = cx.config.gateway.client.stalled_reader;
+    crate::body_replay::replace_request_body(&mut s.downstream_session, body, keepalive, &hold, stall)
         .await
         .map_err(|e| GatewayError::internal(format!("could not forward the request body: {e}")))?;
     cx.output = Some(hold);

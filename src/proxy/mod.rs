@@ -71,7 +71,11 @@ impl Gateway {
     }
 
     async fn handle(&self, s: &mut Session, cx: &mut RequestCtx) -> Result<Flow, GatewayError> {
-        s.downstream_session.set_write_timeout(Some(crate::body_replay::DOWNSTREAM_WRITE_TIMEOUT));
+        // A socket the body replay wraps times its writes by their progress (a slow reader
+        // is not cut); another gets a bound on each write.
+        let wrapped = cx.carried_output.is_some();
+        let write_timeout = (!wrapped).then_some(crate::body_replay::DOWNSTREAM_WRITE_TIMEOUT);
+        s.downstream_session.set_write_timeout(write_timeout);
         request::echo_version(s, cx);
         // HTTP/1.1 keeps a connection alive with no limit by default: bound its idle wait for
         // the next request (issue 49).
@@ -343,7 +347,7 @@ impl ProxyHttp for Gateway {
 
     fn response_body_filter(
         &self,
-        _s: &mut Session,
+        s: &mut Session,
         body: &mut Option<Bytes>,
         eos: bool,
         cx: &mut Self::CTX,
@@ -366,6 +370,12 @@ impl ProxyHttp for Gateway {
         }) {
             cx.failure = Some(e);
             return Error::e_explain(ErrorType::InternalError, "response body phase failed");
+        }
+        if cx.response.streaming {
+            if let Some(len) = body.as_ref().map(|b| b.len() as u64).filter(|&n| n > 0) {
+                let written = s.body_bytes_sent() as u64;
+                cx.response.written.handed(len, cx.response.delivered_tokens, written);
+            }
         }
         stream_end::after_chunk(eos, body.as_ref().is_some_and(|b| !b.is_empty()), cx)?;
         Ok(None)
@@ -428,6 +438,9 @@ impl ProxyHttp for Gateway {
         }
         if e.is_some_and(|e| e.esource() == &ErrorSource::Downstream) {
             cx.client_gone = true;
+        }
+        if cx.client_gone && cx.response.streaming {
+            crate::usage::to_written(cx, s.body_bytes_sent() as u64);
         }
         // The settlement input is complete before any plugin's log hook runs (so the order of
         // the log hooks carries no meaning): a response that reported no usage is counted

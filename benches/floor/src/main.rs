@@ -14,7 +14,7 @@ use async_trait::async_trait;
 use bytes::BytesMut;
 use pingora::prelude::*;
 use pingora::server::configuration::ServerConf;
-use tollgate::body_replay::replace_request_body;
+use tollgate::body_replay::{DOWNSTREAM_WRITE_TIMEOUT, replace_request_body};
 use tollgate::held_output::OutputHold;
 
 /// The same allocator as the `tollgate` binary (decisions 137 and 201), so the floor differs
@@ -43,7 +43,14 @@ impl ProxyHttp for Floor {
             body.extend_from_slice(&chunk);
         }
         let hold = OutputHold::default();
-        replace_request_body(&mut session.downstream_session, body.freeze(), keepalive, &hold).await?;
+        replace_request_body(
+            &mut session.downstream_session,
+            body.freeze(),
+            keepalive,
+            &hold,
+            DOWNSTREAM_WRITE_TIMEOUT,
+        )
+        .await?;
         Ok(false)
     }
 
