@@ -4,7 +4,9 @@
 //! through any gateway instance takes effect on every instance within a second while the
 //! store is healthy. An unknown digest is remembered for `negative` so a flood of bad keys
 //! does not reach the database. During a store outage a found key keeps answering from the
-//! cache for up to `stale_limit` (the spec's "about 30 seconds").
+//! cache for up to `stale_limit` (the spec's "about 30 seconds"). Entries past any use (an
+//! unknown digest past `negative`, a key past `stale_limit`) are swept every few seconds, so
+//! a flood of bad keys does not hold memory until the cache is full (issue 49).
 
 use std::future::Future;
 use std::sync::{Arc, RwLock};
@@ -28,7 +30,12 @@ pub struct KeyCache {
     negative: Duration,
     stale_limit: Duration,
     max_entries: usize,
+    /// When the last sweep ran.
+    swept: std::sync::Mutex<Instant>,
 }
+
+/// Expired entries are swept at most this often (on the next write).
+const SWEEP_EVERY: Duration = Duration::from_secs(5);
 
 impl Default for KeyCache {
     fn default() -> Self {
@@ -38,7 +45,14 @@ impl Default for KeyCache {
 
 impl KeyCache {
     pub fn new(fresh: Duration, negative: Duration, stale_limit: Duration, max_entries: usize) -> Self {
-        KeyCache { map: RwLock::new(FastMap::default()), fresh, negative, stale_limit, max_entries }
+        KeyCache {
+            map: RwLock::new(FastMap::default()),
+            fresh,
+            negative,
+            stale_limit,
+            max_entries,
+            swept: std::sync::Mutex::new(Instant::now()),
+        }
     }
 
     fn cached(&self, digest: &str) -> Option<Entry> {
@@ -76,6 +90,22 @@ impl KeyCache {
 
     fn put(&self, digest: &str, found: Option<Found>) {
         let mut map = self.map.write().unwrap_or_else(|e| e.into_inner());
+        let due = {
+            let mut swept = self.swept.lock().unwrap_or_else(|e| e.into_inner());
+            let due = swept.elapsed() >= SWEEP_EVERY;
+            if due {
+                *swept = Instant::now();
+            }
+            due
+        };
+        if due {
+            // Nothing older than these is ever answered from the cache.
+            let (negative, stale) = (self.negative, self.stale_limit.max(self.fresh));
+            map.retain(|_, e| e.at.elapsed() < if e.found.is_some() { stale } else { negative });
+            if map.capacity() > 4 * map.len().max(1024) {
+                map.shrink_to_fit();
+            }
+        }
         if map.len() >= self.max_entries {
             // Unknown digests go first; a full cache of real keys starts over.
             map.retain(|_, e| e.found.is_some());
@@ -160,6 +190,22 @@ mod tests {
         assert!(cache.get_or_load("d", down).await.is_err());
         // Unknown digests are not served from cache during an outage.
         assert!(cache.get_or_load("unknown", down).await.is_err());
+    }
+
+    /// Issue 49: a flood of unknown digests leaves the cache once their negative time passed,
+    /// not when the cache is full.
+    #[tokio::test]
+    async fn entries_past_their_use_are_swept_on_time() {
+        let cache =
+            KeyCache::new(Duration::from_millis(1), Duration::from_millis(1), Duration::from_millis(10), 100_000);
+        for i in 0..1_000 {
+            cache.get_or_load(&format!("bad{i}"), || async { Ok(None) }).await.unwrap();
+        }
+        cache.get_or_load("good", || async { Ok(Some(record())) }).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        *cache.swept.lock().unwrap() = Instant::now() - SWEEP_EVERY;
+        cache.get_or_load("next", || async { Ok(None) }).await.unwrap();
+        assert_eq!(cache.map.read().unwrap().len(), 1, "only the entry just written is left");
     }
 
     #[tokio::test]
