@@ -169,6 +169,13 @@ impl BatchedLedger {
         BatchedLedger::with_parts(store.clone(), store, QUEUE)
     }
 
+    /// Use each balance lease for `d` instead of [`LEASE_USE`] (tests that must not depend on
+    /// how fast the machine runs).
+    pub fn with_lease_use(self, d: Duration) -> BatchedLedger {
+        self.leases.set_use(d);
+        self
+    }
+
     /// Shed holds while ops wait longer than `wait` for the writer (default [`MAX_HOLD_WAIT`]).
     pub fn with_max_hold_wait(mut self, wait: Duration) -> BatchedLedger {
         self.max_hold_wait = wait;

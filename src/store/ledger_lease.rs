@@ -71,6 +71,8 @@ pub struct Leases {
     /// counter.
     own: String,
     counter: AtomicU64,
+    /// How long a lease is used ([`LEASE_USE`]; tests on a busy machine set it longer).
+    use_ms: AtomicU64,
 }
 
 #[derive(Default)]
@@ -94,10 +96,10 @@ struct Lease {
 impl Slot {
     /// A lease in use past three quarters of its time or of its money: ask for the next one
     /// now, so the requests never wait for a grant.
-    fn renewal_due(&self) -> bool {
+    fn renewal_due(&self, use_for: Duration) -> bool {
         let Some(l) = self.lease.as_ref().filter(|_| !self.granting) else { return false };
         let quiet = self.quiet_until.is_some_and(|t| Instant::now() < t);
-        !quiet && (l.left_cents < l.granted_cents / 4 || Instant::now() + LEASE_USE / 4 >= l.use_until)
+        !quiet && (l.left_cents < l.granted_cents / 4 || Instant::now() + use_for / 4 >= l.use_until)
     }
 }
 
@@ -109,11 +111,21 @@ impl Default for Leases {
             slots: Mutex::new(FastMap::default()),
             own: format!("{LEASE_PREFIX}{prefix:016x}"),
             counter: AtomicU64::new(0),
+            use_ms: AtomicU64::new(u64::try_from(LEASE_USE.as_millis()).unwrap_or(u64::MAX)),
         }
     }
 }
 
 impl Leases {
+    /// Use each lease for `d` instead of [`LEASE_USE`].
+    pub fn set_use(&self, d: Duration) {
+        self.use_ms.store(u64::try_from(d.as_millis()).unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+
+    fn use_for(&self) -> Duration {
+        Duration::from_millis(self.use_ms.load(Ordering::Relaxed))
+    }
+
     fn slots(&self) -> std::sync::MutexGuard<'_, FastMap<String, Slot>> {
         self.slots.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
@@ -152,7 +164,7 @@ impl Leases {
             return None;
         }
         lease.left_cents -= f.ask.hold_cents;
-        let renewal = slot.renewal_due().then(|| self.grant(slot, f));
+        let renewal = slot.renewal_due(self.use_for()).then(|| self.grant(slot, f));
         Some((FundOutcome { verdict: Ok(Funding::PayAsYouGo), plan: None }, renewal))
     }
 
@@ -175,7 +187,7 @@ impl Leases {
     fn grant(&self, slot: &mut Slot, f: &FundOp) -> LedgerOp {
         slot.granting = true;
         let n = self.counter.fetch_add(1, Ordering::Relaxed);
-        let use_ms = Millis::try_from(LEASE_USE.as_millis()).unwrap_or(Millis::MAX);
+        let use_ms = Millis::try_from(self.use_for().as_millis()).unwrap_or(Millis::MAX);
         LedgerOp::LeaseGrant {
             lease_id: format!("{}{n:016x}", self.own),
             workspace_id: f.workspace_id.clone(),
@@ -201,16 +213,16 @@ impl Leases {
                     id: lease_id.clone(),
                     granted_cents: *cents,
                     left_cents: *cents,
-                    use_until: Instant::now() + LEASE_USE,
+                    use_until: Instant::now() + self.use_for(),
                 };
                 if let Some(old) = slot.lease.replace(fresh) {
                     slot.retired.push(old);
                 }
             }
-            Ok(_) => slot.quiet_until = Some(Instant::now() + LEASE_USE),
+            Ok(_) => slot.quiet_until = Some(Instant::now() + self.use_for()),
             Err(e) => {
                 log::warn!("lease for {workspace_id} not granted: {e}");
-                slot.quiet_until = Some(Instant::now() + LEASE_USE);
+                slot.quiet_until = Some(Instant::now() + self.use_for());
             }
         }
     }
