@@ -65,8 +65,9 @@ impl ConnectionGate {
     }
 }
 
-fn source_address(s: &Session) -> String {
-    s.client_addr().and_then(|a| a.as_inet()).map(|a| a.ip().to_string()).unwrap_or_else(|| "unknown".into())
+/// The client's address: the TCP peer, or the client a trusted proxy names (issue 52).
+fn source_address(cx: &RequestCtx) -> String {
+    cx.client_ip.map_or_else(|| "unknown".into(), |ip| ip.to_string())
 }
 
 #[async_trait]
@@ -93,7 +94,7 @@ impl Plugin for ConnectionGate {
             now,
             vec![
                 WindowLimit {
-                    key: format!("gate:a:{}", source_address(s)),
+                    key: format!("gate:a:{}", source_address(cx)),
                     limit: self.settings.per_address_per_minute,
                 },
                 WindowLimit { key: "gate:service".into(), limit: self.settings.service_per_minute },

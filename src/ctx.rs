@@ -145,6 +145,8 @@ pub struct RequestCtx {
     pub principal: Option<crate::identity::Principal>,
     /// Validated `X-Client-Request-Id`, echoed back.
     pub client_request_id: Option<String>,
+    /// The client's address: the TCP peer, or what a trusted proxy says (issue 52).
+    pub client_ip: Option<std::net::IpAddr>,
     /// The request body was read to its end (so the connection can be kept).
     pub body_read: bool,
     /// The parsed request body (inference routes).
@@ -264,6 +266,7 @@ impl RequestCtx {
             envelope: Envelope::Chat,
             principal: None,
             client_request_id: None,
+            client_ip: None,
             body_read: false,
             body: None,
             raw_body: None,

@@ -11,6 +11,7 @@ pub mod admin;
 pub mod allocator;
 pub mod background;
 pub mod body_replay;
+pub mod client_address;
 pub mod clock;
 pub mod config;
 pub mod ctx;

@@ -18,7 +18,27 @@ pub struct LazyRedis {
 impl LazyRedis {
     /// Parses the URL; does not connect.
     pub fn open(url: &str, timeout: Duration) -> Result<Self, String> {
-        let client = redis::Client::open(url).map_err(|e| format!("redis url: {e}"))?;
+        Self::open_tls(url, timeout, None)
+    }
+
+    /// Parses the URL; does not connect. A `rediss://` URL verifies the server against
+    /// `tls`'s CA (the system's roots without one) and presents its client certificate.
+    pub fn open_tls(url: &str, timeout: Duration, tls: Option<&crate::store::tls::StoreTls>) -> Result<Self, String> {
+        let client = match tls {
+            Some(tls) => {
+                pingora::tls::install_default_crypto_provider();
+                let certs = redis::TlsCertificates {
+                    client_tls: tls
+                        .client_pem
+                        .clone()
+                        .map(|(client_cert, client_key)| redis::ClientTlsConfig { client_cert, client_key }),
+                    root_cert: tls.ca_pem.clone(),
+                };
+                redis::Client::build_with_tls(url, certs)
+            }
+            None => redis::Client::open(url),
+        }
+        .map_err(|e| format!("redis url: {e}"))?;
         Ok(LazyRedis { client, conn: OnceCell::new(), timeout })
     }
 

@@ -29,7 +29,7 @@ async fn sqlite() -> Stores {
 /// workspace row, on a machine that may be running a build beside them, and are about
 /// exactness, not outages (a timed-out call there is a store outage, tested elsewhere).
 fn pg_config(url: String) -> StoreConfig {
-    StoreConfig::Postgres { url, call_timeout: Duration::from_secs(120) }
+    StoreConfig::Postgres { url, call_timeout: Duration::from_secs(120), tls: None }
 }
 
 async fn postgres() -> Stores {

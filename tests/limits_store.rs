@@ -37,7 +37,8 @@ fn redis_url() -> String {
 }
 
 async fn redis_store(url: &str, timeout: Duration) -> Arc<dyn LimiterStore> {
-    let s = RedisLimiter::new(url, RedisOptions { prefix: "tollgate-test".into(), timeout }).unwrap();
+    let s = RedisLimiter::new(url, RedisOptions { prefix: "tollgate-test".into(), timeout, ..RedisOptions::default() })
+        .unwrap();
     s.ping().await.unwrap_or_else(|e| {
         panic!("Redis is not reachable at {url} ({e}); start it with scripts/services.sh or set REDIS_URL")
     });
@@ -305,7 +306,7 @@ async fn a_deferred_release_frees_the_slot_here_at_once_and_elsewhere_soon(s: Pa
 async fn a_redis_check_carries_the_queued_releases() {
     let r = RedisLimiter::new(
         &redis_url(),
-        RedisOptions { prefix: "tollgate-test".into(), timeout: Duration::from_secs(5) },
+        RedisOptions { prefix: "tollgate-test".into(), timeout: Duration::from_secs(5), ..RedisOptions::default() },
     )
     .unwrap();
     let (g1, g2) = (uniq("key"), uniq("ws"));
@@ -323,8 +324,11 @@ async fn a_redis_check_carries_the_queued_releases() {
 #[tokio::test]
 async fn a_v1_gateway_and_a_v2_gateway_count_one_window_exactly() {
     let url = redis_url();
-    let v2 = RedisLimiter::new(&url, RedisOptions { prefix: "tollgate-test".into(), timeout: Duration::from_secs(5) })
-        .unwrap();
+    let v2 = RedisLimiter::new(
+        &url,
+        RedisOptions { prefix: "tollgate-test".into(), timeout: Duration::from_secs(5), ..RedisOptions::default() },
+    )
+    .unwrap();
     let v1 = redis::Script::new(include_str!("fixtures/tollgate_check_v1.lua"));
     let mut conn = redis::Client::open(url.as_str()).unwrap().get_multiplexed_async_connection().await.unwrap();
     let k = uniq("key");
@@ -574,7 +578,8 @@ async fn until_shared(gateways: &[Arc<FallbackLimiter>], within: Duration) {
 async fn an_outage_counts_locally_without_hanging_and_shared_counting_resumes() {
     const BOUND: Duration = Duration::from_millis(1_500);
     let mut server = RedisChild::start(RedisChild::free_port()).await;
-    let opts = || RedisOptions { prefix: "tollgate".into(), timeout: Duration::from_millis(300) };
+    let opts =
+        || RedisOptions { prefix: "tollgate".into(), timeout: Duration::from_millis(300), ..RedisOptions::default() };
     let fb = FallbackOptions { retry_shared_after_ms: 200 };
     let gateway = || Arc::new(FallbackLimiter::new(Arc::new(RedisLimiter::new(&server.url(), opts()).unwrap()), fb));
     let gateways = [gateway(), gateway()];
@@ -706,7 +711,8 @@ async fn after_a_store_restart_running_leases_count_again_before_anything_is_adm
     use tollgate::limits::LeaseKeeper;
     let port = RedisChild::free_port();
     let mut server = RedisChild::start(port).await;
-    let opts = || RedisOptions { prefix: "tollgate".into(), timeout: Duration::from_millis(300) };
+    let opts =
+        || RedisOptions { prefix: "tollgate".into(), timeout: Duration::from_millis(300), ..RedisOptions::default() };
     let fb = FallbackOptions { retry_shared_after_ms: 200 };
     let gateway = || Arc::new(FallbackLimiter::new(Arc::new(RedisLimiter::new(&server.url(), opts()).unwrap()), fb));
     let gateways = [gateway(), gateway()];

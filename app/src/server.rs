@@ -71,7 +71,14 @@ pub fn run(config: Config, chain: Chain, services: Services, start: Start<'_>) -
     for w in config.warnings() {
         log::warn!("{w}");
     }
+    // Operators' pauses are the fleet's: read from the identity store before serving.
+    let model_states = services.identity.as_ref().map(|id| {
+        let shared = tollgate::admin::model_states::ModelStates::new(id.store().clone(), live.clone());
+        shared.start();
+        shared
+    });
     let admin = AdminApp {
+        model_states,
         token: config.gateway.admin_token.as_ref().map(|t| t.expose().to_string()),
         live: live.clone(),
         identity: services.identity.clone(),
@@ -87,6 +94,13 @@ pub fn run(config: Config, chain: Chain, services: Services, start: Start<'_>) -
         let mut options = pingora::apps::HttpServerOptions::default();
         options.h1_head_timeout = Some(head_timeout);
         app.server_options = Some(options);
+    }
+    if config.gateway.client_addressing.proxy_protocol {
+        // Every connection starts with a PROXY header from a trusted balancer, read within
+        // the head deadline (decision 212).
+        let reader =
+            tollgate::client_address::ProxyProtocol::new(config.gateway.client_addressing.clone(), head_timeout);
+        proxy.endpoints().set_pre_tls_callback(Arc::new(reader));
     }
     match &config.gateway.tls {
         Some(tls) => {

@@ -113,7 +113,7 @@ pub async fn route(app: &AdminApp, method: &str, path: &str, body: &Value) -> An
         }
         ("POST", ["admin", "v1", "models", rest @ ..]) if rest.len() >= 2 => {
             let (action, model) = (rest[rest.len() - 1], rest[..rest.len() - 1].join("/"));
-            model_pause(app, &model, action, body)
+            model_pause(app, &model, action, body).await
         }
         ("POST", ["admin", "v1", "workspaces", ws, "credits"]) => super::credits::top_up(app, ws, body).await,
         ("POST", ["admin", "v1", "workspaces", ws, "freeze"]) => super::credits::freeze(app, ws, body, true).await,
@@ -182,7 +182,11 @@ async fn health(app: &AdminApp) -> Answer {
     // Replica health is reported, not folded into the status: a node whose one pool is down
     // still serves the others (decision 125).
     let pools = super::pools::pools_health(&app.live.current());
-    let body = json!({ "status": if ok { "ok" } else { "degraded" }, "stores": stores, "pools": pools });
+    let mut body = json!({ "status": if ok { "ok" } else { "degraded" }, "stores": stores, "pools": pools });
+    // This node's view of the fleet's pauses: when it last read them, and what they are.
+    if let Some(shared) = &app.model_states {
+        body["model_states"] = shared.health();
+    }
     Ok(json_response(if ok { 200 } else { 503 }, &body))
 }
 
@@ -346,24 +350,34 @@ async fn revoke_key(app: &AdminApp, id: &str) -> Answer {
     Ok(json_response(200, &key_json(&k)))
 }
 
-fn model_pause(app: &AdminApp, model: &str, action: &str, body: &Value) -> Answer {
-    // Under the reload lock: a reload running now would copy the state from before this change.
-    app.live.with_current(|config| {
-        let entry = config.catalog.get(model).ok_or_else(|| AdminError::not_found("model"))?;
-        match action {
-            "pause" => {
-                let f = Fields::new(body, &["until"])?;
-                let until = f.instant("until")?.ok_or_else(|| AdminError::bad("until", "is required"))?;
-                let ts =
-                    jiff::Timestamp::from_millisecond(until).map_err(|_| AdminError::bad("until", "out of range"))?;
-                entry.set_paused_until(Some(ts));
-            }
-            "resume" => {
-                Fields::none(body)?;
-                entry.set_paused_until(None);
-            }
-            _ => return Err(AdminError::new(404, "unknown_route", "use pause or resume")),
+async fn model_pause(app: &AdminApp, model: &str, action: &str, body: &Value) -> Answer {
+    if app.live.current().catalog.get(model).is_none() {
+        return Err(AdminError::not_found("model"));
+    }
+    let until = match action {
+        "pause" => {
+            let f = Fields::new(body, &["until"])?;
+            let until = f.instant("until")?.ok_or_else(|| AdminError::bad("until", "is required"))?;
+            jiff::Timestamp::from_millisecond(until).map_err(|_| AdminError::bad("until", "out of range"))?;
+            Some(until)
         }
-        Ok(json_response(200, &entry.to_json()))
-    })
+        "resume" => {
+            Fields::none(body)?;
+            None
+        }
+        _ => return Err(AdminError::new(404, "unknown_route", "use pause or resume")),
+    };
+    match &app.model_states {
+        // Shared with every instance on the identity store, and kept across restarts.
+        Some(shared) => shared.set(model, until).await.map_err(store_err)?,
+        // No identity store: this node alone, until it restarts.
+        None => app.live.with_current(|config| {
+            if let Some(entry) = config.catalog.get(model) {
+                entry.set_paused_until(until.and_then(|ms| jiff::Timestamp::from_millisecond(ms).ok()));
+            }
+        }),
+    }
+    let config = app.live.current();
+    let entry = config.catalog.get(model).ok_or_else(|| AdminError::not_found("model"))?;
+    Ok(json_response(200, &entry.to_json()))
 }

@@ -7,6 +7,7 @@
 mod credits;
 mod fields;
 mod handlers;
+pub mod model_states;
 mod plans;
 mod pools;
 
@@ -72,6 +73,8 @@ pub struct AdminApp {
     pub ledger: Option<Arc<dyn crate::store::ledger::LedgerStore>>,
     /// The shared Redis of the limiter, idempotency records and placements, when configured.
     pub redis: Option<Arc<crate::redis_conn::LazyRedis>>,
+    /// Model pauses shared through the identity store; `None` without one (this node only).
+    pub model_states: Option<Arc<model_states::ModelStates>>,
     /// `None`: no token configured, every call is refused.
     pub token: Option<String>,
 }

@@ -76,6 +76,11 @@ impl ModelEntry {
         self.set_by_operator.store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
+    /// Whether an operator paused or resumed this model (models.yaml no longer decides).
+    pub fn operator_set(&self) -> bool {
+        self.set_by_operator.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Keep the operator's pause or resume of `old` (the same model before a reload).
     pub(super) fn keep_operator_state(&self, old: &ModelEntry) {
         if old.set_by_operator.load(std::sync::atomic::Ordering::Relaxed) {

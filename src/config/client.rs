@@ -28,6 +28,15 @@ pub(super) struct RawClient {
     idle_timeout_seconds: u64,
     #[serde(default = "default_stalled_reader")]
     stalled_reader_seconds: u64,
+    /// Load balancers whose PROXY header or forwarding header is believed (addresses, CIDR).
+    #[serde(default)]
+    pub(super) trusted_proxies: Vec<String>,
+    /// `x-forwarded-for` (default with trusted proxies), `x-real-ip` or `none`.
+    #[serde(default)]
+    pub(super) real_ip_header: Option<String>,
+    /// Connections to the public listener start with a PROXY protocol header (v1 or v2).
+    #[serde(default)]
+    pub(super) proxy_protocol: bool,
 }
 
 impl Default for RawClient {
@@ -41,6 +50,9 @@ impl Default for RawClient {
             head_timeout_seconds: default_head_timeout(),
             idle_timeout_seconds: default_idle_timeout(),
             stalled_reader_seconds: default_stalled_reader(),
+            trusted_proxies: Vec::new(),
+            real_ip_header: None,
+            proxy_protocol: false,
         }
     }
 }

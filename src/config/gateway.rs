@@ -268,6 +268,8 @@ pub struct GatewaySettings {
     pub max_request_bytes: u64,
     /// What one client connection may cost before admission (issue 49).
     pub client: super::ClientLimits,
+    /// Where a client's address comes from behind load balancers (issue 52).
+    pub client_addressing: super::ClientAddressing,
     /// Rate-limit layers and the limiter store.
     pub limits: LimitSettings,
     pub budgets: Budgets,
@@ -329,8 +331,14 @@ pub(super) fn load(file: &Path, out: &mut Vec<ConfigProblem>) -> Option<GatewayS
     if raw.limits.max_request_bytes == 0 || raw.limits.max_request_bytes > 64 * 1024 * 1024 {
         p.add("limits.max_request_bytes", "must be between 1 and 67108864");
     }
-    let limits = super::limits::check(&mut p, &raw.limits);
+    let limits = super::limits::check(&mut p, file, &raw.limits);
     let client = super::client::check(&mut p, &raw.client);
+    let client_addressing = super::client_address::check(
+        &mut p,
+        &raw.client.trusted_proxies,
+        raw.client.real_ip_header.as_deref(),
+        raw.client.proxy_protocol,
+    );
     let plans = std::sync::Arc::new(super::plans::check(&mut p, &raw.plans));
     let access_log_json = match raw.access_log.format.as_deref() {
         None | Some("text") => false,
@@ -386,6 +394,7 @@ pub(super) fn load(file: &Path, out: &mut Vec<ConfigProblem>) -> Option<GatewayS
         owned_by: raw.owned_by,
         max_request_bytes: raw.limits.max_request_bytes,
         client,
+        client_addressing,
         limits,
         budgets: Budgets {
             first_token,

@@ -35,6 +35,9 @@ enum RawStore {
         /// Bound on each store call in ms (default 5,000): past it the call counts as the store
         /// being unavailable.
         call_timeout_ms: Option<u64>,
+        /// TLS to the server, verified against `ca_file` (issue 52).
+        #[serde(default)]
+        tls: Option<super::tls::RawStoreTls>,
     },
 }
 
@@ -104,7 +107,8 @@ pub(super) fn read_secret(p: &mut Problems, path: &str, base: &Path, s: &RawSecr
 pub(super) fn identity_settings(p: &mut Problems, base: &Path, raw: &RawIdentity) -> Option<IdentitySettings> {
     let store = match &raw.store {
         RawStore::Sqlite { path } => crate::store::StoreConfig::Sqlite { path: sibling(base, path) },
-        RawStore::Postgres { url, url_env, call_timeout_ms } => {
+        RawStore::Postgres { url, url_env, call_timeout_ms, tls } => {
+            let tls = tls.as_ref().and_then(|t| super::tls::store_tls(p, base, "identity.store.tls", t));
             let call_timeout = match call_timeout_ms {
                 None => crate::store::postgres::CALL_TIMEOUT,
                 Some(ms) if (100..=600_000).contains(ms) => std::time::Duration::from_millis(*ms),
@@ -127,7 +131,7 @@ pub(super) fn identity_settings(p: &mut Problems, base: &Path, raw: &RawIdentity
                     None
                 }
             }?;
-            crate::store::StoreConfig::Postgres { url, call_timeout }
+            crate::store::StoreConfig::Postgres { url, call_timeout, tls }
         }
     };
     let pepper = read_secret(p, "identity.key_pepper", base, &raw.key_pepper);

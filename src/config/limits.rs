@@ -66,6 +66,9 @@ enum RawLimiterStore {
         prefix: String,
         #[serde(default = "default_timeout_ms")]
         timeout_ms: u64,
+        /// A `rediss://` link's CA and client certificate (issue 52).
+        #[serde(default)]
+        tls: Option<super::tls::RawStoreTls>,
     },
     /// Not configured: rate-limited routes answer `503 limiter_unavailable`.
     None,
@@ -194,7 +197,11 @@ impl Default for LimitSettings {
     /// The defaults of an empty `limits` section.
     fn default() -> Self {
         let mut out = Vec::new();
-        check(&mut Problems::new(std::path::Path::new("tollgate.yaml"), &mut out), &RawLimits::default())
+        check(
+            &mut Problems::new(std::path::Path::new("tollgate.yaml"), &mut out),
+            std::path::Path::new("tollgate.yaml"),
+            &RawLimits::default(),
+        )
     }
 }
 
@@ -215,11 +222,11 @@ fn tiers(p: &mut Problems, path: &str, t: RawTiers, max: u64) -> Tiers {
 
 const MAX_RATE: u64 = 100_000_000;
 
-pub(super) fn check(p: &mut Problems, raw: &RawLimits) -> LimitSettings {
+pub(super) fn check(p: &mut Problems, settings_file: &std::path::Path, raw: &RawLimits) -> LimitSettings {
     let store = match &raw.store {
         RawLimiterStore::InProcess => LimiterConfig::InProcess,
         RawLimiterStore::None => LimiterConfig::Disabled,
-        RawLimiterStore::Redis { url, url_env, prefix, timeout_ms } => {
+        RawLimiterStore::Redis { url, url_env, prefix, timeout_ms, tls } => {
             if prefix.is_empty()
                 || prefix.len() > 64
                 || prefix.contains(['{', '}'])
@@ -245,9 +252,17 @@ pub(super) fn check(p: &mut Problems, raw: &RawLimits) -> LimitSettings {
             if !(url.is_empty() || url.starts_with("redis://") || url.starts_with("rediss://")) {
                 p.add("limits.store.url", "must be a redis:// or rediss:// URL");
             }
+            if tls.is_some() && url.starts_with("redis://") {
+                p.add("limits.store.tls", "needs a rediss:// URL (redis:// is plain TCP)");
+            }
+            let tls = tls.as_ref().and_then(|t| super::tls::store_tls(p, settings_file, "limits.store.tls", t));
             LimiterConfig::Redis {
                 url,
-                options: RedisOptions { prefix: prefix.clone(), timeout: Duration::from_millis(timeout) },
+                options: RedisOptions {
+                    prefix: prefix.clone(),
+                    timeout: Duration::from_millis(timeout),
+                    tls: tls.map(std::sync::Arc::new),
+                },
             }
         }
     };

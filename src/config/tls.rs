@@ -59,3 +59,52 @@ pub(super) fn listener(p: &mut Problems, settings_file: &Path, cert: &str, key: 
     }
     Some(ListenerTls { cert_file, key_file })
 }
+
+/// `tls:` of a store link (`identity.store`, `limits.store`): files relative to
+/// `tollgate.yaml`'s folder.
+#[derive(serde::Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawStoreTls {
+    /// CA certificates (PEM) the server must be signed by; default the system's roots.
+    ca_file: Option<String>,
+    /// A client certificate (PEM chain) and its key, for a service that asks for one.
+    cert_file: Option<String>,
+    key_file: Option<String>,
+}
+
+/// Read and check a store link's TLS files; problems name `{field}.ca_file` and so on.
+pub(super) fn store_tls(
+    p: &mut Problems,
+    settings_file: &Path,
+    field: &str,
+    raw: &RawStoreTls,
+) -> Option<crate::store::tls::StoreTls> {
+    let mut read = |name: &str, file: &Option<String>| -> Option<Vec<u8>> {
+        let path = super::sibling(settings_file, file.as_deref()?);
+        std::fs::read(&path).map_err(|e| p.add(format!("{field}.{name}"), format!("{}: {e}", path.display()))).ok()
+    };
+    let ca_pem = read("ca_file", &raw.ca_file);
+    let cert = read("cert_file", &raw.cert_file);
+    let key = read("key_file", &raw.key_file);
+    if raw.ca_file.is_some() && ca_pem.is_none() {
+        return None;
+    }
+    let client_pem = match (cert, key, raw.cert_file.is_some(), raw.key_file.is_some()) {
+        (Some(c), Some(k), _, _) => Some((c, k)),
+        (None, None, false, false) => None,
+        (_, _, true, false) | (_, _, false, true) => {
+            p.add(field, "give both `cert_file` and `key_file`, or neither");
+            return None;
+        }
+        _ => return None, // a file that could not be read: said above
+    };
+    let tls = crate::store::tls::StoreTls { ca_pem, client_pem };
+    match tls.client_config() {
+        Ok(_) => Some(tls),
+        Err(e) => {
+            let at = if e.starts_with("client") { "cert_file" } else { "ca_file" };
+            p.add(format!("{field}.{at}"), e);
+            None
+        }
+    }
+}

@@ -259,7 +259,7 @@ pub enum LimiterConfig {
 pub fn shared_connection(cfg: &LimiterConfig) -> Option<Arc<crate::redis_conn::LazyRedis>> {
     match cfg {
         LimiterConfig::Redis { url, options } => {
-            crate::redis_conn::LazyRedis::open(url, options.timeout).ok().map(Arc::new)
+            crate::redis_conn::LazyRedis::open_tls(url, options.timeout, options.tls.as_deref()).ok().map(Arc::new)
         }
         _ => None,
     }

@@ -63,11 +63,13 @@ pub struct RedisOptions {
     pub prefix: String,
     /// Bound on every call, connecting included.
     pub timeout: Duration,
+    /// A `rediss://` link's CA and client certificate; `None`: the system's roots.
+    pub tls: Option<Arc<crate::store::tls::StoreTls>>,
 }
 
 impl Default for RedisOptions {
     fn default() -> Self {
-        Self { prefix: "tollgate".into(), timeout: Duration::from_millis(250) }
+        Self { prefix: "tollgate".into(), timeout: Duration::from_millis(250), tls: None }
     }
 }
 
@@ -101,8 +103,8 @@ impl RedisLimiter {
     /// Parses the URL; does not connect (the first call does).
     pub fn new(url: &str, opts: RedisOptions) -> Result<Self, LimiterError> {
         Self::valid(&opts)?;
-        let redis =
-            LazyRedis::open(url, opts.timeout).map_err(|e| LimiterError::Invalid(format!("{} ({e})", redact(url))))?;
+        let redis = LazyRedis::open_tls(url, opts.timeout, opts.tls.as_deref())
+            .map_err(|e| LimiterError::Invalid(format!("{} ({e})", redact(url))))?;
         Self::on(Arc::new(redis), opts)
     }
 

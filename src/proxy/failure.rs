@@ -232,14 +232,15 @@ pub(super) fn access_log(s: &Session, cx: &RequestCtx, status: u16, json: bool) 
 
 /// The access log line of a finished request: id, method, path, status, error code, model,
 /// time, usage, how it was placed (`session`, `opening` or `load`, `+spill` when it went to
-/// another replica than its preferred one) and whether the client left. Never an identity.
+/// another replica than its preferred one), the client's address and whether it left. Never
+/// an identity.
 fn access_line(s: &Session, cx: &RequestCtx, status: u16) -> String {
     let placed = cx.placement.as_ref().filter(|p| p.placed).map(|p| {
         let by = p.affinity.map_or(crate::session::PlacedBy::Load, |a| a.by).as_str();
         format!(" placed={by}{}", if p.spilled { "+spill" } else { "" })
     });
     format!(
-        "{} {} {} status={} code={} model={} ms={} usage={:?}{}{}",
+        "{} {} {} status={} code={} model={} ms={} usage={:?}{} client={}{}",
         cx.request_id,
         s.req_header().method,
         crate::text::redacted_path(s.req_header().uri.path()),
@@ -249,6 +250,7 @@ fn access_line(s: &Session, cx: &RequestCtx, status: u16) -> String {
         cx.started.elapsed().as_millis(),
         cx.usage,
         placed.unwrap_or_default(),
+        cx.client_ip.map_or_else(|| "-".to_string(), |ip| ip.to_string()),
         if cx.client_gone { " client_gone" } else { "" },
     )
 }

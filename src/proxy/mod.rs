@@ -82,6 +82,7 @@ impl Gateway {
         if s.get_keepalive() == Some(0) {
             s.set_keepalive(Some(self.settings.client.idle_timeout_seconds));
         }
+        cx.client_ip = crate::client_address::of_request(s, &self.settings.client_addressing);
         let route = request::route(s, cx)?;
         request::check_header_limits(s, &self.settings.client)?;
         request::client_request_id(s, cx)?;

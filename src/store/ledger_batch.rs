@@ -552,9 +552,19 @@ impl LedgerStore for BatchedLedger {
     }
 
     async fn give_back_leases(&self) -> usize {
-        let ops = self.leases.all();
-        let answers = futures_util::future::join_all(ops.into_iter().map(|op| self.enqueue(op))).await;
-        answers.iter().filter(|r| matches!(r, Ok(OpOutcome::Release(true)))).count()
+        let mut given = 0;
+        loop {
+            let ops = self.leases.all();
+            let answers = futures_util::future::join_all(ops.into_iter().map(|op| self.enqueue(op))).await;
+            given += answers.iter().filter(|r| matches!(r, Ok(OpOutcome::Release(true)))).count();
+            // A grant the writer has not answered yet becomes a lease when it does (on a busy
+            // machine, after the requests that asked for it ended): give that back too. The
+            // caller bounds the wait.
+            if !self.leases.granting() {
+                return given;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
     }
 
     fn submit_detached(self: Arc<Self>, op: LedgerOp, done: super::ledger::Detached) {

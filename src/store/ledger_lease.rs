@@ -243,8 +243,14 @@ impl Leases {
         ops
     }
 
+    /// Whether a grant is waiting for the writer's answer.
+    pub fn granting(&self) -> bool {
+        self.slots().values().any(|slot| slot.granting)
+    }
+
     /// Every lease, taken out to be given back (the instance is stopping, with nothing in
-    /// flight); no lease is asked for after. A grant still unanswered is left to expire.
+    /// flight); no lease is asked for after. A grant still unanswered is not among them: see
+    /// [`Leases::granting`].
     pub fn all(&self) -> Vec<LedgerOp> {
         let now = crate::clock::now_ms();
         let mut ops = Vec::new();

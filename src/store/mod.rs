@@ -22,6 +22,7 @@ mod sqlite_ledger;
 mod sqlite_ledger_batch;
 mod sqlite_plans;
 mod sqlite_rows;
+pub mod tls;
 
 use std::sync::Arc;
 
@@ -129,6 +130,21 @@ pub trait IdentityStore: Send + Sync {
 
     async fn record_copy(&self, audit: &CopyAudit) -> Result<(), StoreError>;
     async fn copy_audit(&self, key_id: &str) -> Result<Vec<CopyAudit>, StoreError>;
+
+    /// Record an operator's pause (`Some(until)`) or resume (`None`) of `model`: the state
+    /// every instance on this store serves (issue 52).
+    async fn set_model_state(&self, model: &str, paused_until: Option<Millis>, now: Millis) -> Result<(), StoreError>;
+    /// Every model state an operator set, in no particular order.
+    async fn model_states(&self) -> Result<Vec<ModelState>, StoreError>;
+}
+
+/// An operator's last pause or resume of one model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelState {
+    pub model: String,
+    /// `Some`: paused until then; `None`: resumed.
+    pub paused_until: Option<Millis>,
+    pub changed_at: Millis,
 }
 
 /// Embedded migrations per backend: (version, name, SQL).
@@ -141,6 +157,7 @@ pub const SQLITE_MIGRATIONS: &[Migration] = &[
     (4, "plans", include_str!("../../migrations/sqlite/004_plans.sql")),
     (5, "hold_entries", include_str!("../../migrations/sqlite/005_hold_entries.sql")),
     (6, "lease_recall", include_str!("../../migrations/sqlite/006_lease_recall.sql")),
+    (7, "model_states", include_str!("../../migrations/sqlite/007_model_states.sql")),
 ];
 pub const POSTGRES_MIGRATIONS: &[Migration] = &[
     (1, "identity", include_str!("../../migrations/postgres/001_identity.sql")),
@@ -150,6 +167,7 @@ pub const POSTGRES_MIGRATIONS: &[Migration] = &[
     (5, "hold_entries", include_str!("../../migrations/postgres/005_hold_entries.sql")),
     (6, "lease_recall", include_str!("../../migrations/postgres/006_lease_recall.sql")),
     (7, "ledger_rows_unreferenced", include_str!("../../migrations/postgres/007_ledger_rows_unreferenced.sql")),
+    (8, "model_states", include_str!("../../migrations/postgres/008_model_states.sql")),
 ];
 
 /// Which backend a config names.
@@ -162,13 +180,16 @@ pub enum StoreConfig {
         url: String,
         /// Bound on each store call, waiting for a pooled connection included.
         call_timeout: std::time::Duration,
+        /// TLS to the server (required when set); `None`: as the URL's `sslmode` says, without
+        /// a TLS implementation (plain).
+        tls: Option<tls::StoreTls>,
     },
 }
 
 impl StoreConfig {
     /// PostgreSQL at `url` with the default call timeout.
     pub fn postgres(url: impl Into<String>) -> StoreConfig {
-        StoreConfig::Postgres { url: url.into(), call_timeout: postgres_pool::CALL_TIMEOUT }
+        StoreConfig::Postgres { url: url.into(), call_timeout: postgres_pool::CALL_TIMEOUT, tls: None }
     }
 }
 
@@ -176,7 +197,13 @@ impl std::fmt::Debug for StoreConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             StoreConfig::Sqlite { path } => write!(f, "sqlite {}", path.display()),
-            StoreConfig::Postgres { url, .. } => write!(f, "postgres {}", redact_url(url)),
+            StoreConfig::Postgres { url, tls, .. } => {
+                write!(f, "postgres {}", redact_url(url))?;
+                if let Some(tls) = tls {
+                    write!(f, " with {tls:?}")?;
+                }
+                Ok(())
+            }
         }
     }
 }
@@ -204,8 +231,8 @@ pub async fn open_stores_tuned(config: &StoreConfig, max_hold_wait: std::time::D
             let s = Arc::new(sqlite::SqliteStore::open(path)?);
             Ok(Stores { identity: s.clone(), ledger: tuned(ledger_batch::BatchedLedger::new(s)?) })
         }
-        StoreConfig::Postgres { url, call_timeout } => {
-            let s = Arc::new(postgres::PostgresStore::connect_with(url, *call_timeout).await?);
+        StoreConfig::Postgres { url, call_timeout, tls } => {
+            let s = Arc::new(postgres::PostgresStore::connect_tls(url, *call_timeout, tls.as_ref()).await?);
             Ok(Stores { identity: s.clone(), ledger: tuned(ledger_batch::BatchedLedger::new(s)?) })
         }
     }
@@ -219,8 +246,8 @@ pub async fn open_stores_unbatched(config: &StoreConfig) -> Result<Stores, Store
             let s = Arc::new(sqlite::SqliteStore::open(path)?);
             Ok(Stores { identity: s.clone(), ledger: s })
         }
-        StoreConfig::Postgres { url, call_timeout } => {
-            let s = Arc::new(postgres::PostgresStore::connect_with(url, *call_timeout).await?);
+        StoreConfig::Postgres { url, call_timeout, tls } => {
+            let s = Arc::new(postgres::PostgresStore::connect_tls(url, *call_timeout, tls.as_ref()).await?);
             Ok(Stores { identity: s.clone(), ledger: s })
         }
     }

@@ -359,4 +359,34 @@ impl IdentityStore for PostgresStore {
         })
         .await
     }
+
+    async fn set_model_state(&self, model: &str, paused_until: Option<Millis>, now: Millis) -> Result<(), StoreError> {
+        let model = model.to_string();
+        self.with_client(move |c| async move {
+            c.execute(
+                "INSERT INTO model_states (model, paused_until, changed_at) VALUES ($1, $2, $3) \
+                 ON CONFLICT (model) DO UPDATE SET paused_until = excluded.paused_until, changed_at = excluded.changed_at",
+                &[&model, &paused_until, &now],
+            )
+            .await
+            .map(|_| ())
+        })
+        .await
+    }
+
+    async fn model_states(&self) -> Result<Vec<super::ModelState>, StoreError> {
+        self.with_client(|c| async move {
+            let rows = c.query("SELECT model, paused_until, changed_at FROM model_states", &[]).await?;
+            rows.iter()
+                .map(|r| {
+                    Ok(super::ModelState {
+                        model: r.try_get(0)?,
+                        paused_until: r.try_get(1)?,
+                        changed_at: r.try_get(2)?,
+                    })
+                })
+                .collect()
+        })
+        .await
+    }
 }

@@ -5,7 +5,7 @@
 //! batches, which run on its own thread with connections of its own (decision 151).
 
 use std::future::Future;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use deadpool_postgres::{Hook, Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
@@ -76,8 +76,19 @@ const WRITER_CONNECTIONS: usize = 2;
 
 /// A pool of at most `max` connections, each set up with [`PLANNING`]. Connects on first use,
 /// and a connection's I/O task runs on the runtime that opened it.
-fn new_pool(cfg: tokio_postgres::Config, max: usize, timeout: Duration) -> Result<Pool, StoreError> {
-    let mgr = Manager::from_config(cfg, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
+fn new_pool(
+    cfg: tokio_postgres::Config,
+    max: usize,
+    timeout: Duration,
+    tls: Option<&Arc<pingora::tls::ClientConfig>>,
+) -> Result<Pool, StoreError> {
+    let recycling = ManagerConfig { recycling_method: RecyclingMethod::Fast };
+    let mgr = match tls {
+        Some(tls) => {
+            Manager::from_config(cfg, tokio_postgres_rustls::MakeRustlsConnect::new((**tls).clone()), recycling)
+        }
+        None => Manager::from_config(cfg, NoTls, recycling),
+    };
     Pool::builder(mgr)
         .post_create(Hook::async_fn(|client, _| {
             Box::pin(async move {
@@ -100,6 +111,21 @@ fn new_pool(cfg: tokio_postgres::Config, max: usize, timeout: Duration) -> Resul
         .map_err(|e| StoreError::Unavailable(format!("pool: {e}")))
 }
 
+/// An error with its causes: "error performing TLS handshake" alone does not say that the
+/// server's certificate was refused, its source does.
+fn causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let more = s.to_string();
+        if !text.contains(&more) {
+            text = format!("{text}: {more}");
+        }
+        source = s.source();
+    }
+    text
+}
+
 impl PostgresStore {
     pub async fn connect(url: &str) -> Result<PostgresStore, StoreError> {
         Self::connect_with(url, CALL_TIMEOUT).await
@@ -107,12 +133,29 @@ impl PostgresStore {
 
     /// Connect with each call bounded by `call_timeout`.
     pub async fn connect_with(url: &str, call_timeout: Duration) -> Result<PostgresStore, StoreError> {
-        let cfg: tokio_postgres::Config =
+        Self::connect_tls(url, call_timeout, None).await
+    }
+
+    /// Connect over TLS when `tls` is given (required then, whatever the URL's `sslmode`: a
+    /// server that refuses TLS is not used in the clear), each call bounded by `call_timeout`.
+    pub async fn connect_tls(
+        url: &str,
+        call_timeout: Duration,
+        tls: Option<&super::tls::StoreTls>,
+    ) -> Result<PostgresStore, StoreError> {
+        let mut cfg: tokio_postgres::Config =
             url.parse().map_err(|e| StoreError::Unavailable(format!("bad PostgreSQL URL: {e}")))?;
+        let tls = match tls {
+            Some(t) => {
+                cfg.ssl_mode(tokio_postgres::config::SslMode::Require);
+                Some(t.client_config().map_err(|e| StoreError::Unavailable(format!("TLS settings: {e}")))?)
+            }
+            None => None,
+        };
         let rt = store_runtime()?.handle().clone();
-        let writer = new_pool(cfg.clone(), WRITER_CONNECTIONS, call_timeout)?;
+        let writer = new_pool(cfg.clone(), WRITER_CONNECTIONS, call_timeout, tls.as_ref())?;
         let pool = rt
-            .spawn(async move { new_pool(cfg, 16, call_timeout) })
+            .spawn(async move { new_pool(cfg, 16, call_timeout, tls.as_ref()) })
             .await
             .map_err(|e| StoreError::Unavailable(e.to_string()))??;
         let store = PostgresStore { pool, rt, writer, call_timeout };
@@ -131,7 +174,7 @@ impl PostgresStore {
         self.rt
             .spawn(async move {
                 let work = async {
-                    let client = pool.get().await.map_err(|e| KeyOpError::Store(format!("pool: {e}")))?;
+                    let client = pool.get().await.map_err(|e| KeyOpError::Store(format!("pool: {}", causes(&e))))?;
                     f(client).await
                 };
                 tokio::time::timeout(call_timeout, work)
@@ -150,7 +193,8 @@ impl PostgresStore {
         Fut: Future<Output = Result<T, tokio_postgres::Error>>,
     {
         let work = async {
-            let client = self.writer.get().await.map_err(|e| StoreError::Unavailable(format!("pool: {e}")))?;
+            let client =
+                self.writer.get().await.map_err(|e| StoreError::Unavailable(format!("pool: {}", causes(&e))))?;
             f(client).await.map_err(pg)
         };
         tokio::time::timeout(self.call_timeout, work)

@@ -358,6 +358,30 @@ impl IdentityStore for SqliteStore {
         })
         .await
     }
+
+    async fn set_model_state(&self, model: &str, paused_until: Option<Millis>, now: Millis) -> Result<(), StoreError> {
+        let model = model.to_string();
+        self.with_conn(move |c| {
+            c.execute(
+                "INSERT INTO model_states (model, paused_until, changed_at) VALUES (?1, ?2, ?3) \
+                 ON CONFLICT (model) DO UPDATE SET paused_until = excluded.paused_until, changed_at = excluded.changed_at",
+                params![model, paused_until, now],
+            )
+            .map(|_| ())
+        })
+        .await
+    }
+
+    async fn model_states(&self) -> Result<Vec<super::ModelState>, StoreError> {
+        self.with_conn(|c| {
+            let mut st = c.prepare_cached("SELECT model, paused_until, changed_at FROM model_states")?;
+            let rows = st.query_map([], |r| {
+                Ok(super::ModelState { model: r.get(0)?, paused_until: r.get(1)?, changed_at: r.get(2)? })
+            })?;
+            rows.collect()
+        })
+        .await
+    }
 }
 
 #[cfg(test)]

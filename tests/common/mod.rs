@@ -217,6 +217,8 @@ pub struct Opts {
     pub max_request_bytes: u64,
     /// Identity store: SQLite in the temp dir, or this PostgreSQL URL.
     pub postgres_url: Option<String>,
+    /// `tls: {...}` of that PostgreSQL store.
+    pub postgres_tls: Option<String>,
     /// Start without an admin token (the admin listener must refuse everything).
     pub no_admin_token: bool,
     pub hold_margin_seconds: u64,
@@ -250,6 +252,7 @@ impl Default for Opts {
             tiny_pool_concurrency: 1,
             max_request_bytes: 3_500_000,
             postgres_url: None,
+            postgres_tls: None,
             no_admin_token: false,
             hold_margin_seconds: 120,
             ledger_max_wait_ms: 2_000,
@@ -313,7 +316,10 @@ impl Gateway {
             std::fs::write(dir.join("admin_token"), ADMIN_TOKEN).unwrap();
         }
         let store = match &opts.postgres_url {
-            Some(url) => format!("{{ backend: postgres, url: \"{url}\" }}"),
+            Some(url) => match &opts.postgres_tls {
+                Some(tls) => format!("{{ backend: postgres, url: \"{url}\", {tls} }}"),
+                None => format!("{{ backend: postgres, url: \"{url}\" }}"),
+            },
             None => "{ backend: sqlite, path: identity.db }".to_string(),
         };
         let admin = if opts.no_admin_token { String::new() } else { "admin:\n  token_file: admin_token\n".into() };

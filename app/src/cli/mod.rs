@@ -53,6 +53,7 @@ fn no_more(rest: &[String]) -> Result<(), String> {
 /// Open the stores and services the config names (migrating when configured to).
 pub fn open_services(config: &Config, force_migrate: bool) -> Result<Services, String> {
     let redis = tollgate::limits::shared_connection(&config.gateway.limits.store);
+    check_redis_tls(&config.gateway.limits.store)?;
     let Some(id) = &config.gateway.identity else {
         return Ok(Services { redis, ..Services::default() });
     };
@@ -72,6 +73,30 @@ pub fn open_services(config: &Config, force_migrate: bool) -> Result<Services, S
         ledger: Some(stores.ledger),
         redis,
     })
+}
+
+/// A `rediss://` limiter store is tried once at start: a certificate the configured CA does
+/// not verify is a configuration mistake, refused with the field to fix. Redis being down is
+/// an outage the gateway starts through (it connects on first use).
+fn check_redis_tls(store: &tollgate::limits::LimiterConfig) -> Result<(), String> {
+    let tollgate::limits::LimiterConfig::Redis { url, options } = store else { return Ok(()) };
+    if !url.starts_with("rediss://") {
+        return Ok(());
+    }
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
+    let timeout = options.timeout.max(std::time::Duration::from_secs(2));
+    let probe = tollgate::redis_conn::LazyRedis::open_tls(url, timeout, options.tls.as_deref())?;
+    match rt.block_on(probe.ping()) {
+        Ok(()) => Ok(()),
+        Err(e) if e.to_ascii_lowercase().contains("certificate") => Err(format!(
+            "limits.store: TLS to {} failed: {e} (is limits.store.tls.ca_file the CA that signed the server's certificate, and the URL's host a name in it?)",
+            tollgate::store::redact_url(url)
+        )),
+        Err(e) => {
+            log::warn!("limits.store: Redis did not answer at start ({e}); it is tried again on first use");
+            Ok(())
+        }
+    }
 }
 
 fn load(path: &Path) -> Result<Config, String> {
