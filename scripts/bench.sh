@@ -59,6 +59,12 @@
 #                           `metrics: { enabled: false }`; on: metrics and the JSON access log
 #                           (`access_log: { format: json }`, one line per request to the log
 #                           file); compare a run with off and one with on (issue 16: <= 3%)
+#   BENCH_TRACING=          the full-chain gateways' request traces (decision 215): unset as
+#                           shipped (off); a ratio such as 0.01 or 1: `tracing:` with that
+#                           sample_ratio, exported over OTLP/HTTP to the mock replica's sink
+#                           (/mock/otlp/v1/traces, which reads and counts each export); the
+#                           report gives the exports and bytes the sink took. Compare a run
+#                           without it, one at 0.01 and one at 1
 #   BENCH_FLOOR=1           0: leave out the Pingora floor (two bare Pingora proxies from
 #                           tollgate-bench-floor, ports base+20 and base+21, see below)
 #   BENCH_BIN_DIR=          directory holding tollgate and tollgate-mock-replica to use
@@ -158,6 +164,10 @@ BILLING=${BENCH_BILLING:-0}
 PLAN=${BENCH_PLAN:-0}
 OBSERVE=${BENCH_OBSERVE:-}
 case $OBSERVE in "" | on | off) ;; *) echo "BENCH_OBSERVE must be on or off" >&2; exit 2 ;; esac
+TRACING=${BENCH_TRACING:-}
+if [[ -n $TRACING ]] && ! awk -v r="$TRACING" 'BEGIN { exit !(r ~ /^[0-9.]+$/ && r >= 0 && r <= 1) }'; then
+    echo "BENCH_TRACING must be a sample ratio between 0 and 1" >&2; exit 2
+fi
 DATABASE_URL=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}
 PG_STATS_WAIT=${BENCH_PG_STATS_WAIT:-11}
 BIN_DIR=${BENCH_BIN_DIR:-}
@@ -565,6 +575,10 @@ EOC
                 off) printf 'metrics:\n  enabled: false\n' ;;
                 on) printf 'access_log:\n  format: json\n' ;;
                 esac
+                if [[ -n $TRACING ]]; then
+                    printf 'tracing:\n  otlp_endpoint: http://127.0.0.1:%s/mock/otlp/v1/traces\n  sample_ratio: %s\n' \
+                        "$MOCK_PORT" "$TRACING"
+                fi
                 printf 'billing:\n  topup_url: https://billing.example.com/top-up\n'
                 full_chain_plugins_yaml
                 ;;
@@ -1125,6 +1139,11 @@ if [[ ${#AUDITED[@]} -gt 0 ]]; then
         answers=$(awk -f "$HELPERS/non_2xx.awk" "$OUT/metrics-$t.txt")
         LEDGER_CHECK+=("$t: answers other than 2xx over all its runs (tollgate_requests_total): $answers")
     done
+fi
+if [[ -n $TRACING ]]; then
+    sleep 1 # the batch processors send what they hold every 500 ms
+    sink=$(curl -fsS "http://127.0.0.1:$MOCK_PORT/mock/stats" | jq -r '"\(.otlp_exports) exports, \(.otlp_bytes) bytes"')
+    LEDGER_CHECK+=("traces (sample_ratio $TRACING on the full-chain gateways): the OTLP sink took $sink")
 fi
 
 # ---- report -----------------------------------------------------------------------------

@@ -28,3 +28,5 @@ cargo test
 echo "== official client tests (pytest)"
 TOLLGATE_BIN=target/debug/tollgate MOCK_BIN=target/debug/tollgate-mock-replica \
   .venv/bin/python -m pytest -q tests/python
+echo "== the Debian package: built, installed with dpkg -i, started, answering, purged"
+scripts/deb_check.sh --bin target/debug/tollgate

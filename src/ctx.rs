@@ -51,6 +51,8 @@ pub struct ResponseState {
     pub first_token_after: Option<std::time::Duration>,
     /// Streams: what reached the client's connection (clarification 19), see [`Written`].
     pub written: Written,
+    /// The `finish_reason`s the replica gave (each once), for traces.
+    pub finish_reasons: Vec<String>,
 }
 
 /// Which of a stream's output tokens the client's connection took (clarification 19: output
@@ -147,6 +149,8 @@ pub struct RequestCtx {
     pub client_request_id: Option<String>,
     /// The client's address: the TCP peer, or what a trusted proxy says (issue 52).
     pub client_ip: Option<std::net::IpAddr>,
+    /// The request's trace, when tracing is configured (decision 215).
+    pub trace: Option<crate::traces::RequestTrace>,
     /// The request body was read to its end (so the connection can be kept).
     pub body_read: bool,
     /// The parsed request body (inference routes).
@@ -267,6 +271,7 @@ impl RequestCtx {
             principal: None,
             client_request_id: None,
             client_ip: None,
+            trace: None,
             body_read: false,
             body: None,
             raw_body: None,

@@ -45,5 +45,6 @@ pub mod sse;
 pub mod store;
 pub mod text;
 pub mod thread_policy;
+pub mod traces;
 pub mod usage;
 pub mod watchdog;

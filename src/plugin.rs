@@ -43,6 +43,12 @@ pub trait Plugin: Send + Sync {
         Ok(Flow::Continue)
     }
 
+    /// The name of this plugin's `on_request` phase as a span of a traced request (e.g.
+    /// `admission`); `None`: not a span of its own (decision 215).
+    fn request_span(&self) -> Option<&'static str> {
+        None
+    }
+
     /// After the body is read and the model resolved, before placement. The serving path of
     /// the request's dialect validates here and returns `Flow::Forward` with the body for the
     /// replica.
@@ -111,7 +117,14 @@ impl Chain {
     pub async fn on_request(&self, s: &mut Session, cx: &mut RequestCtx) -> Result<Flow, GatewayError> {
         let mut forward = None;
         for p in &self.plugins {
-            match p.on_request(s, cx).await? {
+            // A sampled request times the phases that are spans of their own.
+            let span = p.request_span().filter(|_| cx.trace.as_ref().is_some_and(|t| t.sampled));
+            let started = span.map(|_| std::time::SystemTime::now());
+            let flow = p.on_request(s, cx).await;
+            if let (Some(name), Some(start), Some(trace)) = (span, started, cx.trace.as_mut()) {
+                trace.phases.push((name, start, std::time::SystemTime::now()));
+            }
+            match flow? {
                 Flow::Handled => return Ok(Flow::Handled),
                 Flow::Forward(body) => forward = Some(body),
                 Flow::Continue => {}

@@ -85,8 +85,28 @@ pub fn run(config: Config, chain: Chain, services: Services, start: Start<'_>) -
         ledger: services.ledger.clone(),
         redis: services.redis.clone(),
     };
-    let gateway =
+    let mut gateway =
         Gateway::new(live.clone(), chain, placement_store(&config.gateway.limits.store, services.redis.clone()));
+    let traces = match &config.gateway.tracing {
+        Some(settings) => match tollgate::traces::Exporter::new(settings) {
+            Ok(exporter) => {
+                log::info!(
+                    "traces: exported to {} for {}% of requests without a sampled traceparent",
+                    settings.otlp_endpoint,
+                    settings.sample_ratio * 100.0
+                );
+                Some(Arc::new(exporter))
+            }
+            Err(e) => {
+                log::error!("{e}");
+                std::process::exit(1);
+            }
+        },
+        None => None,
+    };
+    if let Some(exporter) = &traces {
+        gateway = gateway.with_traces(exporter.clone());
+    }
     let head_timeout = config.gateway.client.head_timeout;
     let mut proxy = pingora::proxy::http_proxy_service(&server.configuration, gateway);
     if let Some(app) = proxy.app_logic_mut() {
@@ -133,7 +153,7 @@ pub fn run(config: Config, chain: Chain, services: Services, start: Start<'_>) -
     }
     tollgate::health::spawn(live.clone());
     spawn_reload_on_hangup(live);
-    end_stop_when_drained(&server, config.gateway.grace_period_seconds, services.ledger.clone());
+    end_stop_when_drained(&server, config.gateway.grace_period_seconds, services.ledger.clone(), traces);
     server.run_forever()
 }
 
@@ -181,6 +201,7 @@ fn end_stop_when_drained(
     server: &Server,
     grace_seconds: u64,
     ledger: Option<Arc<dyn tollgate::store::ledger::LedgerStore>>,
+    traces: Option<Arc<tollgate::traces::Exporter>>,
 ) {
     use pingora::server::ExecutionPhase;
     let mut phases = server.watch_execution_phase();
@@ -199,6 +220,9 @@ fn end_stop_when_drained(
             log::info!("graceful stop: nothing left in flight after {:.1} s; exiting", began.elapsed().as_secs_f64());
             if let Some(ledger) = &ledger {
                 give_back_leases(&**ledger);
+            }
+            if let Some(traces) = &traces {
+                traces.flush(); // the last requests' spans
             }
             std::process::exit(0);
         }

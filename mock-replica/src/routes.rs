@@ -33,6 +33,16 @@ pub async fn handle(state: Arc<State>, req: Request<Incoming>) -> Result<Respons
     if path == "/v1" || path.starts_with("/v1/") {
         return handle_v1(state, req).await;
     }
+    if req.method() == Method::POST && path == "/mock/otlp/v1/traces" {
+        // An OTLP/HTTP traces sink for the benches (the gateway's `tracing.otlp_endpoint`):
+        // the export is read whole and counted, as a collector would take it.
+        let body = req.into_body().collect().await.map_err(|_| Abort)?.to_bytes();
+        state.otlp_exports.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        state.otlp_bytes.fetch_add(body.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        let mut resp = plain(StatusCode::OK, "");
+        resp.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/x-protobuf"));
+        return Ok(resp);
+    }
     Ok(match (req.method(), path) {
         (&Method::GET, "/health") => {
             state.health_checks.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

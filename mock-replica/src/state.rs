@@ -23,6 +23,9 @@ pub struct State {
     pub health_status: std::sync::atomic::AtomicU16,
     /// `GET /health` calls so far.
     pub health_checks: AtomicU64,
+    /// OTLP exports taken by the traces sink, and their bytes.
+    pub otlp_exports: AtomicU64,
+    pub otlp_bytes: AtomicU64,
 }
 
 /// One `/v1` request as received.
@@ -53,6 +56,8 @@ impl State {
             last: Mutex::new(None),
             health_status: std::sync::atomic::AtomicU16::new(200),
             health_checks: AtomicU64::new(0),
+            otlp_exports: AtomicU64::new(0),
+            otlp_bytes: AtomicU64::new(0),
         }
     }
 
@@ -115,6 +120,10 @@ impl State {
         crate::json::push_u64(&mut out, self.max_in_flight.load(Ordering::Relaxed));
         out.put_slice(b",\"health_checks\":");
         crate::json::push_u64(&mut out, self.health_checks.load(Ordering::Relaxed));
+        out.put_slice(b",\"otlp_exports\":");
+        crate::json::push_u64(&mut out, self.otlp_exports.load(Ordering::Relaxed));
+        out.put_slice(b",\"otlp_bytes\":");
+        crate::json::push_u64(&mut out, self.otlp_bytes.load(Ordering::Relaxed));
         out.put_u8(b'}');
         out.freeze()
     }

@@ -199,6 +199,10 @@ impl Plugin for Billing {
         Ok(Flow::Continue)
     }
 
+    fn request_span(&self) -> Option<&'static str> {
+        Some("ledger hold")
+    }
+
     async fn on_request(&self, _s: &mut Session, cx: &mut RequestCtx) -> Result<Flow, GatewayError> {
         let Some(p) = cx.principal.clone() else { return Ok(Flow::Continue) };
         if cx.route == Some(Route::CountTokens) {

@@ -240,6 +240,10 @@ impl Plugin for Limits {
         }
     }
 
+    fn request_span(&self) -> Option<&'static str> {
+        Some("admission")
+    }
+
     async fn on_request(&self, _s: &mut Session, cx: &mut RequestCtx) -> Result<Flow, GatewayError> {
         if cx.route.is_some_and(admitted_route) {
             self.admit(cx).await?;

@@ -57,6 +57,9 @@ struct RawGateway {
     metrics: RawMetrics,
     /// TLS on the public listener.
     tls: Option<RawTls>,
+    /// OTLP export of request traces (decision 215).
+    #[serde(default)]
+    tracing: Option<super::tracing::RawTracing>,
 }
 
 #[derive(Deserialize)]
@@ -288,6 +291,8 @@ pub struct GatewaySettings {
     pub plans: std::sync::Arc<crate::plans::PlanSettings>,
     /// `access_log.format: json`.
     pub access_log_json: bool,
+    /// Request traces exported over OTLP; `None`: off.
+    pub tracing: Option<crate::traces::TracingSettings>,
     /// `metrics.enabled` (default true).
     pub metrics_enabled: bool,
     /// `Some`: the public listener speaks HTTPS (HTTP/1.1 by ALPN).
@@ -340,6 +345,7 @@ pub(super) fn load(file: &Path, out: &mut Vec<ConfigProblem>) -> Option<GatewayS
         raw.client.proxy_protocol,
     );
     let plans = std::sync::Arc::new(super::plans::check(&mut p, &raw.plans));
+    let tracing = raw.tracing.as_ref().and_then(|t| super::tracing::check(&mut p, t));
     let access_log_json = match raw.access_log.format.as_deref() {
         None | Some("text") => false,
         Some("json") => true,
@@ -414,6 +420,7 @@ pub(super) fn load(file: &Path, out: &mut Vec<ConfigProblem>) -> Option<GatewayS
         ledger_max_wait: Duration::from_millis(raw.billing.ledger_max_wait_ms),
         plans,
         access_log_json,
+        tracing,
         metrics_enabled: raw.metrics.enabled,
         tls: raw.tls.as_ref().and_then(|t| super::tls::listener(&mut p, file, &t.cert_file, &t.key_file)),
     };

@@ -19,6 +19,7 @@ mod plans;
 mod process;
 mod tls;
 mod tokenizer;
+mod tracing;
 mod unique;
 mod upstreams;
 

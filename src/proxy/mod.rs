@@ -62,12 +62,20 @@ pub struct Gateway {
     pub chain: Chain,
     /// Established sessions' replicas (in process, or shared on Redis by every instance).
     placements: Arc<dyn crate::placements::PlacementStore>,
+    /// Request traces, when `tracing:` is configured (decision 215).
+    traces: Option<Arc<crate::traces::Exporter>>,
 }
 
 impl Gateway {
     pub fn new(live: Arc<LiveConfig>, chain: Chain, placements: Arc<dyn crate::placements::PlacementStore>) -> Self {
         let settings = live.current().gateway.clone();
-        Gateway { live, settings, chain, placements }
+        Gateway { live, settings, chain, placements, traces: None }
+    }
+
+    /// Export request traces through `exporter`.
+    pub fn with_traces(mut self, exporter: Arc<crate::traces::Exporter>) -> Self {
+        self.traces = Some(exporter);
+        self
     }
 
     async fn handle(&self, s: &mut Session, cx: &mut RequestCtx) -> Result<Flow, GatewayError> {
@@ -83,6 +91,15 @@ impl Gateway {
             s.set_keepalive(Some(self.settings.client.idle_timeout_seconds));
         }
         cx.client_ip = crate::client_address::of_request(s, &self.settings.client_addressing);
+        if let Some(traces) = &self.traces {
+            let h = &s.req_header().headers;
+            let header = |name: &str| h.get(name).and_then(|v| v.to_str().ok());
+            cx.trace = Some(crate::traces::RequestTrace::start(
+                header("traceparent"),
+                header("tracestate"),
+                traces.sample_ratio,
+            ));
+        }
         let route = request::route(s, cx)?;
         request::check_header_limits(s, &self.settings.client)?;
         request::client_request_id(s, cx)?;
@@ -187,6 +204,9 @@ impl ProxyHttp for Gateway {
             return Error::e_explain(ErrorType::InternalError, "no replica placed");
         };
         let mut peer = pool.peer(&slot.replica);
+        if let Some(trace) = cx.trace.as_mut().filter(|t| t.sampled) {
+            trace.replica_started.get_or_insert_with(std::time::SystemTime::now);
+        }
         let budgets = &self.settings.budgets;
         peer.options.connection_timeout = Some(pool.connect_timeout);
         peer.options.read_timeout = Some(if cx.stream {
@@ -270,6 +290,17 @@ impl ProxyHttp for Gateway {
         }
         if let Some(auth) = cx.pool().and_then(|p| p.authorization.as_deref()) {
             req.insert_header("authorization", auth)?;
+        }
+        if let Some(trace) = &mut cx.trace {
+            if trace.sampled && trace.replica_call.is_none() {
+                trace.replica_call = Some(format!("{} {}", req.method, req.uri.path()));
+            }
+            // The replica continues this trace under the gateway's replica-call span.
+            req.insert_header("traceparent", trace.replica_traceparent())?;
+            match &trace.tracestate {
+                Some(state) => req.insert_header("tracestate", state.as_str())?,
+                None => drop(req.remove_header("tracestate")),
+            }
         }
         forward::upstream_header(req, cx)
     }
@@ -461,5 +492,8 @@ impl ProxyHttp for Gateway {
         cx.logged = true;
         crate::metrics::record(cx, status, cx.started.elapsed());
         failure::access_log(s, cx, status, self.settings.access_log_json);
+        if let Some(traces) = &self.traces {
+            traces.finish(cx, status);
+        }
     }
 }
