@@ -30,3 +30,5 @@ TOLLGATE_BIN=target/debug/tollgate MOCK_BIN=target/debug/tollgate-mock-replica \
   .venv/bin/python -m pytest -q tests/python
 echo "== the Debian package: built, installed with dpkg -i, started, answering, purged"
 scripts/deb_check.sh --bin target/debug/tollgate
+echo "== fuzz: the request-head target for 30 s (tests/fuzz, libFuzzer; issue 49)"
+FUZZ_TARGETS=request_heads FUZZ_DEV=1 tests/fuzz/run.sh 30

@@ -33,7 +33,8 @@ async fn run(data: &[u8]) {
     let keepalive = s.get_keepalive();
     let new_body = Bytes::from_static(b"{\"model\":\"m\",\"replayed\":true}");
     let hold = OutputHold::default();
-    match replace_request_body(&mut s, new_body.clone(), keepalive, &hold).await {
+    let stall = std::time::Duration::from_secs(60);
+    match replace_request_body(&mut s, new_body.clone(), keepalive, &hold, stall).await {
         Ok(()) => {
             let after = s.req_header();
             assert_eq!(after.method, before.method);
