@@ -115,7 +115,7 @@ const fn limits(five_hour_cents: i64, week_cents: i64, standby_cents: i64, plan:
 }
 
 impl Default for PlanSettings {
-    /// Documented defaults (README "Coding plans"): a week holds four full 5-hour windows,
+    /// Documented defaults (docs/configuration.md, "Coding plans"): a week holds four full 5-hour windows,
     /// Standby a day of a fifth of one.
     fn default() -> Self {
         PlanSettings {
