@@ -51,8 +51,6 @@ pub struct ResponseState {
     pub first_token_after: Option<std::time::Duration>,
     /// Streams: what reached the client's connection (clarification 19), see [`Written`].
     pub written: Written,
-    /// The `finish_reason`s the replica gave (each once), for traces.
-    pub finish_reasons: Vec<String>,
 }
 
 /// Which of a stream's output tokens the client's connection took (clarification 19: output

@@ -116,9 +116,10 @@ impl Chain {
     /// (`Continue` when none did).
     pub async fn on_request(&self, s: &mut Session, cx: &mut RequestCtx) -> Result<Flow, GatewayError> {
         let mut forward = None;
+        // A sampled request times the phases that are spans of their own.
+        let traced = cx.trace.as_ref().is_some_and(|t| t.sampled);
         for p in &self.plugins {
-            // A sampled request times the phases that are spans of their own.
-            let span = p.request_span().filter(|_| cx.trace.as_ref().is_some_and(|t| t.sampled));
+            let span = if traced { p.request_span() } else { None };
             let started = span.map(|_| std::time::SystemTime::now());
             let flow = p.on_request(s, cx).await;
             if let (Some(name), Some(start), Some(trace)) = (span, started, cx.trace.as_mut()) {

@@ -109,8 +109,11 @@ pub fn account<'t>(view: &AnswerView<'t>, form: Form, cx: &mut RequestCtx, edits
             cx.response.answered[slot] |= out.answer;
         }
         let Some(finish) = choice.finish_reason.as_str() else { continue };
-        if !cx.response.finish_reasons.iter().any(|r| *r == *finish) {
-            cx.response.finish_reasons.push(finish.to_string());
+        // Only a sampled trace keeps them: nothing is allocated for other requests.
+        if let Some(trace) = tollgate::traces::RequestTrace::sampled(&mut cx.trace) {
+            if !trace.finish_reasons.iter().any(|r| *r == *finish) {
+                trace.finish_reasons.push(finish.to_string());
+            }
         }
         if !cx.response.answered[slot] {
             let status = serde_json::to_vec(&output_status(&finish)).ok()?;

@@ -204,7 +204,7 @@ impl ProxyHttp for Gateway {
             return Error::e_explain(ErrorType::InternalError, "no replica placed");
         };
         let mut peer = pool.peer(&slot.replica);
-        if let Some(trace) = cx.trace.as_mut().filter(|t| t.sampled) {
+        if let Some(trace) = crate::traces::RequestTrace::sampled(&mut cx.trace) {
             trace.replica_started.get_or_insert_with(std::time::SystemTime::now);
         }
         let budgets = &self.settings.budgets;

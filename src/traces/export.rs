@@ -84,8 +84,8 @@ impl Exporter {
                 i64::try_from(u.completion_tokens).unwrap_or(i64::MAX),
             ));
         }
-        if !cx.response.finish_reasons.is_empty() {
-            let reasons = cx.response.finish_reasons.iter().map(|r| r.clone().into()).collect();
+        if !trace.finish_reasons.is_empty() {
+            let reasons = trace.finish_reasons.iter().map(|r| r.clone().into()).collect();
             attrs.push(KeyValue::new(
                 "gen_ai.response.finish_reasons",
                 Value::Array(opentelemetry::Array::String(reasons)),

@@ -38,6 +38,8 @@ pub struct RequestTrace {
     pub replica_started: Option<SystemTime>,
     /// The replica call's method and path (e.g. `POST /v1/chat/completions`).
     pub replica_call: Option<String>,
+    /// The `finish_reason`s the replica gave (each once).
+    pub finish_reasons: Vec<String>,
 }
 
 impl RequestTrace {
@@ -64,7 +66,13 @@ impl RequestTrace {
             phases: Vec::new(),
             replica_started: None,
             replica_call: None,
+            finish_reasons: Vec::new(),
         }
+    }
+
+    /// A sampled request's trace, for phases that record what only its spans need.
+    pub fn sampled(trace: &mut Option<RequestTrace>) -> Option<&mut RequestTrace> {
+        trace.as_mut().filter(|t| t.sampled)
     }
 
     /// The `traceparent` the replica gets: this trace, the replica call as its parent.
