@@ -6,6 +6,14 @@ time, their slope after the warm-up, the answers by status, the ledger check, an
 after the burst against the baseline before it.
 
     scripts/soak.py [--minutes 30] [--rate 200] [--burst 2048] [--bin-dir target/release]
+                    [--stores embedded|shared]
+
+`--stores shared` runs the production store set: PostgreSQL for keys and the ledger (a fresh
+database on DATABASE_URL's server) and Redis for limits, idempotency records and placements
+(REDIS_URL, a prefix of its own). On the embedded set the node itself keeps what requests
+leave behind by design: idempotency records for 24 hours (up to 256 MiB) and session
+placements for their idle TTL (up to 100,000); with unique keys and sessions at this rate
+they grow for the whole soak, which the RSS slope then shows.
 
 Passes (exit 0) when: growth after the first two minutes is under 1 MB per 10 minutes, no
 answer was a 5xx, the ledger is consistent with no hold left, and RSS one minute after the
@@ -59,7 +67,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(bin_dir: Path, work: Path):
+def shared_stores(yaml: str, work: Path) -> tuple[str, dict]:
+    """Point `yaml` at PostgreSQL (a fresh database) and Redis; the environment it needs."""
+    server = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres")
+    db = f"tollgate_soak_{uuid.uuid4().hex[:8]}"
+    subprocess.run(["psql", server, "-qc", f"CREATE DATABASE {db}"], check=True, capture_output=True)
+    env = {"DATABASE_URL": server.rsplit("/", 1)[0] + "/" + db,
+           "REDIS_URL": os.environ.get("REDIS_URL", "redis://127.0.0.1:6379")}
+    yaml = yaml.replace("store: { backend: in_process }",
+                        f"store: {{ backend: redis, url_env: REDIS_URL, prefix: soak{work.name[-8:]}, timeout_ms: 250 }}")
+    yaml = yaml.replace(f"store: {{ backend: sqlite, path: {work}/tollgate.db }}",
+                        "store: { backend: postgres, url_env: DATABASE_URL }")
+    return yaml, env
+
+
+def start(bin_dir: Path, work: Path, stores: str = "embedded"):
     mock = subprocess.Popen(
         [str(bin_dir / "tollgate-mock-replica"), "--listen", "127.0.0.1:0"],
         stdout=subprocess.PIPE,
@@ -81,6 +103,9 @@ def start(bin_dir: Path, work: Path):
     # Room for the burst: the workspace's concurrency and the replica's.
     yaml = yaml.replace("workspace_concurrency: { free: 32, core: 256, enterprise: 1024 }",
                         "workspace_concurrency: { free: 8192, core: 8192, enterprise: 8192 }")
+    env = {}
+    if stores == "shared":
+        yaml, env = shared_stores(yaml, work)
     (conf / "tollgate.yaml").write_text(yaml)
     up = (conf / "upstreams.yaml").read_text().replace("127.0.0.1:18000", mock_addr)
     up = up.replace("max_concurrency: 64", "max_concurrency: 8192")
@@ -90,7 +115,7 @@ def start(bin_dir: Path, work: Path):
     (conf / "models.yaml").write_text(models)
     log = open(work / "gateway.log", "w")
     gw = subprocess.Popen([str(bin_dir / "tollgate"), "serve", "--config", str(conf / "tollgate.yaml")],
-                          stdout=subprocess.DEVNULL, stderr=log, env={**os.environ, "RUST_LOG": "warn"})
+                          stdout=subprocess.DEVNULL, stderr=log, env={**os.environ, **env, "RUST_LOG": "warn"})
     deadline = time.time() + 30
     while time.time() < deadline:
         try:
@@ -250,9 +275,10 @@ def main() -> int:
     ap.add_argument("--rate", type=int, default=200)
     ap.add_argument("--burst", type=int, default=2048)
     ap.add_argument("--bin-dir", default=str(ROOT / "target" / "release"))
+    ap.add_argument("--stores", choices=["embedded", "shared"], default="embedded")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="tollgate-soak-"))
-    mock, gw, port, admin, ws, key = start(Path(args.bin_dir), work)
+    mock, gw, port, admin, ws, key = start(Path(args.bin_dir), work, args.stores)
     ok = True
     try:
         samples, statuses, sent = asyncio.run(soak(port, key, gw.pid, args.minutes, args.rate))
@@ -263,7 +289,7 @@ def main() -> int:
         time.sleep(3)
         ledger = admin_call(admin, "GET", f"/admin/v1/workspaces/{ws}/ledger")
         consistent = ledger["check"]["consistent"] and ledger["held_cents"] == 0
-        print(f"soak: minutes={args.minutes} rate={args.rate}/s sent={sent} statuses={dict(sorted(statuses.items()))}")
+        print(f"soak: stores={args.stores} minutes={args.minutes} rate={args.rate}/s sent={sent} statuses={dict(sorted(statuses.items()))}")
         print(f"soak: rss after the first two minutes: {settled[0][1] / 1024:.1f} -> {settled[-1][1] / 1024:.1f} MB, "
               f"slope {rss_slope:+.2f} MB per 10 min; fds slope {fd_slope:+.1f} per 10 min; 5xx={five_xx}; "
               f"ledger consistent={consistent}")

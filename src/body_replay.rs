@@ -56,35 +56,68 @@ pub struct PrefixedStream {
 /// keeps reading, however slowly, is never cut; one that reads nothing for `stall` is, with
 /// `TimedOut` (Pingora then ends the request as the client's: its replica request is dropped
 /// and it is billed for what was written).
+///
+/// A write waits while the kernel holds more than [`UNSENT_MAX`] unsent bytes for the client,
+/// and one write may leave far more than that (a chunk read whole from the replica): at 2 KB a
+/// second the wait for such a write alone can pass `stall`. So when the timer runs out, the
+/// socket's send queue (`SIOCOUTQ`: bytes not yet acknowledged) is read: if it shrank since the
+/// timer was armed, the client read in the meantime and the timer starts again.
 #[derive(Debug)]
 struct WriteProgress {
     stall: Duration,
+    /// The client's socket, whose send queue tells whether the client reads (none in tests).
+    fd: Option<std::os::fd::RawFd>,
     /// Armed when a write could not go on; cleared by any progress.
     timer: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// The send queue when the timer was armed.
+    queued: Option<i32>,
 }
 
 impl WriteProgress {
-    fn new(stall: Duration) -> Self {
-        WriteProgress { stall, timer: None }
+    fn new(stall: Duration, fd: Option<std::os::fd::RawFd>) -> Self {
+        WriteProgress { stall, fd, timer: None, queued: None }
     }
 
     /// Fold a write's poll in: progress disarms the timer; no progress arms it, and past
-    /// `stall` without any the write fails.
+    /// `stall` without any (of the write, or of the client's reading) the write fails.
     fn check<T>(&mut self, polled: Poll<io::Result<T>>, cx: &mut Context<'_>) -> Poll<io::Result<T>> {
         if polled.is_ready() {
             self.timer = None;
             return polled;
         }
         let stall = self.stall;
-        let timer = self.timer.get_or_insert_with(|| Box::pin(tokio::time::sleep(stall)));
-        match timer.as_mut().poll(cx) {
-            Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                format!("the client read nothing for {stall:?}"),
-            ))),
-            Poll::Pending => Poll::Pending,
+        if self.timer.is_none() {
+            self.queued = self.fd.and_then(send_queue);
+        }
+        loop {
+            let timer = self.timer.get_or_insert_with(|| Box::pin(tokio::time::sleep(stall)));
+            if timer.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            let now = self.fd.and_then(send_queue);
+            match (self.queued, now) {
+                (Some(before), Some(after)) if after < before => {
+                    self.queued = Some(after);
+                    self.timer = None; // the client read: a new period
+                }
+                _ => {
+                    return Poll::Ready(Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        format!("the client read nothing for {stall:?}"),
+                    )));
+                }
+            }
         }
     }
+}
+
+/// Bytes in `fd`'s send queue not yet acknowledged by the client (Linux `SIOCOUTQ`).
+fn send_queue(fd: std::os::fd::RawFd) -> Option<i32> {
+    let mut queued: libc::c_int = 0;
+    // SAFETY: `fd` is the connection's socket, open while its stream lives; the ioctl writes
+    // one `c_int` into `queued` and nothing else.
+    let rc = unsafe { libc::ioctl(fd, libc::TIOCOUTQ, &mut queued) };
+    (rc == 0).then_some(queued)
 }
 
 /// Write `queued` to `inner` until it is empty.
@@ -115,6 +148,11 @@ impl AsyncRead for PrefixedStream {
 }
 
 impl PrefixedStream {
+    /// The client's socket under the replay.
+    pub fn inner(&self) -> &Stream {
+        &self.inner
+    }
+
     fn write_through(&mut self, cx: &mut Context<'_>, b: &[u8]) -> Poll<io::Result<usize>> {
         let this = self;
         let mut st = this.hold.lock();
@@ -317,8 +355,13 @@ async fn rebuild(
         wire.extend_from_slice(&next);
     }
     hold_little_unsent(&raw);
-    let stream =
-        PrefixedStream { prefix: wire.freeze(), inner: raw, hold: hold.clone(), progress: WriteProgress::new(stall) };
+    let fd = Some(raw.id()).filter(|fd| *fd > 2); // a socket, never a standard stream
+    let stream = PrefixedStream {
+        prefix: wire.freeze(),
+        inner: raw,
+        hold: hold.clone(),
+        progress: WriteProgress::new(stall, fd),
+    };
     let mut fresh = ServerSession::new_http1(Box::new(stream));
     fresh.read_request().await?;
     fresh.set_keepalive(keepalive);
@@ -409,7 +452,7 @@ mod tests {
     async fn writes_are_timed_by_progress_not_by_length() {
         let (ours, mut client) = tokio::io::duplex(64);
         let stall = Duration::from_millis(300);
-        let mut w = Timed { inner: ours, progress: WriteProgress::new(stall) };
+        let mut w = Timed { inner: ours, progress: WriteProgress::new(stall, None) };
         let reader = tokio::spawn(async move {
             let mut buf = [0u8; 64];
             let mut total = 0;

@@ -46,5 +46,6 @@ pub mod store;
 pub mod text;
 pub mod thread_policy;
 pub mod traces;
+pub mod transport;
 pub mod usage;
 pub mod watchdog;

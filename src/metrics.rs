@@ -33,6 +33,8 @@ struct Metrics {
     holds_outstanding: IntGaugeVec,
     ejections: IntCounterVec,
     replica_retries: IntCounterVec,
+    client_connections: prometheus::IntGauge,
+    connections_shed: IntCounterVec,
 }
 
 const STORE_BUCKETS: &[f64] = &[0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0];
@@ -130,6 +132,17 @@ fn register() -> prometheus::Result<Metrics> {
                 "Requests sent to another replica after one gave no byte (connect failure, reset, no header in time)"
             ),
             &["model", "reason"]
+        )?,
+        client_connections: prometheus::register_int_gauge!(
+            "tollgate_client_connections",
+            "Client connections open on the public listener"
+        )?,
+        connections_shed: register_int_counter_vec!(
+            Opts::new(
+                "tollgate_client_connections_shed_total",
+                "At the connection cap: idle connections closed to make room, and new ones refused"
+            ),
+            &["action"]
         )?,
     })
 }
@@ -294,5 +307,19 @@ static HOLDS: LazyLock<Option<prometheus::IntGauge>> =
 pub fn holds_moved(delta: i64) {
     if let Some(g) = HOLDS.as_ref() {
         g.add(delta);
+    }
+}
+
+/// Client connections opened (+1) and ended (-1).
+pub fn client_connections(delta: i64) {
+    if let Some(m) = metrics() {
+        m.client_connections.add(delta);
+    }
+}
+
+/// The connection cap closed an idle connection (`closed_idle`) or refused a new one (`refused`).
+pub fn connection_shed(action: &str) {
+    if let Some(m) = metrics() {
+        m.connections_shed.with_label_values(&[action]).inc();
     }
 }

@@ -1,7 +1,8 @@
 //! Hostile and slow clients (issue 49), through the real binary and raw sockets: what Pingora's
 //! parser refuses carries the envelope, oversized headers are `431` and never reach a replica,
 //! a bare LF in a chunk extension is refused, a key in a URL path is never logged, and bodies
-//! that arrive slowly pin memory only as they arrive and are cut at their deadline.
+//! that arrive slowly pin memory only as they arrive and are cut at their deadline, and open
+//! connections are capped, the oldest idle one closed first.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
@@ -371,6 +372,48 @@ async fn a_slow_reader_gets_its_whole_stream() {
     assert!(!gw.log().contains("client_gone"), "{}", gw.log());
 }
 
+/// Finding 3, at the rate the finding measured: a client reading 2 KB a second through a 2 KB
+/// receive buffer gets its whole stream although that takes several times the stall limit (3 s
+/// here; the finding's client was cut at the 60 s write timeout with no end frame). About 40 KB
+/// over 20 s: every write waits on the client, none is cut.
+#[tokio::test]
+async fn a_client_reading_2_kb_a_second_gets_its_whole_stream() {
+    let mock = Mock::start();
+    let gw = Gateway::start_with(
+        &mock,
+        Opts {
+            extra_yaml: "client:\n  stalled_reader_seconds: 3\n".into(),
+            response_seconds: 300.0,
+            ..Opts::default()
+        },
+    );
+    let body = r#"{"model":"chat-model","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+    let mut c = connect_with_rcvbuf(gw.port, 2 * 1024);
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer {}\r\nx-mock-tokens: 200\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        gw.key,
+        body.len()
+    );
+    c.write_all(head.as_bytes()).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let (mut got, mut buf, started) = (Vec::new(), [0u8; 2048], Instant::now());
+    while started.elapsed() < Duration::from_secs(240) {
+        match c.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+        if got.ends_with(b"0\r\n\r\n") {
+            break;
+        }
+        std::thread::sleep(Duration::from_secs(1)); // 2 KB a second
+    }
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.contains("data: [DONE]"), "cut after {} bytes: {}", got.len(), gw.log());
+    assert_eq!(text.matches("\"content\":\"tok").count(), 200, "every token arrived");
+    assert!(started.elapsed() > Duration::from_secs(6), "slower than twice the stall limit ({:?})", started.elapsed());
+    assert!(!gw.log().contains("client_gone"), "{}", gw.log());
+}
+
 /// Finding 3: a client that stops reading is ended after the stall limit, billed for what its
 /// connection took (what the kernel's socket buffers accepted, a few MB on loopback; not the
 /// 200,000 tokens, about 30 MB, the replica would produce), and its concurrency slot is freed.
@@ -410,4 +453,76 @@ async fn a_client_that_stops_reading_is_ended_billed_for_what_it_took_and_its_sl
     let r = gw.post("/v1/chat/completions", &common::chat_body("chat-model", false), &[]).await;
     assert_eq!(r.status, 200, "{}", r.text);
     drop(c);
+}
+
+/// A GET of `/v1/models` on `c`, kept alive; its whole answer (`Content-Length` framed).
+fn models_on(c: &mut TcpStream, key: &str) -> String {
+    c.write_all(format!("GET /v1/models HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer {key}\r\n\r\n").as_bytes())
+        .unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 8192];
+    loop {
+        let text = String::from_utf8_lossy(&got).into_owned();
+        if let Some((head, body)) = text.split_once("\r\n\r\n") {
+            let len = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length: ").or_else(|| l.strip_prefix("Content-Length: ")))
+                .and_then(|v| v.trim().parse::<usize>().ok());
+            if len.is_some_and(|n| body.len() >= n) {
+                return text;
+            }
+        }
+        match c.read(&mut buf) {
+            Ok(0) | Err(_) => return text,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+}
+
+/// Whether the gateway closed `c` (it reads the end within `wait`).
+fn closed_by_gateway(c: &mut TcpStream, wait: Duration) -> bool {
+    c.set_read_timeout(Some(wait)).unwrap();
+    let mut buf = [0u8; 64];
+    matches!(c.read(&mut buf), Ok(0))
+}
+
+/// What to build: a cap on open client connections, the oldest idle one closed first. With a
+/// cap of 3: a connection idle after its answer is closed for a newer one before a connection
+/// accepted later and still silent; with every connection busy, a new one is answered
+/// `429 hosted_admission_congested` with the envelope. (The short pauses order the test's own
+/// steps: the gateway marks a connection idle when it logged the answer the test just read.)
+#[tokio::test]
+async fn at_the_connection_cap_the_oldest_idle_connection_makes_room() {
+    let mock = Mock::start();
+    let gw =
+        Gateway::start_with(&mock, Opts { extra_yaml: "client:\n  max_connections: 3\n".into(), ..Opts::default() });
+    let pause = || std::thread::sleep(Duration::from_millis(300));
+    // A: idle after an answer. B: a stream whose replica is silent (busy). C: accepted, silent.
+    let mut a = TcpStream::connect(("127.0.0.1", gw.port)).unwrap();
+    assert!(models_on(&mut a, &gw.key).starts_with("HTTP/1.1 200"));
+    pause();
+    let mut b = stream_request(&gw, "x-mock-ttft-ms: 60000\r\n");
+    pause();
+    let mut c = TcpStream::connect(("127.0.0.1", gw.port)).unwrap();
+    pause();
+    // D at the cap: A, idle the longest, makes room; C stays.
+    let mut d = TcpStream::connect(("127.0.0.1", gw.port)).unwrap();
+    assert!(models_on(&mut d, &gw.key).starts_with("HTTP/1.1 200"));
+    assert!(closed_by_gateway(&mut a, Duration::from_secs(10)), "the oldest idle connection was closed");
+    assert!(models_on(&mut c, &gw.key).starts_with("HTTP/1.1 200"), "a younger idle connection is kept");
+    pause();
+    // Streams on two new connections close D, then C; B was never touched.
+    let mut e = stream_request(&gw, "x-mock-ttft-ms: 60000\r\n");
+    let mut f = stream_request(&gw, "x-mock-ttft-ms: 60000\r\n");
+    assert!(closed_by_gateway(&mut d, Duration::from_secs(10)));
+    assert!(closed_by_gateway(&mut c, Duration::from_secs(10)));
+    // All three busy: the next connection is refused with the envelope, and closed.
+    let answer = gw.raw(b"GET /v1/models HTTP/1.1\r\nHost: a\r\n\r\n", Duration::from_secs(10));
+    let (status, v) = status_and_body(&answer);
+    assert_eq!((status, v["error"]["code"].as_str()), (429, Some("hosted_admission_congested")), "{answer}");
+    assert!(answer.to_ascii_lowercase().contains("retry-after: 1"), "{answer}");
+    for s in [&mut b, &mut e, &mut f] {
+        assert!(!closed_by_gateway(s, Duration::from_millis(200)), "a busy connection is never closed for room");
+    }
 }

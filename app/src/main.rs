@@ -14,6 +14,7 @@ use std::process::ExitCode;
 static ALLOCATOR: tollgate::allocator::Allocator = tollgate::allocator::Allocator;
 
 fn main() -> ExitCode {
+    tollgate::allocator::keep_small_pages();
     let logger = env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).build();
     let max = logger.filter();
     if log::set_boxed_logger(Box::new(PingoraLogFilter(logger))).is_ok() {

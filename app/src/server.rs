@@ -12,6 +12,7 @@ use tollgate::admin::AdminApp;
 use tollgate::config::{Config, LiveConfig};
 use tollgate::plugin::Chain;
 use tollgate::proxy::Gateway;
+use tollgate::transport::connection_cap::{ConnectionCap, Connections};
 use tollgate_plugins::Services;
 
 /// How the process starts.
@@ -36,6 +37,10 @@ fn server_conf(gateway: &tollgate::config::GatewaySettings, pid_dir: &std::path:
         upgrade_sock: pid_dir.join(format!("tollgate-{port}.sock")).to_string_lossy().into_owned(),
         // Connect failures are retried on another replica by `fail_to_connect` (at most two).
         max_retries: 2,
+        // Blocking work is the embedded store's, behind one connection's lock: more threads
+        // only wait on it, each with its stack and allocator heap (tokio's default is 512;
+        // a burst of 2,048 streams started 150, issue 49).
+        max_blocking_threads: Some(16),
         ..ServerConf::default()
     }
 }
@@ -108,13 +113,14 @@ pub fn run(config: Config, chain: Chain, services: Services, start: Start<'_>) -
         gateway = gateway.with_traces(exporter.clone());
     }
     let head_timeout = config.gateway.client.head_timeout;
-    let mut proxy = pingora::proxy::http_proxy_service(&server.configuration, gateway);
-    if let Some(app) = proxy.app_logic_mut() {
-        // A request head must arrive whole within this once it started (issue 49).
-        let mut options = pingora::apps::HttpServerOptions::default();
-        options.h1_head_timeout = Some(head_timeout);
-        app.server_options = Some(options);
-    }
+    let mut app = pingora::proxy::http_proxy(&server.configuration, gateway);
+    // A request head must arrive whole within this once it started (issue 49).
+    let mut options = pingora::apps::HttpServerOptions::default();
+    options.h1_head_timeout = Some(head_timeout);
+    app.server_options = Some(options);
+    // Open connections are capped, the oldest idle one closed for a new one (decision 216).
+    let connections = Connections::new(config.gateway.client.max_connections);
+    let mut proxy = Service::new("tollgate".to_string(), ConnectionCap::new(app, connections));
     if config.gateway.client_addressing.proxy_protocol {
         // Every connection starts with a PROXY header from a trusted balancer, read within
         // the head deadline (decision 212).

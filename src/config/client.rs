@@ -1,7 +1,8 @@
 //! The `client` section of `tollgate.yaml`: what one client connection may cost the gateway
 //! before it is admitted (issue 49). Header size and count (the replica gets nothing larger),
 //! the bytes of request bodies being read at once across the node, how long a request's head
-//! and body may take to arrive, and how long a kept-alive connection may sit idle.
+//! and body may take to arrive, how long a kept-alive connection may sit idle, and how many
+//! connections may be open at once.
 
 use std::time::Duration;
 
@@ -28,6 +29,8 @@ pub(super) struct RawClient {
     idle_timeout_seconds: u64,
     #[serde(default = "default_stalled_reader")]
     stalled_reader_seconds: u64,
+    #[serde(default = "default_max_connections")]
+    max_connections: u64,
     /// Load balancers whose PROXY header or forwarding header is believed (addresses, CIDR).
     #[serde(default)]
     pub(super) trusted_proxies: Vec<String>,
@@ -50,6 +53,7 @@ impl Default for RawClient {
             head_timeout_seconds: default_head_timeout(),
             idle_timeout_seconds: default_idle_timeout(),
             stalled_reader_seconds: default_stalled_reader(),
+            max_connections: default_max_connections(),
             trusted_proxies: Vec::new(),
             real_ip_header: None,
             proxy_protocol: false,
@@ -83,6 +87,11 @@ fn default_idle_timeout() -> u64 {
 fn default_stalled_reader() -> u64 {
     60
 }
+/// Above the 2,048 concurrent streams the gateway is tested with, well under the unit's
+/// 65,536 descriptors.
+fn default_max_connections() -> u64 {
+    10_000
+}
 /// A body of the largest size (3.5 MB) gets about 54 s at this rate.
 fn default_body_min_rate() -> u64 {
     64 * 1024
@@ -106,6 +115,8 @@ pub struct ClientLimits {
     pub idle_timeout_seconds: u64,
     /// A client that reads nothing of its answer for this long is ended.
     pub stalled_reader: Duration,
+    /// Most client connections open at once; at it, the oldest idle one is closed for a new one.
+    pub max_connections: usize,
 }
 
 impl ClientLimits {
@@ -142,6 +153,9 @@ pub(super) fn check(p: &mut Problems, raw: &RawClient) -> ClientLimits {
     if !(1..=3_600).contains(&raw.stalled_reader_seconds) {
         p.add("client.stalled_reader_seconds", "must be 1..=3600");
     }
+    if !(1..=1_000_000).contains(&raw.max_connections) {
+        p.add("client.max_connections", "must be 1..=1000000");
+    }
     ClientLimits {
         max_header_bytes: raw.max_header_bytes,
         max_headers: raw.max_headers,
@@ -151,5 +165,6 @@ pub(super) fn check(p: &mut Problems, raw: &RawClient) -> ClientLimits {
         head_timeout: Duration::from_secs(raw.head_timeout_seconds.clamp(1, 600)),
         idle_timeout_seconds: raw.idle_timeout_seconds.clamp(1, 86_400),
         stalled_reader: Duration::from_secs(raw.stalled_reader_seconds.clamp(1, 3_600)),
+        max_connections: usize::try_from(raw.max_connections.clamp(1, 1_000_000)).unwrap_or(1_000_000),
     }
 }

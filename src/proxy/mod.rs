@@ -185,6 +185,7 @@ impl ProxyHttp for Gateway {
         if let pingora::protocols::http::ServerSession::H1(h1) = &mut *s.downstream_session {
             h1.set_pipelining_enabled(true);
         }
+        crate::transport::connection_cap::mark_busy(s.downstream_session.stream());
         let outcome = match AssertUnwindSafe(self.handle(s, cx)).catch_unwind().await {
             Ok(outcome) => outcome,
             Err(p) => Err(panicked("request", &*p, &cx.request_id)),
@@ -491,6 +492,7 @@ impl ProxyHttp for Gateway {
         self.chain.on_log(cx).await; // each hook's panic is caught and logged there
         cx.logged = true;
         crate::metrics::record(cx, status, cx.started.elapsed());
+        crate::transport::connection_cap::mark_idle(s.downstream_session.stream());
         failure::access_log(s, cx, status, self.settings.access_log_json);
         if let Some(traces) = &self.traces {
             traces.finish(cx, status);

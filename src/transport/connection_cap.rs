@@ -1,0 +1,421 @@
+//! A cap on open client connections, the oldest idle one closed first (issue 49).
+//!
+//! Pingora accepts every connection its listener gets; each one costs a descriptor and tens
+//! of kilobytes, and a client may open thousands and leave them idle. [`ConnectionCap`] wraps
+//! the proxy's [`ServerApp`]: each accepted connection is counted and its socket wrapped in a
+//! [`TrackedStream`] that knows whether a request is in progress. At the cap, a new connection
+//! closes the connection that has been idle the longest (between requests, or accepted and
+//! still silent), as nginx reuses its "reusable" connections; when none is idle, the new one
+//! is answered `429 hosted_admission_congested` with the envelope and closed.
+//!
+//! Idle means no request in progress: a connection becomes busy when bytes of a request arrive
+//! (or the proxy starts a request) and idle again when the proxy logged its answer
+//! ([`mark_idle`]). An idle connection is closed by ending its pending read: Pingora sees the
+//! client close, as after a keep-alive timeout. HTTP/1 only: an HTTP/2 connection (not served
+//! yet) would count its streams instead.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use pingora::apps::ServerApp;
+use pingora::protocols::raw_connect::ProxyDigest;
+use pingora::protocols::tls::{SslDigest, TlsRef};
+use pingora::protocols::{
+    ALPN, GetProxyDigest, GetSocketDigest, GetTimingDigest, Peek, Shutdown, SocketDigest, Ssl, Stream, TimingDigest,
+    UniqueID, UniqueIDType,
+};
+use pingora::server::ShutdownWatch;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+
+use crate::envelope::{self, Envelope};
+use crate::error::{ErrorKind, GatewayError};
+
+const BUSY: u8 = 0;
+const IDLE: u8 = 1;
+const CLOSED: u8 = 2;
+
+/// Refused connections lingering (reading what the client still sends, so that it reads the
+/// answer instead of a reset) at once; past this they are closed at once.
+const MAX_LINGERING: usize = 256;
+const LINGER: Duration = Duration::from_secs(1);
+
+/// The node's client connections: how many are open, and the idle ones by idle age.
+pub struct Connections {
+    max: usize,
+    open: AtomicUsize,
+    lingering: AtomicUsize,
+    next_seq: AtomicU64,
+    /// Idle connections by the order they became idle (oldest first).
+    idle: Mutex<BTreeMap<u64, Arc<Conn>>>,
+}
+
+/// One connection's state, shared by its socket wrapper and the idle index.
+#[derive(Debug)]
+struct Conn {
+    state: AtomicU8,
+    /// Its key in the idle index while idle.
+    seq: AtomicU64,
+    /// The pending read to wake when it is closed (kept only while idle).
+    waker: Mutex<Option<Waker>>,
+}
+
+impl Connections {
+    pub fn new(max: usize) -> Arc<Connections> {
+        Arc::new(Connections {
+            max: max.max(1),
+            open: AtomicUsize::new(0),
+            lingering: AtomicUsize::new(0),
+            next_seq: AtomicU64::new(0),
+            idle: Mutex::new(BTreeMap::new()),
+        })
+    }
+
+    /// Connections open now.
+    pub fn open(&self) -> usize {
+        self.open.load(Ordering::Relaxed)
+    }
+
+    /// Admit a new connection: under the cap, or by closing the oldest idle one. The stream
+    /// comes back when the node is at the cap with none idle.
+    fn admit(self: &Arc<Self>, inner: Stream) -> Result<TrackedStream, Stream> {
+        if self.open.fetch_add(1, Ordering::AcqRel) >= self.max && !self.close_oldest_idle() {
+            self.open.fetch_sub(1, Ordering::AcqRel);
+            return Err(inner);
+        }
+        let conn = Arc::new(Conn { state: AtomicU8::new(BUSY), seq: AtomicU64::new(0), waker: Mutex::new(None) });
+        // Accepted and silent is idle: a client that opens connections and sends nothing is
+        // the first to make room.
+        self.set_idle(&conn);
+        crate::metrics::client_connections(1);
+        Ok(TrackedStream { inner, conn, registry: self.clone() })
+    }
+
+    /// Close the connection idle the longest; false when none is.
+    fn close_oldest_idle(&self) -> bool {
+        loop {
+            let oldest = lock(&self.idle).pop_first();
+            let Some((_, conn)) = oldest else { return false };
+            // It may have turned busy since (its request's bytes arrived); then try the next.
+            if conn.state.compare_exchange(IDLE, CLOSED, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+                if let Some(w) = lock(&conn.waker).take() {
+                    w.wake();
+                }
+                crate::metrics::connection_shed("closed_idle");
+                return true;
+            }
+        }
+    }
+
+    fn set_idle(&self, conn: &Arc<Conn>) {
+        if conn.state.compare_exchange(BUSY, IDLE, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+            let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
+            conn.seq.store(seq, Ordering::Relaxed);
+            lock(&self.idle).insert(seq, conn.clone());
+        }
+    }
+
+    fn set_busy(&self, conn: &Conn) {
+        if conn.state.load(Ordering::Acquire) == IDLE
+            && conn.state.compare_exchange(IDLE, BUSY, Ordering::AcqRel, Ordering::Acquire).is_ok()
+        {
+            lock(&self.idle).remove(&conn.seq.load(Ordering::Relaxed));
+            lock(&conn.waker).take();
+        }
+    }
+
+    fn release(&self, conn: &Conn) {
+        if conn.state.swap(CLOSED, Ordering::AcqRel) == IDLE {
+            lock(&self.idle).remove(&conn.seq.load(Ordering::Relaxed));
+        }
+        self.open.fetch_sub(1, Ordering::AcqRel);
+        crate::metrics::client_connections(-1);
+    }
+
+    /// Answer a connection over the cap with the envelope, then let it go: the client's
+    /// remaining bytes are read (briefly) so that it sees the answer rather than a reset.
+    async fn refuse(&self, mut stream: Stream) {
+        crate::metrics::connection_shed("refused");
+        let err = GatewayError::new(
+            ErrorKind::HostedAdmissionCongested,
+            "The gateway holds as many connections as it takes and none is idle; retry shortly. This is not a quota.",
+        )
+        .with_retry_after(1);
+        let request_id = crate::ctx::next_request_id();
+        let r = envelope::render(&err, Envelope::Chat, &request_id);
+        let mut head = format!(
+            "HTTP/1.1 {} Too Many Requests\r\ncontent-type: application/json\r\ncontent-length: {}\r\nx-request-id: {request_id}\r\nconnection: close\r\n",
+            r.status,
+            r.body.len()
+        );
+        for (name, value) in &r.headers {
+            head.push_str(&format!("{name}: {value}\r\n"));
+        }
+        head.push_str("\r\n");
+        log::info!("{request_id} connection refused: {} open, none idle", self.open());
+        let written = tokio::time::timeout(LINGER, async {
+            stream.write_all(head.as_bytes()).await?;
+            stream.write_all(&r.body).await?;
+            stream.flush().await
+        })
+        .await;
+        if !matches!(written, Ok(Ok(()))) {
+            return;
+        }
+        if self.lingering.fetch_add(1, Ordering::AcqRel) < MAX_LINGERING {
+            let _ = tokio::time::timeout(LINGER, async {
+                let mut sink = [0u8; 4096];
+                while let Ok(n) = stream.read(&mut sink).await {
+                    if n == 0 {
+                        break;
+                    }
+                }
+            })
+            .await;
+        }
+        self.lingering.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A poisoned lock still holds a consistent map (each update is one call).
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The proxy's application with its connections counted and capped.
+pub struct ConnectionCap<A> {
+    inner: Arc<A>,
+    connections: Arc<Connections>,
+    collectors: std::sync::Once,
+}
+
+impl<A> ConnectionCap<A> {
+    pub fn new(inner: A, connections: Arc<Connections>) -> Self {
+        ConnectionCap { inner: Arc::new(inner), connections, collectors: std::sync::Once::new() }
+    }
+}
+
+#[async_trait]
+impl<A: ServerApp + Send + Sync + 'static> ServerApp for ConnectionCap<A> {
+    async fn process_new(self: &Arc<Self>, stream: Stream, shutdown: &ShutdownWatch) -> Option<Stream> {
+        // The first connection runs on the request threads' runtime: the allocator's heap
+        // collectors start there (`allocator::spawn_heap_collectors`).
+        self.collectors.call_once(|| crate::allocator::spawn_heap_collectors(8, Duration::from_secs(2)));
+        match self.connections.admit(stream) {
+            Ok(tracked) => self.inner.process_new(Box::new(tracked), shutdown).await,
+            Err(stream) => {
+                self.connections.refuse(stream).await;
+                None
+            }
+        }
+    }
+
+    async fn cleanup(&self) {
+        self.inner.cleanup().await
+    }
+}
+
+/// The proxy logged its answer on this session's connection: it is idle until its next
+/// request. (Sessions over a stream this module did not wrap are left alone.)
+pub fn mark_idle(stream: Option<&Stream>) {
+    if let Some(t) = stream.and_then(tracked) {
+        t.registry.set_idle(&t.conn);
+    }
+}
+
+/// A request started on this session's connection (pipelined requests bring no new bytes).
+pub fn mark_busy(stream: Option<&Stream>) {
+    if let Some(t) = stream.and_then(tracked) {
+        t.registry.set_busy(&t.conn);
+    }
+}
+
+/// The tracked socket under `stream`, through the wrappers that the gateway puts over it.
+fn tracked(stream: &Stream) -> Option<&TrackedStream> {
+    let any = stream.as_any();
+    if let Some(t) = any.downcast_ref::<TrackedStream>() {
+        return Some(t);
+    }
+    any.downcast_ref::<crate::body_replay::PrefixedStream>()
+        .and_then(|p| p.inner().as_any().downcast_ref::<TrackedStream>())
+}
+
+/// A client socket counted by [`Connections`] while it lives.
+#[derive(Debug)]
+pub struct TrackedStream {
+    inner: Stream,
+    conn: Arc<Conn>,
+    registry: Arc<Connections>,
+}
+
+impl Drop for TrackedStream {
+    fn drop(&mut self) {
+        self.registry.release(&self.conn);
+    }
+}
+
+impl std::fmt::Debug for Connections {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connections").field("max", &self.max).field("open", &self.open()).finish()
+    }
+}
+
+impl AsyncRead for TrackedStream {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        match this.conn.state.load(Ordering::Acquire) {
+            CLOSED => return Poll::Ready(Ok(())), // closed to make room: the client's end
+            IDLE => {
+                // Kept before the state is read again, so a close between the two wakes us.
+                *lock(&this.conn.waker) = Some(cx.waker().clone());
+                if this.conn.state.load(Ordering::Acquire) == CLOSED {
+                    return Poll::Ready(Ok(()));
+                }
+            }
+            _ => {}
+        }
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut this.inner).poll_read(cx, buf);
+        if matches!(polled, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            this.registry.set_busy(&this.conn);
+        }
+        polled
+    }
+}
+
+impl AsyncWrite for TrackedStream {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, b: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, b)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+}
+
+#[async_trait]
+impl Shutdown for TrackedStream {
+    async fn shutdown(&mut self) {
+        Shutdown::shutdown(&mut *self.inner).await
+    }
+}
+
+impl UniqueID for TrackedStream {
+    fn id(&self) -> UniqueIDType {
+        self.inner.id()
+    }
+}
+
+impl Ssl for TrackedStream {
+    fn get_ssl(&self) -> Option<&TlsRef> {
+        self.inner.get_ssl()
+    }
+    fn get_ssl_digest(&self) -> Option<Arc<SslDigest>> {
+        self.inner.get_ssl_digest()
+    }
+    fn selected_alpn_proto(&self) -> Option<ALPN> {
+        self.inner.selected_alpn_proto()
+    }
+}
+
+impl GetTimingDigest for TrackedStream {
+    fn get_timing_digest(&self) -> Vec<Option<TimingDigest>> {
+        self.inner.get_timing_digest()
+    }
+    fn get_read_pending_time(&self) -> Duration {
+        self.inner.get_read_pending_time()
+    }
+    fn get_write_pending_time(&self) -> Duration {
+        self.inner.get_write_pending_time()
+    }
+}
+
+impl GetProxyDigest for TrackedStream {
+    fn get_proxy_digest(&self) -> Option<Arc<ProxyDigest>> {
+        self.inner.get_proxy_digest()
+    }
+}
+
+impl GetSocketDigest for TrackedStream {
+    fn get_socket_digest(&self) -> Option<Arc<SocketDigest>> {
+        self.inner.get_socket_digest()
+    }
+}
+
+#[async_trait]
+impl Peek for TrackedStream {
+    async fn try_peek(&mut self, buf: &mut [u8]) -> io::Result<bool> {
+        self.inner.try_peek(buf).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stream() -> Stream {
+        Box::new(std::io::Cursor::new(Vec::<u8>::new()))
+    }
+
+    #[test]
+    fn at_the_cap_the_oldest_idle_connection_makes_room_and_busy_ones_are_kept() {
+        let c = Connections::new(3);
+        let a = c.admit(stream()).expect("under the cap");
+        let b = c.admit(stream()).expect("under the cap");
+        let busy = c.admit(stream()).expect("under the cap");
+        c.set_busy(&busy.conn);
+        // a then b became idle again after a request each: b is now the oldest idle.
+        c.set_busy(&a.conn);
+        c.set_idle(&a.conn);
+        let d = c.admit(stream()).expect("b makes room");
+        assert_eq!(b.conn.state.load(Ordering::Acquire), CLOSED);
+        assert_eq!(a.conn.state.load(Ordering::Acquire), IDLE);
+        drop(b);
+        assert_eq!(c.open(), 3);
+        c.set_busy(&a.conn);
+        c.set_busy(&d.conn);
+        // Every connection busy: the next one is refused and not counted.
+        assert!(c.admit(stream()).is_err());
+        assert_eq!(c.open(), 3);
+        drop((a, busy, d));
+        assert_eq!(c.open(), 0);
+        assert!(lock(&c.idle).is_empty(), "nothing left in the idle index");
+    }
+
+    #[tokio::test]
+    async fn closing_an_idle_connection_ends_its_pending_read() {
+        let c = Connections::new(1);
+        let (client, server) = tokio::io::duplex(64);
+        let mut idle = c.admit(Box::new(server)).expect("under the cap");
+        let reader = tokio::spawn(async move {
+            let mut buf = [0u8; 8];
+            idle.read(&mut buf).await.map(|n| (n, idle))
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let _newer = c.admit(stream()).expect("the idle one makes room");
+        let (n, _idle) = tokio::time::timeout(Duration::from_secs(5), reader)
+            .await
+            .expect("the read ended")
+            .expect("task")
+            .expect("read");
+        assert_eq!(n, 0, "the closed connection reads as the client's end");
+        drop(client);
+    }
+}
