@@ -10,7 +10,8 @@
 #   3. sends SIGQUIT to the running process: it hands its listening sockets over, accepts
 #      for 5 more seconds, then stops accepting and finishes its requests;
 #   4. checks that the new process holds the public port, then waits until the old process
-#      has exited (it always waits its whole shutdown.grace_period_seconds: ~13 min at 800).
+#      has exited (once no request runs, for a quiet second; at most its
+#      shutdown.grace_period_seconds, ~13 min at 800: decision 166).
 # <port> is the port of `listen` in the config. Both processes must use the same TMPDIR, and
 # `listen` and `admin_listen` must not change across the upgrade.
 #
@@ -232,7 +233,7 @@ fi
 
 [ "$WAIT_OLD" = 1 ] || { say "not waiting for $OLD_PID (--no-wait)"; exit 0; }
 limit=$((GRACE + FINAL + 5 + 60))
-say "waiting for $OLD_PID to finish its requests and exit (it waits its whole grace period: up to ${limit}s)"
+say "waiting for $OLD_PID to finish its requests and exit (up to ${limit}s)"
 deadline=$((SECONDS + limit))
 while running "$OLD_PID" "$OLD_START"; do
   [ "$SECONDS" -lt "$deadline" ] || die "$OLD_PID still runs after ${limit}s; SIGINT ends it at once (requests still running are cut)"
