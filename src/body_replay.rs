@@ -20,7 +20,6 @@
 
 use std::io;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -28,12 +27,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use pingora::protocols::http::ServerSession;
 use pingora::protocols::http::v1::client::http_req_header_to_wire;
-use pingora::protocols::raw_connect::ProxyDigest;
-use pingora::protocols::tls::{SslDigest, TlsRef};
-use pingora::protocols::{
-    ALPN, GetProxyDigest, GetSocketDigest, GetTimingDigest, Peek, Shutdown, SocketDigest, Ssl, Stream, TimingDigest,
-    UniqueID, UniqueIDType,
-};
+use pingora::protocols::{Peek, Shutdown, Stream};
 use pingora::{Error, ErrorType, Result};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
@@ -229,47 +223,7 @@ impl Shutdown for PrefixedStream {
     }
 }
 
-impl UniqueID for PrefixedStream {
-    fn id(&self) -> UniqueIDType {
-        self.inner.id()
-    }
-}
-
-impl Ssl for PrefixedStream {
-    fn get_ssl(&self) -> Option<&TlsRef> {
-        self.inner.get_ssl()
-    }
-    fn get_ssl_digest(&self) -> Option<Arc<SslDigest>> {
-        self.inner.get_ssl_digest()
-    }
-    fn selected_alpn_proto(&self) -> Option<ALPN> {
-        self.inner.selected_alpn_proto()
-    }
-}
-
-impl GetTimingDigest for PrefixedStream {
-    fn get_timing_digest(&self) -> Vec<Option<TimingDigest>> {
-        self.inner.get_timing_digest()
-    }
-    fn get_read_pending_time(&self) -> Duration {
-        self.inner.get_read_pending_time()
-    }
-    fn get_write_pending_time(&self) -> Duration {
-        self.inner.get_write_pending_time()
-    }
-}
-
-impl GetProxyDigest for PrefixedStream {
-    fn get_proxy_digest(&self) -> Option<Arc<ProxyDigest>> {
-        self.inner.get_proxy_digest()
-    }
-}
-
-impl GetSocketDigest for PrefixedStream {
-    fn get_socket_digest(&self) -> Option<Arc<SocketDigest>> {
-        self.inner.get_socket_digest()
-    }
-}
+crate::transport::inner_stream_digests!(PrefixedStream);
 
 #[async_trait]
 impl Peek for PrefixedStream {

@@ -327,14 +327,10 @@ fn connect_with_rcvbuf(port: u16, rcvbuf: i32) -> TcpStream {
     }
 }
 
-/// Finding 3: a client that keeps reading, however slowly, is never cut while the replica
-/// produces: writes are timed by their progress, not each as a whole, and the kernel holds
-/// little unsent for it (so a write is woken as the client reads, not once half a large
-/// buffer drained). Here the client has an 8 KB receive buffer and reads 8 KB every 200 ms
-/// (40 KB/s) of a 3,000-token stream (about 600 KB, more than the kernel would otherwise
-/// buffer), with a stall limit of 3 s: a write is never left waiting that long.
-#[tokio::test]
-async fn a_slow_reader_gets_its_whole_stream() {
+/// A streamed chat request of `tokens` tokens on a gateway with a 3 s stall limit, read
+/// `chunk` bytes at a time with `pause` between reads through a receive buffer of `rcvbuf`
+/// bytes: the gateway (its log is checked by the caller), everything read, and how long it took.
+fn read_slowly(tokens: u32, rcvbuf: i32, chunk: usize, pause: Duration) -> (Mock, Gateway, String, Duration) {
     let mock = Mock::start();
     let gw = Gateway::start_with(
         &mock,
@@ -345,18 +341,16 @@ async fn a_slow_reader_gets_its_whole_stream() {
         },
     );
     let body = r#"{"model":"chat-model","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
-    let mut c = connect_with_rcvbuf(gw.port, 8 * 1024);
+    let mut c = connect_with_rcvbuf(gw.port, rcvbuf);
     let head = format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer {}\r\nx-mock-tokens: 3000\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer {}\r\nx-mock-tokens: {tokens}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         gw.key,
         body.len()
     );
     c.write_all(head.as_bytes()).unwrap();
     c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    let mut got = Vec::new();
-    let mut buf = [0u8; 8192];
-    let started = Instant::now();
-    while started.elapsed() < Duration::from_secs(180) {
+    let (mut got, mut buf, started) = (Vec::new(), vec![0u8; chunk], Instant::now());
+    while started.elapsed() < Duration::from_secs(240) {
         match c.read(&mut buf) {
             Ok(0) | Err(_) => break,
             Ok(n) => got.extend_from_slice(&buf[..n]),
@@ -364,10 +358,22 @@ async fn a_slow_reader_gets_its_whole_stream() {
         if got.ends_with(b"0\r\n\r\n") {
             break;
         }
-        std::thread::sleep(Duration::from_millis(200));
+        std::thread::sleep(pause);
     }
-    let text = String::from_utf8_lossy(&got);
-    assert!(text.contains("data: [DONE]"), "cut after {} bytes: {}", got.len(), gw.log());
+    let text = String::from_utf8_lossy(&got).into_owned();
+    (mock, gw, text, started.elapsed())
+}
+
+/// Finding 3: a client that keeps reading, however slowly, is never cut while the replica
+/// produces: writes are timed by their progress, not each as a whole, and the kernel holds
+/// little unsent for it (so a write is woken as the client reads, not once half a large
+/// buffer drained). Here the client has an 8 KB receive buffer and reads 8 KB every 200 ms
+/// (40 KB/s) of a 3,000-token stream (about 600 KB, more than the kernel would otherwise
+/// buffer), with a stall limit of 3 s: a write is never left waiting that long.
+#[tokio::test]
+async fn a_slow_reader_gets_its_whole_stream() {
+    let (_mock, gw, text, _) = read_slowly(3000, 8 * 1024, 8192, Duration::from_millis(200));
+    assert!(text.contains("data: [DONE]"), "cut after {} bytes: {}", text.len(), gw.log());
     assert_eq!(text.matches("\"content\":\"tok").count(), 3000, "every token arrived");
     assert!(!gw.log().contains("client_gone"), "{}", gw.log());
 }
@@ -378,39 +384,10 @@ async fn a_slow_reader_gets_its_whole_stream() {
 /// over 20 s: every write waits on the client, none is cut.
 #[tokio::test]
 async fn a_client_reading_2_kb_a_second_gets_its_whole_stream() {
-    let mock = Mock::start();
-    let gw = Gateway::start_with(
-        &mock,
-        Opts {
-            extra_yaml: "client:\n  stalled_reader_seconds: 3\n".into(),
-            response_seconds: 300.0,
-            ..Opts::default()
-        },
-    );
-    let body = r#"{"model":"chat-model","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
-    let mut c = connect_with_rcvbuf(gw.port, 2 * 1024);
-    let head = format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer {}\r\nx-mock-tokens: 200\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        gw.key,
-        body.len()
-    );
-    c.write_all(head.as_bytes()).unwrap();
-    c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    let (mut got, mut buf, started) = (Vec::new(), [0u8; 2048], Instant::now());
-    while started.elapsed() < Duration::from_secs(240) {
-        match c.read(&mut buf) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => got.extend_from_slice(&buf[..n]),
-        }
-        if got.ends_with(b"0\r\n\r\n") {
-            break;
-        }
-        std::thread::sleep(Duration::from_secs(1)); // 2 KB a second
-    }
-    let text = String::from_utf8_lossy(&got);
-    assert!(text.contains("data: [DONE]"), "cut after {} bytes: {}", got.len(), gw.log());
+    let (_mock, gw, text, took) = read_slowly(200, 2 * 1024, 2048, Duration::from_secs(1));
+    assert!(text.contains("data: [DONE]"), "cut after {} bytes: {}", text.len(), gw.log());
     assert_eq!(text.matches("\"content\":\"tok").count(), 200, "every token arrived");
-    assert!(started.elapsed() > Duration::from_secs(6), "slower than twice the stall limit ({:?})", started.elapsed());
+    assert!(took > Duration::from_secs(6), "slower than twice the stall limit ({took:?})");
     assert!(!gw.log().contains("client_gone"), "{}", gw.log());
 }
 

@@ -24,12 +24,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use pingora::apps::ServerApp;
-use pingora::protocols::raw_connect::ProxyDigest;
-use pingora::protocols::tls::{SslDigest, TlsRef};
-use pingora::protocols::{
-    ALPN, GetProxyDigest, GetSocketDigest, GetTimingDigest, Peek, Shutdown, SocketDigest, Ssl, Stream, TimingDigest,
-    UniqueID, UniqueIDType,
-};
+use pingora::protocols::{Peek, Shutdown, Stream};
 use pingora::server::ShutdownWatch;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 
@@ -317,47 +312,7 @@ impl Shutdown for TrackedStream {
     }
 }
 
-impl UniqueID for TrackedStream {
-    fn id(&self) -> UniqueIDType {
-        self.inner.id()
-    }
-}
-
-impl Ssl for TrackedStream {
-    fn get_ssl(&self) -> Option<&TlsRef> {
-        self.inner.get_ssl()
-    }
-    fn get_ssl_digest(&self) -> Option<Arc<SslDigest>> {
-        self.inner.get_ssl_digest()
-    }
-    fn selected_alpn_proto(&self) -> Option<ALPN> {
-        self.inner.selected_alpn_proto()
-    }
-}
-
-impl GetTimingDigest for TrackedStream {
-    fn get_timing_digest(&self) -> Vec<Option<TimingDigest>> {
-        self.inner.get_timing_digest()
-    }
-    fn get_read_pending_time(&self) -> Duration {
-        self.inner.get_read_pending_time()
-    }
-    fn get_write_pending_time(&self) -> Duration {
-        self.inner.get_write_pending_time()
-    }
-}
-
-impl GetProxyDigest for TrackedStream {
-    fn get_proxy_digest(&self) -> Option<Arc<ProxyDigest>> {
-        self.inner.get_proxy_digest()
-    }
-}
-
-impl GetSocketDigest for TrackedStream {
-    fn get_socket_digest(&self) -> Option<Arc<SocketDigest>> {
-        self.inner.get_socket_digest()
-    }
-}
+super::inner_stream_digests!(TrackedStream);
 
 #[async_trait]
 impl Peek for TrackedStream {
