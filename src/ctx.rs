@@ -3,7 +3,6 @@
 //! the phase that fills it has run (or when that phase does not apply to the route).
 
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
@@ -16,7 +15,6 @@ use crate::placement::Slot;
 use crate::routes::Route;
 use crate::sse::SseFramer;
 use crate::usage::UsageFigures;
-use crate::watchdog::Watchdog;
 
 /// What the replica's response has shown so far (filled by the response phases).
 #[derive(Debug, Default)]
@@ -73,6 +71,12 @@ impl Written {
         self.handed_bytes += len;
         self.in_flight.push_back((self.handed_bytes, tokens));
         self.confirm(written);
+    }
+
+    /// `len` bytes that carry no tokens (a heartbeat) were handed on.
+    pub fn padding(&mut self, len: u64, written: u64) {
+        let tokens = self.in_flight.back().map_or(self.tokens, |&(_, t)| t);
+        self.handed(len, tokens, written);
     }
 
     /// Output tokens delivered once `written` body bytes reached the connection.
@@ -168,7 +172,8 @@ pub struct RequestCtx {
     pub response_headers: Vec<(&'static str, String)>,
     /// A failure already classified by a phase, for `fail_to_proxy` to render.
     pub failure: Option<GatewayError>,
-    pub watchdog: Option<Watchdog>,
+    /// A streamed attempt's budgets and heartbeat, run by the proxy's response loop.
+    pub timers: Option<crate::proxy::timers::StreamTimers>,
     /// The output switch of the client socket once the request body was forwarded, replayed or
     /// in place (`None` for requests answered by the gateway itself); see `held_output.rs`.
     pub output: Option<crate::held_output::OutputHold>,
@@ -179,13 +184,11 @@ pub struct RequestCtx {
     pub body_in_place: Option<Bytes>,
     /// What a dialect wants written to a silent stream every `budgets.heartbeat` (unframed).
     pub heartbeat_payload: Option<Bytes>,
-    /// The armed heartbeat of a stream (see `heartbeat.rs`).
-    pub heartbeat: Option<crate::heartbeat::Heartbeat>,
-    /// Set by the stream parser at the first content frame (read by the watchdog).
-    pub first_token_seen: Arc<AtomicBool>,
-    /// Set when the replica's response header arrives (read by the watchdog's first-byte
-    /// deadline, and by the retry decision: a request that got no byte may go elsewhere).
-    pub upstream_header_seen: Arc<AtomicBool>,
+    /// Set by the stream parser at the first content frame (ends the first-token budget).
+    pub first_token_seen: bool,
+    /// Set when the replica's response header arrives (ends the first-byte budget; read by
+    /// the retry decision: a request that got no byte may go elsewhere).
+    pub upstream_header_seen: bool,
     pub response: ResponseState,
     /// Usage of the response as delivered: counts and cost (for billing in `logging`).
     pub usage: Option<UsageFigures>,
@@ -279,14 +282,13 @@ impl RequestCtx {
             ext: Extensions::default(),
             response_headers: Vec::new(),
             failure: None,
-            watchdog: None,
+            timers: None,
             output: None,
             carried_output: None,
             body_in_place: None,
             heartbeat_payload: None,
-            heartbeat: None,
-            first_token_seen: Arc::new(AtomicBool::new(false)),
-            upstream_header_seen: Arc::new(AtomicBool::new(false)),
+            first_token_seen: false,
+            upstream_header_seen: false,
             response: ResponseState::default(),
             usage: None,
             paid_from: None,

@@ -66,6 +66,7 @@ pub fn uniform_pool(n: usize, capacity: u32) -> Pool {
             })
             .collect(),
         connect_timeout: Duration::from_secs(1),
+        idle_connection: Duration::from_secs(4),
         busy_threshold_percent: 75,
         authorization: None,
         health_check: None,

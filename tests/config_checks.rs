@@ -111,6 +111,13 @@ fn each_mistake_is_a_problem_naming_its_file_and_field() {
             ),
             "upstreams.yaml: pools.m.upstream_model: must be 1 to 256 characters".into(),
         ),
+        (
+            None,
+            Some(
+                "pools:\n  m:\n    idle_connection_ms: 0\n    replicas:\n      - { address: \"127.0.0.1:2\", max_concurrency: 1 }\n",
+            ),
+            "upstreams.yaml: pools.m.idle_connection_ms: must be 100..=300000".into(),
+        ),
     ];
     for (gateway, upstreams, problem) in cases {
         let d = dir("case");

@@ -207,6 +207,21 @@ async fn a_silent_messages_stream_gets_pings_between_whole_events() {
     let quick = [("x-api-key", gw.key.as_str()), ("x-mock-tokens", "5")];
     let r = gw.post_as("/v1/messages", &msg_body(true), &quick).await;
     assert!(!r.text.contains("event: ping"), "{}", r.text);
+
+    // An HTTP/1.0 client reads a body that ends with the connection: the pings come unframed,
+    // between whole events, like the rest of the body.
+    let body = msg_body(true).to_string();
+    let request = format!(
+        "POST /v1/messages HTTP/1.0\r\nHost: t\r\nx-api-key: {}\r\nx-mock-tokens: 2\r\nx-mock-token-delay-ms: 1600\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        gw.key,
+        body.len()
+    );
+    let raw = gw.raw(request.as_bytes(), std::time::Duration::from_secs(30));
+    let (head, body) = raw.split_once("\r\n\r\n").expect("a response");
+    assert!(head.starts_with("HTTP/1.1 200") && !head.to_ascii_lowercase().contains("transfer-encoding"), "{head}");
+    let names: Vec<String> = events(body).into_iter().map(|(n, _)| n).collect();
+    assert!(names.iter().filter(|n| *n == "ping").count() >= 2, "{names:?}");
+    assert_eq!(names.last().map(String::as_str), Some("message_stop"), "{names:?}");
 }
 
 #[tokio::test]

@@ -137,6 +137,45 @@ async fn https_clients_reach_an_https_replica_verified_against_its_ca() {
     assert!(gw.log().contains("ejected for 10 s (refused"), "the failed handshake ejects the replica: {}", gw.log());
 }
 
+/// The messages dialect's heartbeat reaches a TLS client: the response loop writes it through
+/// the connection's own TLS session, between whole events (issue 50; decision 124 replaced).
+#[tokio::test]
+async fn a_silent_messages_stream_gets_pings_over_tls() {
+    let mock = Mock::start();
+    let gateway_pki = pki();
+    let dir =
+        std::env::temp_dir().join(format!("tollgate-test-tlsping-{}-{}", std::process::id(), common::free_port()));
+    std::fs::create_dir_all(&dir).unwrap();
+    write(&dir, "gateway.crt", &gateway_pki.cert);
+    write(&dir, "gateway.key", &gateway_pki.key);
+    let opts = Opts {
+        heartbeat_seconds: 0.5,
+        extra_yaml: "tls:\n  cert_file: gateway.crt\n  key_file: gateway.key\n".into(),
+        ..Opts::default()
+    };
+    let gw = Gateway::start_in(&mock, opts, dir);
+    let body = serde_json::json!({"model": "chat-model", "max_tokens": 8, "stream": true,
+                                  "messages": [{"role": "user", "content": "hi"}]});
+    let r = https_client(Some(&gateway_pki.ca))
+        .post(format!("https://127.0.0.1:{}/v1/messages", gw.port))
+        .header("x-api-key", &gw.key)
+        .header("x-mock-tokens", "2")
+        .header("x-mock-token-delay-ms", "1600")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let text = r.text().await.unwrap();
+    let names: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("event: ")).collect();
+    assert!(names.iter().filter(|n| **n == "ping").count() >= 2, "pings while the replica is silent: {names:?}");
+    assert_eq!(names.first(), Some(&"message_start"), "never a ping before the opening event");
+    assert_eq!(names.last(), Some(&"message_stop"), "{names:?}");
+    for frame in text.split("\n\n").filter(|f| f.starts_with("event: ping")) {
+        assert_eq!(frame, "event: ping\ndata: {\"type\": \"ping\"}", "a whole ping event");
+    }
+}
+
 /// `tollgate check-config` on `dir/tollgate.yaml`: whether it passed, and its stderr.
 fn check_config(dir: &Path) -> (bool, String) {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))

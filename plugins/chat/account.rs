@@ -4,8 +4,6 @@
 //! model name, reasoning moved to `reasoning`, `service.output_status` on a choice that ended
 //! without answer content). Usage is priced by the caller, which knows the body's form.
 
-use std::sync::atomic::Ordering;
-
 use bytes::Bytes;
 use serde_json::{Value, json};
 
@@ -101,7 +99,7 @@ pub fn account<'t>(view: &AnswerView<'t>, form: Form, cx: &mut RequestCtx, edits
                 Form::Chunk if out.output => {
                     cx.response.delivered_tokens += 1;
                     cx.response.delivered_text_bytes += out.text_bytes as u64;
-                    cx.first_token_seen.store(true, Ordering::Release);
+                    cx.first_token_seen = true;
                     cx.response.first_token_after.get_or_insert_with(|| cx.started.elapsed());
                 }
                 Form::Chunk => {}

@@ -143,7 +143,7 @@ pub fn frame(frame: &[u8], data: &[u8], cx: &mut RequestCtx, out: &mut BytesMut)
                 if o.output {
                     cx.response.delivered_tokens += 1;
                     cx.response.delivered_text_bytes += o.text_bytes as u64;
-                    cx.first_token_seen.store(true, std::sync::atomic::Ordering::Release);
+                    cx.first_token_seen = true;
                 }
                 cx.response.answered[idx] |= o.answer;
             }

@@ -65,7 +65,7 @@ fn state(cx: &RequestCtx) -> String {
         cx.response.delivered_tokens,
         cx.response.delivered_text_bytes,
         cx.response.saw_done,
-        cx.first_token_seen.load(std::sync::atomic::Ordering::Relaxed),
+        cx.first_token_seen,
         cx.failure.as_ref().map(|f| f.kind),
     )
 }

@@ -25,6 +25,9 @@ struct RawPool {
     replicas: Vec<RawReplica>,
     #[serde(default = "default_connect_timeout_ms")]
     connect_timeout_ms: u64,
+    /// A replica connection left idle this long is closed rather than kept for reuse.
+    #[serde(default = "default_idle_connection_ms")]
+    idle_connection_ms: u64,
     /// Clarification 5: busy at or above this share of the pool's capacity.
     #[serde(default = "default_busy_percent")]
     busy_threshold_percent: u8,
@@ -72,6 +75,12 @@ struct RawHealthCheck {
 
 fn default_connect_timeout_ms() -> u64 {
     2_000
+}
+/// Under the 5 s keep-alive of uvicorn (vLLM, SGLang): the gateway closes an idle connection
+/// before the replica does, so a request never goes out on one the replica is closing, and
+/// the connections (and their buffers) a burst opened are gone seconds after it.
+fn default_idle_connection_ms() -> u64 {
+    4_000
 }
 fn default_eject_after_failures() -> u32 {
     3
@@ -205,6 +214,8 @@ pub struct Pool {
     pub upstream_model: String,
     pub replicas: Vec<Arc<Replica>>,
     pub connect_timeout: Duration,
+    /// An idle replica connection is closed after this.
+    pub idle_connection: Duration,
     pub busy_threshold_percent: u8,
     /// `Authorization` value for the replicas, if they need one.
     pub authorization: Option<String>,
@@ -294,6 +305,9 @@ pub(super) fn load(
         if pool.connect_timeout_ms == 0 || pool.connect_timeout_ms > 60_000 {
             p.add(at("connect_timeout_ms"), "must be 1..=60000");
         }
+        if !(100..=300_000).contains(&pool.idle_connection_ms) {
+            p.add(at("idle_connection_ms"), "must be 100..=300000");
+        }
         if !(1..=1_000).contains(&pool.eject_after_failures) {
             p.add(at("eject_after_failures"), "must be 1..=1000");
         }
@@ -351,6 +365,7 @@ pub(super) fn load(
             upstream_model: pool.upstream_model.unwrap_or_else(|| entry.id.clone()),
             replicas,
             connect_timeout: Duration::from_millis(pool.connect_timeout_ms.max(1)),
+            idle_connection: Duration::from_millis(pool.idle_connection_ms.max(1)),
             busy_threshold_percent: pool.busy_threshold_percent,
             authorization,
             health_check,

@@ -6,6 +6,7 @@ fn pool(model_id: &str, upstream: &str) -> Pool {
         upstream_model: upstream.into(),
         replicas: Vec::new(),
         connect_timeout: Duration::from_millis(1),
+        idle_connection: Duration::from_secs(4),
         busy_threshold_percent: 75,
         authorization: None,
         health_check: None,

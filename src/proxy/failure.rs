@@ -11,17 +11,17 @@ use pingora::http::ResponseHeader;
 use pingora::proxy::{FailToProxy, Session};
 use pingora::{Error, ErrorSource, ErrorType};
 
+use super::timers::{Fired, StreamTimers, TAIL_GRACE};
 use crate::ctx::RequestCtx;
 use crate::envelope;
 use crate::error::{ErrorKind, GatewayError};
 use crate::held_output::OutputHold;
 use crate::responder;
-use crate::watchdog::{Fired, TAIL_GRACE, Watchdog};
 
 /// Classify a proxy error that no phase classified.
 fn classify(e: &Error, cx: &RequestCtx) -> GatewayError {
     use ErrorType::*;
-    if let Some(fired) = cx.watchdog.as_ref().and_then(Watchdog::fired) {
+    if let Some(fired) = cx.timers.as_ref().and_then(StreamTimers::fired) {
         return match fired {
             // A request the replica never answered, and that could not go to another (decision
             // 204): the replica failed, not the request's budget.
@@ -57,8 +57,8 @@ fn classify(e: &Error, cx: &RequestCtx) -> GatewayError {
 /// client can still receive: a whole error response, a replacement for a held answer, or an
 /// error frame on a stream that already opened.
 pub(super) async fn answer(s: &mut Session, e: &Error, cx: &mut RequestCtx, chain: &Chain) -> FailToProxy {
-    if let Some(h) = cx.heartbeat.take() {
-        h.stop(); // before our own write of the error frame or the body's end
+    if let Some(t) = cx.timers.as_mut() {
+        t.quiet(); // no ping after our own write of the error frame or the body's end
     }
     let replica_side = e.esource() == &ErrorSource::Upstream || cx.response.tail_fault;
     if replica_side && cx.failure.is_none() && cx.response.streaming && cx.response.saw_done && header_sent(s) {
@@ -68,7 +68,7 @@ pub(super) async fn answer(s: &mut Session, e: &Error, cx: &mut RequestCtx, chai
         // Already set: a slow client, not the replica (logged in `stream_end`).
         if !cx.response.tail_fault {
             let rid = &cx.request_id;
-            match cx.watchdog.as_ref().and_then(Watchdog::fired) {
+            match cx.timers.as_ref().and_then(StreamTimers::fired) {
                 Some(Fired::Tail) => log::warn!(
                     "{rid}: the model server's body did not end within {TAIL_GRACE:?} after its stream ended"
                 ),

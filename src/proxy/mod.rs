@@ -25,13 +25,14 @@ use crate::plugin::{Chain, Flow};
 use crate::request::{self, read_json_body};
 use crate::responder;
 use crate::routes::Route;
-use crate::watchdog::Watchdog;
+use timers::StreamTimers;
 
 mod affinity;
 mod failure;
 mod forward;
 mod retry;
 mod stream_end;
+pub mod timers;
 mod upstream_status;
 
 use failure::{guarded, panicked};
@@ -211,15 +212,15 @@ impl ProxyHttp for Gateway {
         let budgets = &self.settings.budgets;
         peer.options.connection_timeout = Some(pool.connect_timeout);
         peer.options.read_timeout = Some(if cx.stream {
-            // Backstop only: the watchdog enforces both stream budgets exactly.
+            // Backstop only: the response loop's timers enforce both stream budgets exactly.
             budgets.response + Duration::from_secs(5)
         } else {
             // A non-streamed answer arrives whole after the generation, so the header wait is
-            // the response budget: the rest of it is the read timeout (no watchdog needed).
+            // the response budget: the rest of it is the read timeout (no timers needed).
             budgets.response.saturating_sub(cx.started.elapsed()).max(Duration::from_millis(1))
         });
         peer.options.write_timeout = Some(Duration::from_secs(30));
-        peer.options.idle_timeout = Some(Duration::from_secs(60));
+        peer.options.idle_timeout = Some(pool.idle_connection);
         Ok(Box::new(peer))
     }
 
@@ -251,23 +252,19 @@ impl ProxyHttp for Gateway {
         _s: &mut Session,
         _reused: bool,
         _peer: &HttpPeer,
-        fd: std::os::unix::io::RawFd,
+        _fd: std::os::unix::io::RawFd,
         _digest: Option<&Digest>,
         cx: &mut Self::CTX,
     ) -> Result<()> {
-        if let Some(w) = cx.watchdog.take() {
-            w.disarm();
-        }
+        cx.timers = None;
         if !cx.stream {
             return Ok(()); // the read timeout carries the budget (see `upstream_peer`)
         }
         let budgets = &self.settings.budgets;
-        let start = tokio::time::Instant::from_std(cx.started);
-        let first_token = Some((start + budgets.first_token, cx.first_token_seen.clone()));
         // A live replica sends a stream's header at once; each attempt gets the pool's time.
-        let first_byte =
-            cx.pool().map(|p| (tokio::time::Instant::now() + p.first_byte_timeout, cx.upstream_header_seen.clone()));
-        cx.watchdog = Watchdog::arm(fd, start + budgets.response, first_byte, first_token);
+        let first_byte = cx.pool().map(|p| std::time::Instant::now() + p.first_byte_timeout);
+        cx.timers =
+            Some(StreamTimers::new(cx.started + budgets.response, cx.started + budgets.first_token, first_byte));
         Ok(())
     }
 
@@ -328,7 +325,7 @@ impl ProxyHttp for Gateway {
         }
         let status = resp.status.as_u16();
         cx.response.upstream_status = Some(status);
-        cx.upstream_header_seen.store(true, std::sync::atomic::Ordering::Release);
+        cx.upstream_header_seen = true;
         if let Some(p) = cx.placement.as_ref() {
             if let Some(replica) = p.ran_on.and_then(|i| p.pool.replicas.get(i)) {
                 if status >= 500 {
@@ -364,7 +361,13 @@ impl ProxyHttp for Gateway {
             s.set_keepalive(None);
         }
         if cx.response.streaming && resp.status.is_success() {
-            crate::heartbeat::arm_for(s, resp, cx, self.settings.budgets.heartbeat);
+            // A sized body cannot take extra bytes.
+            if let Some(payload) = cx.heartbeat_payload.clone().filter(|_| !resp.headers.contains_key("content-length"))
+            {
+                if let Some(t) = cx.timers.as_mut() {
+                    t.heartbeat(payload, self.settings.budgets.heartbeat);
+                }
+            }
         } else if cx.route.is_some_and(Route::is_generation) {
             // A non-streamed answer is judged when its body is complete: until then nothing
             // reaches the client, so a bad body can still become a clean 502.
@@ -453,6 +456,14 @@ impl ProxyHttp for Gateway {
         cx.failure.is_some() || cx.response.tail_fault || stream_end::client_left(e)
     }
 
+    fn response_timer_at(&self, _s: &Session, cx: &Self::CTX) -> Option<std::time::Instant> {
+        timers::next_at(cx)
+    }
+
+    async fn response_timer(&self, s: &mut Session, cx: &mut Self::CTX) -> Result<Option<Bytes>> {
+        timers::on_timer(cx, s.body_bytes_sent() as u64)
+    }
+
     async fn fail_to_proxy(&self, s: &mut Session, e: &Error, cx: &mut Self::CTX) -> FailToProxy {
         if stream_end::client_left(e) {
             cx.client_gone = true;
@@ -462,13 +473,8 @@ impl ProxyHttp for Gateway {
     }
 
     async fn logging(&self, s: &mut Session, e: Option<&Error>, cx: &mut Self::CTX) {
-        if let Some(w) = cx.watchdog.take() {
-            w.disarm();
-        }
+        cx.timers = None;
         let status = failure::finish_output(s, cx).await;
-        if let Some(h) = cx.heartbeat.take() {
-            h.stop();
-        }
         if e.is_some_and(|e| e.esource() == &ErrorSource::Downstream) {
             cx.client_gone = true;
         }

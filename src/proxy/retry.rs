@@ -10,10 +10,10 @@ use std::time::Duration;
 use pingora::proxy::Session;
 use pingora::{Error, ErrorSource, ErrorType};
 
+use super::timers::{Fired, StreamTimers};
 use crate::config::Budgets;
 use crate::ctx::RequestCtx;
 use crate::placement::{self, Fault};
-use crate::watchdog::{Fired, Watchdog};
 
 /// A connect failure (`fail_to_connect`): count it, and place the request on another replica
 /// if one is left. Whether it was placed again.
@@ -30,7 +30,7 @@ pub(super) fn after_connect_failure(e: &Error, cx: &mut RequestCtx) -> bool {
 pub(super) fn after_proxy_error(s: &Session, e: &mut Error, cx: &mut RequestCtx, budgets: &Budgets) {
     e.set_retry(false);
     let Some(fault) = replica_fault(e, cx) else { return };
-    let no_byte = !cx.upstream_header_seen.load(std::sync::atomic::Ordering::Acquire);
+    let no_byte = !cx.upstream_header_seen;
     let budget = if cx.stream { budgets.first_token } else { budgets.response };
     let retry = no_byte
         && matches!(fault, Fault::NoHeader | Fault::Reset)
@@ -54,7 +54,7 @@ fn replica_fault(e: &Error, cx: &RequestCtx) -> Option<Fault> {
     if e.esource() != &ErrorSource::Upstream || cx.failure.is_some() || cx.response.saw_done {
         return None;
     }
-    match cx.watchdog.as_ref().and_then(Watchdog::fired) {
+    match cx.timers.as_ref().and_then(StreamTimers::fired) {
         Some(Fired::FirstByte) => Some(Fault::NoHeader),
         Some(Fired::FirstToken) => Some(Fault::NoFirstToken),
         Some(Fired::Response | Fired::Tail) => None,
@@ -95,7 +95,7 @@ fn place_elsewhere(cx: &mut RequestCtx, fault: Fault) -> bool {
             p.ran_on = Some(next.index);
             p.slot = Some(next);
             p.spilled |= spilled;
-            cx.upstream_header_seen.store(false, std::sync::atomic::Ordering::Release);
+            cx.upstream_header_seen = false;
             true
         }
         Err(_) => false,

@@ -507,6 +507,10 @@ where
 
         let mut next_upstream_task: Option<HttpTask> = None;
 
+        // The service's response timer (`ProxyHttp::response_timer_at`), while it asks for one.
+        let mut timer: Option<std::pin::Pin<Box<tokio::time::Sleep>>> = None;
+        let mut timer_at: Option<std::time::Instant> = None;
+
         /* duplex mode without caching
          * Read body from downstream while reading response from upstream
          * If response is done, only read body from downstream
@@ -550,7 +554,26 @@ where
                 session.cache.support_streaming_partial_write() == Some(true);
             let upgraded = session.was_upgraded();
 
+            let at = self.inner.response_timer_at(session, ctx);
+            if at != timer_at {
+                timer_at = at;
+                if let Some(at) = at {
+                    let deadline = tokio::time::Instant::from_std(at);
+                    match timer.as_mut() {
+                        Some(t) => t.as_mut().reset(deadline),
+                        None => timer = Some(Box::pin(tokio::time::sleep_until(deadline))),
+                    }
+                }
+            }
+
             tokio::select! {
+                _ = async { if let Some(t) = timer.as_mut() { t.as_mut().await } }, if timer_at.is_some() => {
+                    timer_at = None; // asked again before the next wait
+                    if let Some(bytes) = self.inner.response_timer(session, ctx).await? {
+                        session.write_response_tasks(vec![HttpTask::Body(Some(bytes), false)]).await?;
+                    }
+                },
+
                 // only try to send to pipe if there is capacity to avoid deadlock
                 // Otherwise deadlock could happen if both upstream and downstream are blocked
                 // on sending to their corresponding pipes which are both full.

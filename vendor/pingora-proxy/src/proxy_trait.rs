@@ -458,6 +458,33 @@ pub trait ProxyHttp {
         Ok(None)
     }
 
+    /// When the loop that proxies a response from an HTTP/1 upstream should next call
+    /// [Self::response_timer()]. Asked before each wait of that loop (for the upstream's
+    /// header, its body, the client's request body); `None` (the default) sets no timer.
+    ///
+    /// Filters run only when something arrives. A response that must act while its upstream
+    /// is silent (a keep-alive event on a stream, a deadline over the whole response rather
+    /// than each read) needs a timer inside the loop, where a write to the client takes its
+    /// turn with the proxy's own writes. After the timer fired, return a later instant or
+    /// `None`: an instant already passed fires again at once.
+    fn response_timer_at(&self, _session: &Session, _ctx: &Self::CTX) -> Option<std::time::Instant> {
+        None
+    }
+
+    /// The instant [Self::response_timer_at()] gave passed while the loop waited.
+    ///
+    /// `Ok(Some(bytes))` writes `bytes` to the client as response body, as they are (no body
+    /// filter sees them); return bytes only once the response header was written. `Ok(None)`
+    /// writes nothing. `Err(e)` ends the proxying with `e` as a failure of the upstream would
+    /// end it: the request's other errors' path ([Self::error_while_proxy()], retries,
+    /// [Self::fail_to_proxy()]) follows.
+    async fn response_timer(&self, _session: &mut Session, _ctx: &mut Self::CTX) -> Result<Option<Bytes>>
+    where
+        Self::CTX: Send + Sync,
+    {
+        Ok(None)
+    }
+
     /// Similar to [Self::upstream_response_filter()] but for response trailers
     fn upstream_response_trailer_filter(
         &self,
