@@ -44,6 +44,16 @@ def rss_kb(pid: int) -> int:
     return 0
 
 
+def memory_parts(pid: int) -> str:
+    """Threads, and RSS split into anonymous memory (heaps, stacks) and mapped files."""
+    fields = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        name, _, value = line.partition(":")
+        fields[name] = value.split()[0] if value.split() else ""
+    return (f"threads={fields.get('Threads')} anon={int(fields.get('RssAnon', 0)) / 1024:.1f}MB "
+            f"file={int(fields.get('RssFile', 0)) / 1024:.1f}MB")
+
+
 def fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
@@ -239,7 +249,7 @@ async def soak(port: int, key: str, pid: int, minutes: float, rate: int):
         if now >= next_sample:
             samples.append((now - start, rss_kb(pid), fds(pid)))
             print(f"soak: t={now - start:6.0f}s rss={samples[-1][1] / 1024:7.1f}MB fds={samples[-1][2]} "
-                  f"sent={sent} statuses={dict(sorted(statuses.items()))}", flush=True)
+                  f"{memory_parts(pid)} sent={sent} statuses={dict(sorted(statuses.items()))}", flush=True)
             next_sample += 10
         await asyncio.sleep(0.01)
     for _ in workers:

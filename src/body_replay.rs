@@ -1,14 +1,14 @@
 //! Forwarding a body the gateway has already read.
 //!
-//! Routing on `model` needs the body before `upstream_peer`, and Pingora 0.9 has no
-//! supported way to forward a body read in `request_filter` (its retry buffer stops at
-//! 64 KiB and a pipelined prefix at 1 MiB; our limit is 3.5 MB). So after reading and
-//! rewriting, the HTTP/1 downstream session is rebuilt over a stream that first yields the
-//! serialized header plus the new body and then the real socket. Pingora then proxies the new
-//! body as if the client had sent it, with a correct `Content-Length`, and keepalive intact.
+//! An HTTP/1 connection's first request: after reading and rewriting its body, the downstream
+//! session is rebuilt over a stream that first yields the serialized header plus the new body
+//! and then the real socket. Pingora then proxies the new body as if the client had sent it,
+//! with a correct `Content-Length`, and keepalive intact. What the rebuild is for since bodies
+//! can be handed to Pingora whole (`proxy/forward.rs`): the socket wrapper it installs, which
+//! the connection's later requests go through too, holds non-streamed answers and times
+//! writes by progress.
 //!
-//! Consequences: HTTP/1 only (an HTTP/2 session cannot be taken apart; h2c stays off on the
-//! public listener). Bytes a client pipelines after its body are kept: the old session is
+//! HTTP/1 only (an HTTP/2 session cannot be taken apart). Bytes a client pipelines after its body are kept: the old session is
 //! finished as a reusable one, which hands them back, and they follow the replayed body. The
 //! client's `Connection` choice is kept too: the old session is finished as reusable whatever
 //! the client asked (Pingora would close a `Connection: close` socket there), and the fresh
@@ -32,10 +32,6 @@ use pingora::{Error, ErrorType, Result};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use crate::held_output::{Mode, OutputHold};
-
-/// A client that stops reading cannot hold a stream (and its replica slot) forever: on a
-/// session whose socket this module does not wrap, each write must end within this.
-pub const DOWNSTREAM_WRITE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// A socket that yields `prefix` before reading from `inner`, and writes through `hold`.
 #[derive(Debug)]

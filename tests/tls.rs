@@ -101,7 +101,7 @@ async fn https_clients_reach_an_https_replica_verified_against_its_ca() {
         let before = mock.stats().await["requests"].as_u64().unwrap();
         let r = client.post(&url).bearer_auth(&gw.key).json(&chat_body("chat-model", stream)).send().await.unwrap();
         assert_eq!(r.status(), 200);
-        assert_eq!(r.version(), reqwest::Version::HTTP_11, "ALPN offers HTTP/1.1");
+        assert_eq!(r.version(), reqwest::Version::HTTP_2, "ALPN offers HTTP/2 first");
         let text = r.text().await.unwrap();
         if stream {
             assert!(text.contains("data: [DONE]"), "{text}");
@@ -137,8 +137,59 @@ async fn https_clients_reach_an_https_replica_verified_against_its_ca() {
     assert!(gw.log().contains("ejected for 10 s (refused"), "the failed handshake ejects the replica: {}", gw.log());
 }
 
-/// The messages dialect's heartbeat reaches a TLS client: the response loop writes it through
-/// the connection's own TLS session, between whole events (issue 50; decision 124 replaced).
+/// HTTP/2 by ALPN on every route, streamed and not, and HTTP/1.1 for a client that offers only
+/// that (decision 219).
+#[tokio::test]
+async fn http2_by_alpn_serves_every_route_and_http1_still_answers() {
+    let mock = Mock::start();
+    let gateway_pki = pki();
+    let dir = std::env::temp_dir().join(format!("tollgate-test-tlsh2-{}-{}", std::process::id(), common::free_port()));
+    std::fs::create_dir_all(&dir).unwrap();
+    write(&dir, "gateway.crt", &gateway_pki.cert);
+    write(&dir, "gateway.key", &gateway_pki.key);
+    let opts =
+        Opts { extra_yaml: "tls:\n  cert_file: gateway.crt\n  key_file: gateway.key\n".into(), ..Opts::default() };
+    let gw = Gateway::start_in(&mock, opts, dir);
+    let base = format!("https://127.0.0.1:{}", gw.port);
+    common::routes::every_route_answers(&https_client(Some(&gateway_pki.ca)), &base, &gw).await;
+    let http1 = reqwest::Client::builder()
+        .use_rustls_tls()
+        .http1_only()
+        .add_root_certificate(reqwest::Certificate::from_pem(gateway_pki.ca.as_bytes()).unwrap())
+        .build()
+        .unwrap();
+    let r = http1
+        .post(format!("{base}/v1/chat/completions"))
+        .bearer_auth(&gw.key)
+        .json(&chat_body("chat-model", true))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.version(), reqwest::Version::HTTP_11);
+    assert!(r.text().await.unwrap().ends_with("data: [DONE]\n\n"));
+    // curl --http2 negotiates HTTP/2 by ALPN.
+    let ca = gw.dir.join("ca.pem");
+    write(&gw.dir, "ca.pem", &gateway_pki.ca);
+    let out = std::process::Command::new("curl")
+        .args(["-sS", "--http2", "--cacert"])
+        .arg(&ca)
+        .args(["-w", "\n%{http_version} %{http_code}", "-H"])
+        .arg(format!("authorization: Bearer {}", gw.key))
+        .args(["-H", "content-type: application/json", "-d"])
+        .arg(chat_body("chat-model", true).to_string())
+        .arg(format!("{base}/v1/chat/completions"))
+        .output()
+        .expect("curl runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.ends_with("\n2 200") && text.contains("data: [DONE]"),
+        "{text} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The messages dialect's heartbeat reaches a TLS client, over HTTP/1.1 and HTTP/2: the response
+/// loop writes it through the connection's own session, between whole events (decision 218).
 #[tokio::test]
 async fn a_silent_messages_stream_gets_pings_over_tls() {
     let mock = Mock::start();
@@ -156,23 +207,35 @@ async fn a_silent_messages_stream_gets_pings_over_tls() {
     let gw = Gateway::start_in(&mock, opts, dir);
     let body = serde_json::json!({"model": "chat-model", "max_tokens": 8, "stream": true,
                                   "messages": [{"role": "user", "content": "hi"}]});
-    let r = https_client(Some(&gateway_pki.ca))
-        .post(format!("https://127.0.0.1:{}/v1/messages", gw.port))
-        .header("x-api-key", &gw.key)
-        .header("x-mock-tokens", "2")
-        .header("x-mock-token-delay-ms", "1600")
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    let text = r.text().await.unwrap();
-    let names: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("event: ")).collect();
-    assert!(names.iter().filter(|n| **n == "ping").count() >= 2, "pings while the replica is silent: {names:?}");
-    assert_eq!(names.first(), Some(&"message_start"), "never a ping before the opening event");
-    assert_eq!(names.last(), Some(&"message_stop"), "{names:?}");
-    for frame in text.split("\n\n").filter(|f| f.starts_with("event: ping")) {
-        assert_eq!(frame, "event: ping\ndata: {\"type\": \"ping\"}", "a whole ping event");
+    for http1 in [true, false] {
+        let mut client = reqwest::Client::builder()
+            .use_rustls_tls()
+            .add_root_certificate(reqwest::Certificate::from_pem(gateway_pki.ca.as_bytes()).unwrap());
+        if http1 {
+            client = client.http1_only();
+        }
+        let r = client
+            .build()
+            .unwrap()
+            .post(format!("https://127.0.0.1:{}/v1/messages", gw.port))
+            .header("x-api-key", &gw.key)
+            .header("x-mock-tokens", "2")
+            .header("x-mock-token-delay-ms", "1600")
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let version = if http1 { reqwest::Version::HTTP_11 } else { reqwest::Version::HTTP_2 };
+        assert_eq!(r.version(), version);
+        let text = r.text().await.unwrap();
+        let names: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("event: ")).collect();
+        assert!(names.iter().filter(|n| **n == "ping").count() >= 2, "pings while the replica is silent: {names:?}");
+        assert_eq!(names.first(), Some(&"message_start"), "never a ping before the opening event");
+        assert_eq!(names.last(), Some(&"message_stop"), "{names:?}");
+        for frame in text.split("\n\n").filter(|f| f.starts_with("event: ping")) {
+            assert_eq!(frame, "event: ping\ndata: {\"type\": \"ping\"}", "a whole ping event");
+        }
     }
 }
 

@@ -117,6 +117,10 @@ pub fn run(config: Config, chain: Chain, services: Services, start: Start<'_>) -
     // A request head must arrive whole within this once it started (issue 49).
     let mut options = pingora::apps::HttpServerOptions::default();
     options.h1_head_timeout = Some(head_timeout);
+    // HTTP/2 without TLS, when asked: a client that opens with the HTTP/2 preface (decision 219).
+    options.h2c = config.gateway.client.h2c;
+    // An HTTP/2 connection without a stream is closed as an idle HTTP/1 one is.
+    options.h2_idle_timeout = Some(std::time::Duration::from_secs(config.gateway.client.idle_timeout_seconds));
     app.server_options = Some(options);
     // Open connections are capped, the oldest idle one closed for a new one (decision 216).
     let connections = Connections::new(config.gateway.client.max_connections);
@@ -130,12 +134,12 @@ pub fn run(config: Config, chain: Chain, services: Services, start: Start<'_>) -
     }
     match &config.gateway.tls {
         Some(tls) => {
-            // The files were read and checked with the config; ALPN offers HTTP/1.1 only
-            // (the request body replay needs HTTP/1, decision 124).
+            // The files were read and checked with the config; ALPN offers HTTP/2 and
+            // HTTP/1.1 (decision 219).
             let (cert, key) = (tls.cert_file.to_string_lossy(), tls.key_file.to_string_lossy());
             match pingora::listeners::tls::TlsSettings::intermediate(&cert, &key) {
                 Ok(mut settings) => {
-                    settings.set_alpn(pingora::protocols::ALPN::H1);
+                    settings.set_alpn(pingora::protocols::ALPN::H2H1);
                     proxy.add_tls_with_settings(&listen, None, settings);
                 }
                 Err(e) => {

@@ -31,6 +31,9 @@ pub(super) struct RawClient {
     stalled_reader_seconds: u64,
     #[serde(default = "default_max_connections")]
     max_connections: u64,
+    /// Cleartext HTTP/2 with prior knowledge on the plain listener, beside HTTP/1.1.
+    #[serde(default)]
+    h2c: bool,
     /// Load balancers whose PROXY header or forwarding header is believed (addresses, CIDR).
     #[serde(default)]
     pub(super) trusted_proxies: Vec<String>,
@@ -54,6 +57,7 @@ impl Default for RawClient {
             idle_timeout_seconds: default_idle_timeout(),
             stalled_reader_seconds: default_stalled_reader(),
             max_connections: default_max_connections(),
+            h2c: false,
             trusted_proxies: Vec::new(),
             real_ip_header: None,
             proxy_protocol: false,
@@ -117,6 +121,8 @@ pub struct ClientLimits {
     pub stalled_reader: Duration,
     /// Most client connections open at once; at it, the oldest idle one is closed for a new one.
     pub max_connections: usize,
+    /// The plain listener also takes cleartext HTTP/2 (prior knowledge).
+    pub h2c: bool,
 }
 
 impl ClientLimits {
@@ -166,5 +172,6 @@ pub(super) fn check(p: &mut Problems, raw: &RawClient) -> ClientLimits {
         idle_timeout_seconds: raw.idle_timeout_seconds.clamp(1, 86_400),
         stalled_reader: Duration::from_secs(raw.stalled_reader_seconds.clamp(1, 3_600)),
         max_connections: usize::try_from(raw.max_connections.clamp(1, 1_000_000)).unwrap_or(1_000_000),
+        h2c: raw.h2c,
     }
 }

@@ -1,14 +1,16 @@
 //! How a rewritten request body reaches the replica.
 //!
-//! The first request on a connection goes through the body replay (`body_replay.rs`): the
-//! session is rebuilt over a socket wrapper that yields the new body and carries the
-//! connection's output switch (`held_output.rs`). Rebuilding parses the header a second time
-//! and costs about a quarter of what a bare Pingora proxy spends on a request. A later request on the same kept-alive
-//! connection already reads and writes through that wrapper, so when its body fits Pingora's
-//! retry buffer (64 KiB) the session is kept: Pingora sends the buffered body upstream through
-//! `request_body_filter`, which swaps it for the rewritten one, and `upstream_request_filter`
-//! gives the upstream header the new length (decision 192). Anything else (a body over 64 KiB,
-//! `Expect: 100-continue`, a connection's first request) is replayed as before.
+//! The body is read before `upstream_peer` (routing needs `model`) and rewritten, and Pingora
+//! then sends it in place of what the client sent (`replace_request_body`, a vendored
+//! pingora-core patch), with the upstream header's `Content-Length` set to its length.
+//!
+//! An HTTP/2 request always goes that way. An HTTP/1 connection's first request goes through
+//! the body replay instead (`body_replay.rs`): the session is rebuilt over a socket wrapper
+//! that carries the connection's output switch (`held_output.rs`) and times writes by
+//! progress. Rebuilding parses the header a second time and costs about a quarter of what a
+//! bare Pingora proxy spends on a request; a later request on the same kept-alive connection
+//! already goes through that wrapper and is sent in place (decision 192). `Expect:
+//! 100-continue` is replayed (a `100 Continue` written here turns keepalive off).
 
 use bytes::Bytes;
 use pingora::http::RequestHeader;
@@ -19,21 +21,20 @@ use crate::ctx::RequestCtx;
 use crate::error::GatewayError;
 use crate::held_output::OutputHold;
 
-/// Before the body is read: whether this request may be forwarded in place, and if so, keep
-/// Pingora's copy of the body it reads (the retry buffer, sent upstream in place of a replay).
-pub fn prepare(s: &mut Session, cx: &RequestCtx) -> bool {
-    let wrapped = cx.carried_output.as_ref().is_some_and(OutputHold::is_passing);
-    // A `100 Continue` written here turns keepalive off on this session; the replay restores it.
-    let expects = s.req_header().headers.contains_key(http::header::EXPECT);
-    let in_place = wrapped && !expects && matches!(*s.downstream_session, ServerSession::H1(_));
-    if in_place {
-        s.downstream_session.enable_retry_buffering();
+/// Before the body is read: whether this request's rewritten body may be sent in place.
+pub fn prepare(s: &Session, cx: &RequestCtx) -> bool {
+    match &*s.downstream_session {
+        ServerSession::H2(_) => true,
+        ServerSession::H1(_) => {
+            let wrapped = cx.carried_output.as_ref().is_some_and(OutputHold::is_passing);
+            wrapped && !s.req_header().headers.contains_key(http::header::EXPECT)
+        }
+        _ => false,
     }
-    in_place
 }
 
-/// Send `body` upstream instead of what the client sent: in place when `prepare` allowed it and
-/// the whole body is in the retry buffer, otherwise by the replay.
+/// Send `body` upstream instead of what the client sent: in place when `prepare` allowed it
+/// (the whole body was read by now), otherwise by the replay.
 pub async fn forward(
     s: &mut Session,
     cx: &mut RequestCtx,
@@ -41,10 +42,10 @@ pub async fn forward(
     keepalive: Option<u64>,
     in_place: bool,
 ) -> Result<(), GatewayError> {
-    let buffered = !s.downstream_session.retry_buffer_truncated() && s.downstream_session.is_body_done();
-    if let (true, true, Some(hold)) = (in_place, buffered, cx.carried_output.clone()) {
+    if in_place && s.downstream_session.is_body_done() && s.downstream_session.replace_request_body(body.clone()) {
+        // An HTTP/1 connection's wrapper holds non-streamed answers; HTTP/2 streams have none.
+        cx.output = cx.carried_output.clone().filter(|_| matches!(*s.downstream_session, ServerSession::H1(_)));
         cx.body_in_place = Some(body);
-        cx.output = Some(hold);
         return Ok(());
     }
     let hold = OutputHold::default();
@@ -63,14 +64,6 @@ pub fn upstream_header(req: &mut RequestHeader, cx: &RequestCtx) -> pingora::Res
         req.insert_header(http::header::CONTENT_LENGTH, body.len())?;
     }
     Ok(())
-}
-
-/// Pingora sends the retry buffer once per attempt at a replica (again after a failed
-/// connect), always as the whole body: each time, the rewritten body goes instead.
-pub fn body_chunk(body: &mut Option<Bytes>, cx: &RequestCtx) {
-    if let Some(b) = &cx.body_in_place {
-        *body = Some(b.clone());
-    }
 }
 
 /// What the next request on this kept-alive connection inherits: the switch of the wrapper the

@@ -81,9 +81,10 @@ impl Gateway {
 
     async fn handle(&self, s: &mut Session, cx: &mut RequestCtx) -> Result<Flow, GatewayError> {
         // A socket the body replay wraps times its writes by their progress (a slow reader
-        // is not cut); another gets a bound on each write.
+        // is not cut); another gets the same bound on each write (an HTTP/2 stream's write
+        // waits for window a piece at a time, so it too measures progress).
         let wrapped = cx.carried_output.is_some();
-        let write_timeout = (!wrapped).then_some(crate::body_replay::DOWNSTREAM_WRITE_TIMEOUT);
+        let write_timeout = (!wrapped).then_some(self.settings.client.stalled_reader);
         s.downstream_session.set_write_timeout(write_timeout);
         request::echo_version(s, cx);
         // HTTP/1.1 keeps a connection alive with no limit by default: bound its idle wait for
@@ -301,17 +302,6 @@ impl ProxyHttp for Gateway {
             }
         }
         forward::upstream_header(req, cx)
-    }
-
-    async fn request_body_filter(
-        &self,
-        _s: &mut Session,
-        body: &mut Option<Bytes>,
-        _eos: bool,
-        cx: &mut Self::CTX,
-    ) -> Result<()> {
-        forward::body_chunk(body, cx);
-        Ok(())
     }
 
     async fn upstream_response_filter(

@@ -11,8 +11,9 @@
 //! Idle means no request in progress: a connection becomes busy when bytes of a request arrive
 //! (or the proxy starts a request) and idle again when the proxy logged its answer
 //! ([`mark_idle`]). An idle connection is closed by ending its pending read: Pingora sees the
-//! client close, as after a keep-alive timeout. HTTP/1 only: an HTTP/2 connection (not served
-//! yet) would count its streams instead.
+//! client close, as after a keep-alive timeout. An HTTP/2 connection is busy from its first
+//! bytes until it closes (its sessions have no socket to mark; one without a stream closes
+//! after the idle timeout, decision 219): only HTTP/1 connections are closed to make room.
 
 use std::collections::BTreeMap;
 use std::io;

@@ -4,6 +4,7 @@
 
 pub mod pg;
 pub mod redis;
+pub mod routes;
 pub mod tcp_switch;
 
 use std::io::{BufRead, BufReader, Read, Write};

@@ -90,6 +90,8 @@ def gateway():
     (conf / "tollgate.yaml").write_text(
         f"listen: 127.0.0.1:{port}\nadmin_listen: 127.0.0.1:{admin_port}\nthreads: 1\n"
         "shutdown:\n  grace_period_seconds: 1\n"
+        # The listener also takes cleartext HTTP/2 (test_http2_clients.py).
+        "client:\n  h2c: true\n"
         # Short, so the messages heartbeat (15 s in production) shows within a test.
         "budgets:\n  heartbeat_seconds: 0.3\n"
         "identity:\n  store: { backend: sqlite, path: identity.db }\n"

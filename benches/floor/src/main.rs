@@ -14,7 +14,7 @@ use async_trait::async_trait;
 use bytes::BytesMut;
 use pingora::prelude::*;
 use pingora::server::configuration::ServerConf;
-use tollgate::body_replay::{DOWNSTREAM_WRITE_TIMEOUT, replace_request_body};
+use tollgate::body_replay::replace_request_body;
 use tollgate::held_output::OutputHold;
 
 /// The same allocator as the `tollgate` binary (decisions 137 and 201), so the floor differs
@@ -48,7 +48,7 @@ impl ProxyHttp for Floor {
             body.freeze(),
             keepalive,
             &hold,
-            DOWNSTREAM_WRITE_TIMEOUT,
+            std::time::Duration::from_secs(60), // the gateway's default stalled_reader_seconds
         )
         .await?;
         Ok(false)

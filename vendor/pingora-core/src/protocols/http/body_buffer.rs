@@ -20,6 +20,8 @@ pub struct FixedBuffer {
     buffer: BytesMut,
     capacity: usize,
     truncated: bool,
+    /// A whole body given in place of what was read (see [`FixedBuffer::holding`]).
+    replacement: Option<Bytes>,
 }
 
 impl FixedBuffer {
@@ -28,12 +30,24 @@ impl FixedBuffer {
             buffer: BytesMut::new(),
             capacity,
             truncated: false,
+            replacement: None,
+        }
+    }
+
+    /// A buffer that holds `body`, of any size, as the whole request body: what the
+    /// application read and rewrote before proxying. Later writes are ignored.
+    pub fn holding(body: Bytes) -> Self {
+        FixedBuffer {
+            buffer: BytesMut::new(),
+            capacity: body.len(),
+            truncated: false,
+            replacement: Some(body),
         }
     }
 
     // TODO: maybe store a Vec of Bytes for zero-copy
     pub fn write_to_buffer(&mut self, data: &Bytes) {
-        if self.truncated {
+        if self.truncated || self.replacement.is_some() {
             return;
         }
 
@@ -51,13 +65,19 @@ impl FixedBuffer {
         self.buffer.clear();
     }
     pub fn is_empty(&self) -> bool {
-        self.buffer.len() == 0
+        match &self.replacement {
+            Some(body) => body.is_empty(),
+            None => self.buffer.len() == 0,
+        }
     }
     pub fn is_truncated(&self) -> bool {
         self.truncated
     }
     pub fn get_buffer(&self) -> Option<Bytes> {
         // TODO: return None if truncated?
+        if let Some(body) = &self.replacement {
+            return (!body.is_empty()).then(|| body.clone());
+        }
         if !self.is_empty() {
             Some(self.buffer.clone().freeze())
         } else {
@@ -69,6 +89,16 @@ impl FixedBuffer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn holds_a_replacement_of_any_size_and_ignores_later_writes() {
+        let body = Bytes::from(vec![b'x'; 4 * 1024 * 1024]);
+        let mut buffer = FixedBuffer::holding(body.clone());
+        buffer.write_to_buffer(&Bytes::from_static(b"more"));
+        assert!(!buffer.is_truncated());
+        assert_eq!(buffer.get_buffer(), Some(body));
+        assert_eq!(FixedBuffer::holding(Bytes::new()).get_buffer(), None);
+    }
 
     #[test]
     fn releases_storage_when_truncated() {

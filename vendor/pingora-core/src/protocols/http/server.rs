@@ -684,6 +684,18 @@ impl Session {
         }
     }
 
+    /// Proxy `body` upstream (and again on a retry) as the whole request body, in place of what
+    /// the client sent, whatever its size; see `v1::server::HttpSession::replace_request_body`.
+    /// Whether the session could take it (HTTP/1 and HTTP/2 sessions can).
+    pub fn replace_request_body(&mut self, body: Bytes) -> bool {
+        match self {
+            Self::H1(s) => s.replace_request_body(body),
+            Self::H2(s) => s.replace_request_body(body),
+            Self::Subrequest(_) | Self::Custom(_) => return false,
+        }
+        true
+    }
+
     pub fn get_retry_buffer(&self) -> Option<Bytes> {
         match self {
             Self::H1(s) => s.get_retry_buffer(),

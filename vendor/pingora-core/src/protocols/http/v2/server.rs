@@ -893,6 +893,13 @@ impl HttpSession {
         }
     }
 
+    /// Proxy `body` upstream (and again on a retry) as the whole request body, in place of
+    /// what the client sent, whatever its size: for an application that read the body before
+    /// proxying (to route on it, say) and rewrote it. Call it once the body was read.
+    pub fn replace_request_body(&mut self, body: Bytes) {
+        self.retry_buffer = Some(FixedBuffer::holding(body));
+    }
+
     pub fn get_retry_buffer(&self) -> Option<Bytes> {
         self.retry_buffer.as_ref().and_then(|b| {
             if b.is_truncated() {
