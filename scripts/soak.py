@@ -181,8 +181,8 @@ KINDS = ["chat", "chat", "chat_stream", "chat_stream", "messages", "responses", 
          "bad_key"]
 
 
-async def read_response(reader) -> int:
-    """Read one HTTP/1.1 response; its status."""
+async def read_response(reader, bodies: list | None = None) -> int:
+    """Read one HTTP/1.1 response; its status. A non-2xx answer's body goes to `bodies`."""
     status_line = await reader.readline()
     if not status_line:
         raise ConnectionError("closed")
@@ -197,15 +197,27 @@ async def read_response(reader) -> int:
             length = int(value)
         elif name.lower() == "transfer-encoding" and "chunked" in value.lower():
             chunked = True
+    body = b""
     if chunked:
         while True:
             size = int((await reader.readline()).split(b";")[0], 16)
-            await reader.readexactly(size + 2)
+            body += (await reader.readexactly(size + 2))[:size]
             if size == 0:
                 break
     elif length:
-        await reader.readexactly(length)
+        body = await reader.readexactly(length)
+    if bodies is not None and not 200 <= status < 300:
+        bodies.append(body)
     return status
+
+
+def error_code(body: bytes) -> str:
+    """The catalogued `code` of an error envelope (chat or messages), else `?`."""
+    try:
+        error = json.loads(body)["error"]
+        return error.get("code") or error.get("type") or "?"
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return "?"
 
 
 async def worker(port: int, key: str, queue: asyncio.Queue, statuses: dict):
@@ -269,7 +281,10 @@ async def burst(port: int, key: str, n: int) -> dict:
             writer.write((f"POST /v1/chat/completions HTTP/1.1\r\nHost: s\r\nAuthorization: Bearer {key}\r\n"
                           f"x-mock-token-delay-ms: 20\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
                           f"Connection: close\r\n\r\n").encode() + body)
-            status = await asyncio.wait_for(read_response(reader), 120)
+            bodies: list = []
+            status = await asyncio.wait_for(read_response(reader, bodies), 120)
+            if bodies:
+                status = f"{status} {error_code(bodies[0])}"
             writer.close()
         except Exception as e:  # noqa: BLE001 - counted, not raised
             status = type(e).__name__

@@ -10,6 +10,9 @@ use std::process::ExitCode;
 /// mimalloc instead of glibc's malloc: the request path allocates many small, short-lived
 /// buffers (headers, JSON views, ledger ops), where glibc spent about 12% of the request
 /// thread (decision 137), called so word-aligned blocks take its fast path (decision 201).
+/// The `system-allocator` feature keeps glibc's, for heap profilers that hook malloc
+/// (heaptrack: `docs/operations.md`).
+#[cfg(not(feature = "system-allocator"))]
 #[global_allocator]
 static ALLOCATOR: tollgate::allocator::Allocator = tollgate::allocator::Allocator;
 
