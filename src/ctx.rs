@@ -173,7 +173,7 @@ pub struct RequestCtx {
     /// A failure already classified by a phase, for `fail_to_proxy` to render.
     pub failure: Option<GatewayError>,
     /// A streamed attempt's budgets and heartbeat, run by the proxy's response loop.
-    pub timers: Option<crate::proxy::timers::StreamTimers>,
+    pub timers: Option<crate::proxy::timers::ResponseTimers>,
     /// The output switch of the client socket once the request body was forwarded, replayed or
     /// in place (`None` for requests answered by the gateway itself); see `held_output.rs`.
     pub output: Option<crate::held_output::OutputHold>,

@@ -11,7 +11,7 @@ use pingora::http::ResponseHeader;
 use pingora::proxy::{FailToProxy, Session};
 use pingora::{Error, ErrorSource, ErrorType};
 
-use super::timers::{Fired, StreamTimers, TAIL_GRACE};
+use super::timers::{Fired, ResponseTimers, TAIL_GRACE};
 use crate::ctx::RequestCtx;
 use crate::envelope;
 use crate::error::{ErrorKind, GatewayError};
@@ -21,7 +21,7 @@ use crate::responder;
 /// Classify a proxy error that no phase classified.
 fn classify(e: &Error, cx: &RequestCtx) -> GatewayError {
     use ErrorType::*;
-    if let Some(fired) = cx.timers.as_ref().and_then(StreamTimers::fired) {
+    if let Some(fired) = cx.timers.as_ref().and_then(ResponseTimers::fired) {
         return match fired {
             // A request the replica never answered, and that could not go to another (decision
             // 204): the replica failed, not the request's budget.
@@ -68,7 +68,7 @@ pub(super) async fn answer(s: &mut Session, e: &Error, cx: &mut RequestCtx, chai
         // Already set: a slow client, not the replica (logged in `stream_end`).
         if !cx.response.tail_fault {
             let rid = &cx.request_id;
-            match cx.timers.as_ref().and_then(StreamTimers::fired) {
+            match cx.timers.as_ref().and_then(ResponseTimers::fired) {
                 Some(Fired::Tail) => log::warn!(
                     "{rid}: the model server's body did not end within {TAIL_GRACE:?} after its stream ended"
                 ),

@@ -10,7 +10,7 @@ use std::time::Duration;
 use pingora::proxy::Session;
 use pingora::{Error, ErrorSource, ErrorType};
 
-use super::timers::{Fired, StreamTimers};
+use super::timers::{Fired, ResponseTimers};
 use crate::config::Budgets;
 use crate::ctx::RequestCtx;
 use crate::placement::{self, Fault};
@@ -54,7 +54,7 @@ fn replica_fault(e: &Error, cx: &RequestCtx) -> Option<Fault> {
     if e.esource() != &ErrorSource::Upstream || cx.failure.is_some() || cx.response.saw_done {
         return None;
     }
-    match cx.timers.as_ref().and_then(StreamTimers::fired) {
+    match cx.timers.as_ref().and_then(ResponseTimers::fired) {
         Some(Fired::FirstByte) => Some(Fault::NoHeader),
         Some(Fired::FirstToken) => Some(Fault::NoFirstToken),
         Some(Fired::Response | Fired::Tail) => None,

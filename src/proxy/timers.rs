@@ -1,18 +1,17 @@
-//! A stream's timers, run by the proxy's response loop (`ProxyHttp::response_timer`, a
-//! vendored patch: Pingora runs filters only when bytes arrive):
+//! A proxied request's timers, run by the proxy's response loop (`ProxyHttp::response_timer`,
+//! a vendored patch: Pingora runs filters only when bytes arrive):
 //!
-//! - the time budgets of a generation: the replica's response header (a live replica sends a
-//!   stream's at once), the first token and the whole response. Pingora's `read_timeout` is
-//!   per read, not a total; at a deadline the loop ends with an upstream error, the replica's
-//!   connection is dropped, and `fail_to_proxy` answers 504 (nothing sent yet) or writes the
-//!   error frame (stream open);
+//! - the time budgets of a generation: the whole response, and for a stream the replica's
+//!   response header (a live replica sends a stream's at once) and the first token. Pingora's
+//!   `read_timeout` is per read, not a total (and is not set: see `upstream_peer`); at a
+//!   deadline the loop ends with an upstream error, the replica's connection is dropped, and
+//!   `fail_to_proxy` answers 504 (nothing sent yet) or writes the error frame (stream open);
 //! - the tail: once the client's stream has ended (`[DONE]` or an error frame), the replica
 //!   must end its body within [`TAIL_GRACE`] (decision 182);
 //! - the heartbeat a dialect asks for (the messages dialect's `ping` every 15 s of silence),
 //!   written by the loop as response body, so it takes its turn with the proxy's own writes on
 //!   every kind of connection (plain, TLS).
 //!
-//! Non-streamed answers need none of this: their read timeout is the response budget.
 //! A write to a client that reads slowly holds the loop, so a deadline that passes during one
 //! is met when the write ends (the write itself is bounded by `stalled_reader_seconds`).
 
@@ -51,9 +50,9 @@ struct Heartbeat {
     last_sent: Option<Instant>,
 }
 
-/// The timers of one attempt of a streamed request.
+/// The timers of one attempt at a replica.
 #[derive(Debug)]
-pub struct StreamTimers {
+pub struct ResponseTimers {
     /// The response header's deadline, when it comes before the other budgets.
     first_byte: Option<Instant>,
     /// The first token's deadline, when it comes before the response budget.
@@ -64,14 +63,14 @@ pub struct StreamTimers {
     heartbeat: Option<Heartbeat>,
 }
 
-impl StreamTimers {
+impl ResponseTimers {
     /// The budgets of an attempt: the whole response and the first token counted from the
     /// request's arrival, the response header from now.
     pub fn new(response: Instant, first_token: Instant, first_byte: Option<Instant>) -> Self {
         let first_token = (first_token < response).then_some(first_token);
         // Past the first-token deadline, that budget's own error says more.
         let first_byte = first_byte.filter(|&at| at < response && first_token.is_none_or(|t| at < t));
-        StreamTimers { first_byte, first_token, response, tail: None, fired: None, heartbeat: None }
+        ResponseTimers { first_byte, first_token, response, tail: None, fired: None, heartbeat: None }
     }
 
     /// Write `payload` to the client after every `every` without a delivery, once the first
@@ -186,7 +185,7 @@ mod tests {
     #[test]
     fn the_earliest_pending_budget_is_next_and_a_seen_one_is_skipped() {
         let (r, t, b) = (at(10_000), at(5_000), at(1_000));
-        let timers = StreamTimers::new(r, t, Some(b));
+        let timers = ResponseTimers::new(r, t, Some(b));
         assert_eq!(timers.next_at(false, false), Some(b));
         assert_eq!(timers.next_at(true, false), Some(t));
         assert_eq!(timers.next_at(true, true), Some(r));
@@ -195,24 +194,24 @@ mod tests {
     #[test]
     fn a_first_byte_deadline_past_the_first_token_one_is_dropped() {
         let (r, t) = (at(10_000), at(1_000));
-        let timers = StreamTimers::new(r, t, Some(at(2_000)));
+        let timers = ResponseTimers::new(r, t, Some(at(2_000)));
         assert_eq!(timers.next_at(false, false), Some(t));
     }
 
     #[test]
     fn a_passed_budget_fires_once_as_an_upstream_error() {
-        let mut timers = StreamTimers::new(at(10_000), Instant::now(), None);
+        let mut timers = ResponseTimers::new(at(10_000), Instant::now(), None);
         let e = timers.on_timer(true, false).unwrap_err();
         assert_eq!(e.esource(), &pingora::ErrorSource::Upstream);
         assert_eq!(timers.fired(), Some(Fired::FirstToken));
         assert_eq!(timers.next_at(true, false), None, "nothing more after a firing");
-        let mut seen = StreamTimers::new(at(10_000), Instant::now(), None);
+        let mut seen = ResponseTimers::new(at(10_000), Instant::now(), None);
         assert!(seen.on_timer(true, true).unwrap().is_none(), "a token that arrived disarms its budget");
     }
 
     #[test]
     fn pings_start_after_the_first_delivery_and_follow_silence() {
-        let mut timers = StreamTimers::new(at(60_000), at(60_000), None);
+        let mut timers = ResponseTimers::new(at(60_000), at(60_000), None);
         timers.heartbeat(Bytes::from_static(b"ping"), Duration::ZERO);
         assert!(timers.on_timer(true, true).unwrap().is_none(), "no ping before the stream opened");
         timers.delivered();
@@ -223,7 +222,7 @@ mod tests {
 
     #[test]
     fn a_recent_delivery_postpones_the_ping() {
-        let mut timers = StreamTimers::new(at(60_000), at(60_000), None);
+        let mut timers = ResponseTimers::new(at(60_000), at(60_000), None);
         timers.heartbeat(Bytes::from_static(b"ping"), Duration::from_secs(15));
         timers.delivered();
         let first = timers.next_at(true, true).unwrap();
@@ -233,7 +232,7 @@ mod tests {
 
     #[test]
     fn the_tail_waits_its_grace() {
-        let mut timers = StreamTimers::new(at(60_000), at(60_000), None);
+        let mut timers = ResponseTimers::new(at(60_000), at(60_000), None);
         timers.stream_ended();
         let tail = timers.next_at(true, true).unwrap();
         assert!(tail <= Instant::now() + TAIL_GRACE);
