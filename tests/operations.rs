@@ -490,6 +490,7 @@ async fn a_graceful_stop_leaves_no_lease_held() {
     let mut after = Gateway::start_in(&mock, Opts::default(), gw.dir.clone());
     after.workspace = gw.workspace.clone();
     let v = after.settled_ledger();
-    assert_eq!((v["held_cents"].as_i64(), v["leased_cents"].as_i64()), (Some(0), Some(0)), "{v}");
+    let stopped = gw.log();
+    assert_eq!((v["held_cents"].as_i64(), v["leased_cents"].as_i64()), (Some(0), Some(0)), "{v}\n{stopped}");
     assert_eq!(v["check"]["stored_balance_cents"], v["balance_cents"], "nothing held in the store: {v}");
 }
