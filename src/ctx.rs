@@ -180,7 +180,8 @@ pub struct RequestCtx {
     /// On a kept-alive connection, the output switch of the socket wrapper an earlier request
     /// left in place (`proxy/forward.rs`).
     pub carried_output: Option<crate::held_output::OutputHold>,
-    /// A rewritten body forwarded without a replay: sent in place of Pingora's retry buffer.
+    /// A rewritten body forwarded without a replay: handed to Pingora as the request body
+    /// (`replace_request_body`); its length goes in the upstream header.
     pub body_in_place: Option<Bytes>,
     /// What a dialect wants written to a silent stream every `budgets.heartbeat` (unframed).
     pub heartbeat_payload: Option<Bytes>,
