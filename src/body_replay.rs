@@ -9,8 +9,8 @@
 //! writes by progress.
 //!
 //! HTTP/1 only (an HTTP/2 session cannot be taken apart). Bytes a client pipelines after its
-//! body are kept: the old session is
-//! finished as a reusable one, which hands them back, and they follow the replayed body. The
+//! body are kept: the old session is finished as a reusable one, which hands them back, and
+//! they follow the replayed body. The
 //! client's `Connection` choice is kept too: the old session is finished as reusable whatever
 //! the client asked (Pingora would close a `Connection: close` socket there), and the fresh
 //! session reads the original header, so it closes after the response exactly when the client
