@@ -6,7 +6,7 @@
 #   scripts/bench.sh [--quick] [--no-build]
 #
 #   --quick      3-second runs (default: BENCH_SECONDS, else 10)
-#   --no-build   use the binaries already in target/release (or BENCH_BIN_DIR)
+#   --no-build   use the binaries already in target/dist (or BENCH_BIN_DIR)
 #
 # Environment (all optional):
 #   BENCH_SECONDS=10        length of each measured run
@@ -68,8 +68,8 @@
 #   BENCH_FLOOR=1           0: leave out the Pingora floor (two bare Pingora proxies from
 #                           tollgate-bench-floor, ports base+20 and base+21, see below)
 #   BENCH_BIN_DIR=          directory holding tollgate and tollgate-mock-replica to use
-#                           instead of target/release (implies --no-build): copy the binaries
-#                           there first when another build may overwrite target/release
+#                           instead of target/dist (implies --no-build): copy the binaries
+#                           there first when another build may overwrite target/dist
 #
 # The Pingora floor (BENCH_FLOOR): `pingora` is a bare Pingora proxy (upstream_peer only),
 # `pingora-replay` the same plus reading the whole request body and forwarding it through
@@ -309,14 +309,14 @@ if [[ -n $BIN_DIR ]]; then
     [[ -x $GW_BIN && -x $MOCK_BIN ]] || die "tollgate and tollgate-mock-replica missing in BENCH_BIN_DIR=$BIN_DIR"
 else
     if [[ $BUILD == 1 ]]; then
-        log "cargo build --release --bins"
-        cargo build --release --bins --quiet
+        log "cargo build --profile dist --bins"
+        cargo build --profile dist --bins --quiet
     fi
-    GW_BIN=$TARGET_DIR/release/tollgate
-    MOCK_BIN=$TARGET_DIR/release/tollgate-mock-replica
-    FLOOR_BIN=$TARGET_DIR/release/tollgate-bench-floor
-    PROBE_BIN=$TARGET_DIR/release/tollgate-bench-probe
-    [[ -x $GW_BIN && -x $MOCK_BIN ]] || die "release binaries missing in $TARGET_DIR/release (run without --no-build)"
+    GW_BIN=$TARGET_DIR/dist/tollgate
+    MOCK_BIN=$TARGET_DIR/dist/tollgate-mock-replica
+    FLOOR_BIN=$TARGET_DIR/dist/tollgate-bench-floor
+    PROBE_BIN=$TARGET_DIR/dist/tollgate-bench-probe
+    [[ -x $GW_BIN && -x $MOCK_BIN ]] || die "dist binaries missing in $TARGET_DIR/dist (run without --no-build)"
 fi
 
 # ---- ports, temp dir, cleanup -----------------------------------------------------------

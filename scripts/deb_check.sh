@@ -8,7 +8,7 @@
 # Needs root (sudo is used when not root). Part of scripts/test.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BIN=target/release/tollgate
+BIN=target/dist/tollgate
 [ "${1:-}" = --bin ] && BIN=$2
 SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
 

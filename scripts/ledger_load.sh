@@ -15,7 +15,7 @@
 #   LOAD_CONNECTIONS=64     wrk connections per instance
 #   LOAD_THREADS=1          gateway worker threads per instance
 #   LOAD_BIN_DIR=           directory with tollgate and tollgate-mock-replica (default
-#                           $CARGO_TARGET_DIR/release, else target/release; not built here)
+#                           $CARGO_TARGET_DIR/dist, else target/dist; not built here)
 #   LOAD_HONOR_RETRY_AFTER=1  a connection refused with 429/503 waits its Retry-After before
 #                           sending again, as the official clients do (0: at once, as plain wrk)
 #   LOAD_CHAIN=billing      billing: auth, chat_completions, billing; full: conf/tollgate.yaml's
@@ -55,13 +55,13 @@ redis) LIMITER_YAML="{ backend: redis, url_env: REDIS_URL, prefix: tgload-$$-$(d
 esac
 export REDIS_URL=${REDIS_URL:-redis://127.0.0.1:6379}
 BASE=${LOAD_PORT_BASE:-19510}
-BIN_DIR=${LOAD_BIN_DIR:-${CARGO_TARGET_DIR:-$ROOT/target}/release}
+BIN_DIR=${LOAD_BIN_DIR:-${CARGO_TARGET_DIR:-$ROOT/target}/dist}
 DATABASE_URL=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}
 GW=$BIN_DIR/tollgate
 MOCK=$BIN_DIR/tollgate-mock-replica
 log() { printf '[ledger-load] %s\n' "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
-[[ -x $GW && -x $MOCK ]] || die "no binaries in $BIN_DIR (cargo build --release -p tollgate-app -p tollgate-mock-replica)"
+[[ -x $GW && -x $MOCK ]] || die "no binaries in $BIN_DIR (cargo build --profile dist -p tollgate-app -p tollgate-mock-replica)"
 for t in wrk curl jq; do command -v $t >/dev/null || die "$t is needed (apt-get install $t)"; done
 
 WORK=$(mktemp -d /tmp/ledger-load.XXXXXX)

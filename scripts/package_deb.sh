@@ -2,11 +2,11 @@
 # Build the Debian package: the binary, the systemd unit, a default /etc/tollgate/ (conf/
 # with its state moved to /var/lib/tollgate) and maintainer scripts that make the `tollgate`
 # user, its state directory and its secrets.
-#   scripts/package_deb.sh [--bin target/release/tollgate] [--out target/deb] [--compression xz|gzip]
+#   scripts/package_deb.sh [--bin target/dist/tollgate] [--out target/deb] [--compression xz|gzip]
 # Prints the path of the .deb. Installed with `dpkg -i`; checked by scripts/deb_check.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BIN=target/release/tollgate
+BIN=target/dist/tollgate
 OUT=target/deb
 COMPRESSION=xz
 while [ $# -gt 0 ]; do
@@ -17,7 +17,7 @@ while [ $# -gt 0 ]; do
         *) echo "package_deb: unknown argument $1" >&2; exit 2 ;;
     esac
 done
-[ -x "$BIN" ] || { echo "package_deb: no binary at $BIN (cargo build --release -p tollgate-app --bin tollgate)" >&2; exit 1; }
+[ -x "$BIN" ] || { echo "package_deb: no binary at $BIN (cargo build --profile dist -p tollgate-app --bin tollgate)" >&2; exit 1; }
 
 VERSION=$(sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)"/\1/p' Cargo.toml)
 ARCH=$(dpkg --print-architecture)

@@ -4,7 +4,7 @@
 # Usage: scripts/profile.sh [--bin PATH] [--mock PATH] [--case json|sse|msgs] [--tool callgrind|strace]
 #                           [--requests N] [--base M] [--keep DIR] [--floor PATH]
 #
-#   --bin       gateway binary (default target/release/tollgate under $CARGO_TARGET_DIR or ./target)
+#   --bin       gateway binary (default target/dist/tollgate under $CARGO_TARGET_DIR or ./target)
 #   --mock      mock replica binary (default: tollgate-mock-replica next to --bin)
 #   --case      json: non-streamed, 16 tokens (default); sse: `"stream": true`, 64 tokens;
 #               msgs: a messages-dialect stream of 64 tokens (`/v1/messages`, plugins
@@ -55,7 +55,7 @@ while [[ $# -gt 0 ]]; do
     esac
 done
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-BIN=${BIN:-${CARGO_TARGET_DIR:-$ROOT/target}/release/tollgate}
+BIN=${BIN:-${CARGO_TARGET_DIR:-$ROOT/target}/dist/tollgate}
 MOCK=${MOCK:-$(dirname "$BIN")/tollgate-mock-replica}
 [[ -x $BIN ]] || { echo "no gateway binary at $BIN" >&2; exit 1; }
 [[ -x $MOCK ]] || { echo "no mock replica at $MOCK" >&2; exit 1; }

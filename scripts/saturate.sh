@@ -6,7 +6,7 @@
 #
 #   scripts/saturate.sh BIN_DIR [BIN_DIR...]
 #
-# Each BIN_DIR holds tollgate and tollgate-mock-replica (copy them out of target/release).
+# Each BIN_DIR holds tollgate and tollgate-mock-replica (copy them out of target/dist).
 # Rounds alternate the directories: A B A B ... Every run starts a fresh gateway on a fresh
 # store (a new SQLite file, or a new PostgreSQL database) with one funded workspace.
 #
@@ -52,7 +52,7 @@ command -v wrk >/dev/null || { echo "wrk is needed (apt-get install wrk)" >&2; e
 if [[ ${SAT_CLIENT:-wrk} == probe ]]; then
     for d in "$@"; do
         [[ -x $d/tollgate-bench-probe ]] ||
-            { echo "SAT_CLIENT=probe: no tollgate-bench-probe in $d (copy it from target/release)" >&2; exit 2; }
+            { echo "SAT_CLIENT=probe: no tollgate-bench-probe in $d (copy it from target/dist)" >&2; exit 2; }
     done
 fi
 

@@ -5,7 +5,7 @@ rate; then a burst of concurrent streams. Reports the gateway's RSS and open des
 time, their slope after the warm-up, the answers by status, the ledger check, and RSS a minute
 after the burst against the baseline before it.
 
-    scripts/soak.py [--minutes 30] [--rate 200] [--burst 2048] [--bin-dir target/release]
+    scripts/soak.py [--minutes 30] [--rate 200] [--burst 2048] [--bin-dir target/dist]
                     [--stores embedded|shared]
 
 `--stores shared` runs the production store set: PostgreSQL for keys and the ledger (a fresh
@@ -299,7 +299,7 @@ def main() -> int:
     ap.add_argument("--minutes", type=float, default=30)
     ap.add_argument("--rate", type=int, default=200)
     ap.add_argument("--burst", type=int, default=2048)
-    ap.add_argument("--bin-dir", default=str(ROOT / "target" / "release"))
+    ap.add_argument("--bin-dir", default=str(ROOT / "target" / "dist"))
     ap.add_argument("--stores", choices=["embedded", "shared"], default="embedded")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="tollgate-soak-"))

@@ -169,15 +169,12 @@ fn settlement(rid: &str) -> Settlement {
 #[tokio::test]
 async fn a_settlement_rides_with_the_next_hold_and_is_written_alone_when_none_comes() {
     let (dir, rec, l) = recorded();
-    let settled = {
-        let l = l.clone();
-        tokio::spawn(async move { l.settle(&settlement("s1")).await })
-    };
-    tokio::task::yield_now().await;
+    // `join!` polls the settlement first (it queues and waits), then the hold.
     let started = Instant::now();
-    assert_eq!(l.place_hold("h1", "w", None, 1, 10, 1).await, Ok(HoldOutcome::Placed { balance_cents: 0 }));
+    let (settled, held) = tokio::join!(l.settle(&settlement("s1")), l.place_hold("h1", "w", None, 1, 10, 1));
+    assert_eq!(held, Ok(HoldOutcome::Placed { balance_cents: 0 }));
     assert!(started.elapsed() < SETTLE_LINGER * 10, "the hold did not wait for the linger");
-    assert_eq!(settled.await.unwrap(), Ok(SettleOutcome::AlreadySettled));
+    assert_eq!(settled, Ok(SettleOutcome::AlreadySettled));
     assert_eq!(*rec.0.lock().unwrap(), vec![vec!["s1".to_string(), "h1".to_string()]], "one transaction");
     // Alone, a settlement is written after the linger.
     assert_eq!(l.settle(&settlement("s2")).await, Ok(SettleOutcome::AlreadySettled));
