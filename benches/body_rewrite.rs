@@ -27,8 +27,8 @@ use bytes::Bytes;
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 use serde_json::{Value, json};
 use tollgate::config::Config;
-use tollgate::ctx::RequestCtx;
-use tollgate::routes::Route;
+use tollgate::http::routes::Route;
+use tollgate::proxy::ctx::RequestCtx;
 
 const MODEL_ID: &str = "llama-3.1-8b-instruct";
 
@@ -43,7 +43,7 @@ fn chat_ctx(config: &Arc<Config>) -> RequestCtx {
     let mut cx = RequestCtx::new(config.clone());
     cx.route = Some(Route::ChatCompletions);
     if let (Some(model), Some(pool)) = (config.catalog.get(MODEL_ID).cloned(), config.pools.get(MODEL_ID).cloned()) {
-        cx.placement = Some(tollgate::ctx::Placement::new(model, pool));
+        cx.placement = Some(tollgate::proxy::ctx::Placement::new(model, pool));
     }
     assert!(cx.placement.is_some(), "{MODEL_ID} not configured");
     // Dropped by the bench, not by a shutdown: keep Drop quiet.

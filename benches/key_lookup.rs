@@ -13,8 +13,8 @@ mod support;
 use criterion::{Criterion, criterion_group, criterion_main};
 use tollgate::identity::RateTier;
 use tollgate::identity::keys::KeySecrets;
-use tollgate::identity_service::cache::KeyCache;
-use tollgate::identity_service::{Identity, NewKey};
+use tollgate::identity::service::cache::KeyCache;
+use tollgate::identity::service::{Identity, NewKey};
 use tollgate::store::StoreConfig;
 
 fn identity(rt: &tokio::runtime::Runtime, config: StoreConfig, cache: KeyCache) -> Option<(Identity, String)> {

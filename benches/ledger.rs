@@ -15,8 +15,8 @@ mod support;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use futures::StreamExt;
-use tollgate::clock::now_ms;
 use tollgate::identity::{RateTier, Workspace};
+use tollgate::runtime::clock::now_ms;
 use tollgate::store::StoreConfig;
 use tollgate::store::ledger::{LedgerStore, Settlement};
 

@@ -1,4 +1,4 @@
-//! What recording one request's metrics costs (`tollgate::metrics::record`, called once per
+//! What recording one request's metrics costs (`tollgate::observe::metrics::record`, called once per
 //! request in the logging phase): a streamed chat answer with usage, so every series is
 //! touched (requests, duration, first token, per token, tokens, cost); and building the JSON
 //! access line.
@@ -11,9 +11,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use tollgate::ctx::RequestCtx;
-use tollgate::routes::Route;
-use tollgate::usage::{UsageBasis, UsageFigures};
+use tollgate::http::routes::Route;
+use tollgate::money::usage::{UsageBasis, UsageFigures};
+use tollgate::proxy::ctx::RequestCtx;
 
 fn bench(c: &mut Criterion) {
     let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("../conf/tollgate.yaml");
@@ -23,7 +23,7 @@ fn bench(c: &mut Criterion) {
     let mut cx = RequestCtx::new(config.clone());
     cx.route = Some(Route::ChatCompletions);
     if let (Some(model), Some(pool)) = (config.catalog.get(id).cloned(), config.pools.get(id).cloned()) {
-        cx.placement = Some(tollgate::ctx::Placement::new(model, pool));
+        cx.placement = Some(tollgate::proxy::ctx::Placement::new(model, pool));
     }
     cx.response.first_token_after = Some(Duration::from_millis(40));
     cx.usage = Some(UsageFigures {
@@ -36,14 +36,14 @@ fn bench(c: &mut Criterion) {
         paid: None,
     });
     cx.logged = true;
-    tollgate::metrics::record(&cx, 200, Duration::from_millis(900)); // registers the series
+    tollgate::observe::metrics::record(&cx, 200, Duration::from_millis(900)); // registers the series
     c.bench_function("metrics::record (streamed answer with usage)", |b| {
-        b.iter(|| tollgate::metrics::record(&cx, 200, Duration::from_millis(900)))
+        b.iter(|| tollgate::observe::metrics::record(&cx, 200, Duration::from_millis(900)))
     });
     // The JSON access line as the logging phase builds it (the write happens on its own
     // thread).
     c.bench_function("access_log::json_line", |b| {
-        b.iter(|| tollgate::access_log::json_line(&cx, 200, "/v1/chat/completions", Some(412), 2_048))
+        b.iter(|| tollgate::observe::access_log::json_line(&cx, 200, "/v1/chat/completions", Some(412), 2_048))
     });
 }
 

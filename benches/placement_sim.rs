@@ -3,7 +3,7 @@
 //! the cached-token share (of the ideal) and the load spread (max/mean in flight).
 //! `cargo bench -p tollgate-app --bench placement_sim`
 
-use tollgate::placement_sim::{SimParams, simulate};
+use tollgate::proxy::placement_sim::{SimParams, simulate};
 
 fn main() {
     let p = SimParams::default();

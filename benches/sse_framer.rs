@@ -26,9 +26,9 @@ use std::sync::Arc;
 use bytes::Bytes;
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 use tollgate::config::Config;
-use tollgate::ctx::RequestCtx;
-use tollgate::routes::Route;
-use tollgate::sse::{SseFramer, data_payload};
+use tollgate::http::routes::Route;
+use tollgate::http::sse::{SseFramer, data_payload};
+use tollgate::proxy::ctx::RequestCtx;
 
 const CONTENT_FRAMES: usize = 64;
 /// Content frames + final frame + usage frame + `[DONE]`.
@@ -78,7 +78,7 @@ fn stream_ctx(config: &Arc<Config>, include_usage: bool) -> RequestCtx {
     let mut cx = RequestCtx::new(config.clone());
     cx.route = Some(Route::ChatCompletions);
     if let (Some(model), Some(pool)) = (config.catalog.get(MODEL_ID).cloned(), config.pools.get(MODEL_ID).cloned()) {
-        cx.placement = Some(tollgate::ctx::Placement::new(model, pool));
+        cx.placement = Some(tollgate::proxy::ctx::Placement::new(model, pool));
     }
     assert!(cx.placement.is_some(), "{MODEL_ID} not configured");
     cx.stream = true;

@@ -8,12 +8,12 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use pingora::proxy::Session;
 
-use tollgate::ctx::RequestCtx;
-use tollgate::error::{ErrorKind, GatewayError};
+use tollgate::http::error::{ErrorKind, GatewayError};
+use tollgate::http::routes::Route;
 use tollgate::identity::KeyScope;
-use tollgate::identity_service::{AuthFailure, Identity};
-use tollgate::plugin::{Flow, Plugin};
-use tollgate::routes::Route;
+use tollgate::identity::service::{AuthFailure, Identity};
+use tollgate::proxy::ctx::RequestCtx;
+use tollgate::proxy::plugin::{Flow, Plugin};
 
 /// Before every plugin that needs to know the caller.
 pub const AUTH_PRIORITY: i16 = 500;

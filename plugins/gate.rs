@@ -15,12 +15,12 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use pingora::proxy::Session;
 
-use tollgate::clock::now_ms;
 use tollgate::config::GateSettings;
-use tollgate::ctx::RequestCtx;
-use tollgate::error::{ErrorKind, GatewayError};
-use tollgate::limits::{Check, FallbackLimiter, Verdict, WindowLimit};
-use tollgate::plugin::{Flow, Plugin};
+use tollgate::http::error::{ErrorKind, GatewayError};
+use tollgate::proxy::ctx::RequestCtx;
+use tollgate::proxy::plugin::{Flow, Plugin};
+use tollgate::runtime::clock::now_ms;
+use tollgate::state::limits::{Check, FallbackLimiter, Verdict, WindowLimit};
 
 /// Before authentication (500) reads the key store.
 pub const GATE_PRIORITY: i16 = 600;

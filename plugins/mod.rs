@@ -15,9 +15,9 @@ pub mod shared;
 use std::sync::Arc;
 
 use tollgate::config::{Config, ConfigErrors, ConfigProblem};
-use tollgate::identity_service::Identity;
-use tollgate::limits::{FallbackLimiter, FallbackOptions};
-use tollgate::plugin::{Chain, Plugin};
+use tollgate::identity::service::Identity;
+use tollgate::proxy::plugin::{Chain, Plugin};
+use tollgate::state::limits::{FallbackLimiter, FallbackOptions};
 use tollgate::store::ledger::LedgerStore;
 
 /// Shared services plugins are built with (opened by the server before the chain).
@@ -26,8 +26,8 @@ pub struct Services {
     pub identity: Option<Arc<Identity>>,
     pub ledger: Option<Arc<dyn LedgerStore>>,
     /// The limiter store's Redis connection, shared by the limiter, the idempotency records and
-    /// the session placements (`tollgate::limits::shared_connection`).
-    pub redis: Option<Arc<tollgate::redis_conn::LazyRedis>>,
+    /// the session placements (`tollgate::state::limits::shared_connection`).
+    pub redis: Option<Arc<tollgate::state::redis_conn::LazyRedis>>,
 }
 
 /// The chain in the order its request phases run (response phases run it backwards), with
@@ -69,7 +69,7 @@ pub fn build(config: &Config, services: &Services) -> Result<Chain, ConfigErrors
     let mut limiter: Option<Arc<FallbackLimiter>> = None;
     let mut open_limiter = |problems: &mut Vec<ConfigProblem>| -> Option<Arc<FallbackLimiter>> {
         if limiter.is_none() {
-            match tollgate::limits::open_limiter(&config.gateway.limits.store, services.redis.clone()) {
+            match tollgate::state::limits::open_limiter(&config.gateway.limits.store, services.redis.clone()) {
                 Ok(store) => limiter = Some(Arc::new(FallbackLimiter::new(store, FallbackOptions::default()))),
                 Err(e) => problems.push(ConfigProblem {
                     file: config.source.clone(),
@@ -144,11 +144,11 @@ pub fn build(config: &Config, services: &Services) -> Result<Chain, ConfigErrors
 
 /// The idempotency records live in the limiter's store: in process, or on the same Redis.
 fn idempotency_store(
-    cfg: &tollgate::limits::LimiterConfig,
-    shared: Option<Arc<tollgate::redis_conn::LazyRedis>>,
-) -> Arc<dyn tollgate::idempotency::IdempotencyStore> {
-    use tollgate::idempotency::{DisabledRecords, InProcessRecords, RedisRecords};
-    use tollgate::limits::LimiterConfig;
+    cfg: &tollgate::state::limits::LimiterConfig,
+    shared: Option<Arc<tollgate::state::redis_conn::LazyRedis>>,
+) -> Arc<dyn tollgate::state::idempotency::IdempotencyStore> {
+    use tollgate::state::idempotency::{DisabledRecords, InProcessRecords, RedisRecords};
+    use tollgate::state::limits::LimiterConfig;
     match cfg {
         LimiterConfig::InProcess => Arc::new(InProcessRecords::new()),
         LimiterConfig::Redis { url, options } => match shared {
@@ -191,7 +191,7 @@ mod tests {
     /// Each plugin answers with its own row of the list.
     #[test]
     fn plugins_report_their_row() {
-        use tollgate::plugin::Plugin;
+        use tollgate::proxy::plugin::Plugin;
         let plugins: [&dyn Plugin; 2] = [&super::chat::ChatCompletions, &super::dialects::Dialects::new(Vec::new())];
         for p in plugins {
             assert!(CHAIN_ORDER.contains(&(p.name(), p.priority())), "{} {}", p.name(), p.priority());

@@ -1,49 +1,31 @@
 //! tollgate: an LLM inference gateway on Pingora.
 //!
-//! `src/` is the core: configuration, the error catalogue and its two envelopes, routing,
-//! the per-request context, the plugin contract, placement on replica pools, SSE framing,
-//! usage pricing and the one `ProxyHttp` implementation. The phase plugins are another crate
+//! `src/` is the core; its folders are its parts. The phase plugins are another crate
 //! (`tollgate-plugins`, `plugins/`) that depends on this one, so the core cannot name a plugin;
 //! the binary (`app/`) assembles the chain from config.
+//!
+//! - `transport`: the client connection (client address, connection cap, and the pieces that
+//!   help Pingora's proxy loop: body replay, held output).
+//! - `http`: routes, the request's checks, the error catalogue and its envelopes, SSE framing.
+//! - `proxy`: the one `ProxyHttp` implementation, the per-request context, the plugin
+//!   contract, placement on replica pools and replica health.
+//! - `money`: microcents, usage and its pricing, coding plans.
+//! - `store`: the ledger and the identity records behind traits (SQLite, PostgreSQL).
+//! - `identity`: API keys and their lifecycle, and the cached lookup the proxy uses.
+//! - `state`: state instances share (limiter, idempotency, session placements; in process or
+//!   on Redis).
+//! - `config`, `admin`: the YAML configuration, the operator API.
+//! - `observe`: metrics, access log, traces.
+//! - `runtime`: allocator, background threads, clock, graceful stop.
 
-pub mod access_log;
 pub mod admin;
-pub mod allocator;
-pub mod background;
-pub mod body_replay;
-pub mod client_address;
-pub mod clock;
 pub mod config;
-pub mod ctx;
-pub mod drain;
-pub mod envelope;
-pub mod error;
-pub mod fast_map;
-pub mod faults;
-pub mod health;
-pub mod held_output;
-pub mod idempotency;
+pub mod http;
 pub mod identity;
-pub mod identity_service;
-pub mod json_raw;
-pub mod limits;
-pub mod metrics;
 pub mod money;
-pub mod placement;
-pub mod placement_sim;
-pub mod placements;
-pub mod plans;
-pub mod plugin;
+pub mod observe;
 pub mod proxy;
-pub mod redis_conn;
-pub mod request;
-pub mod responder;
-pub mod routes;
-pub mod session;
-pub mod sse;
+pub mod runtime;
+pub mod state;
 pub mod store;
-pub mod text;
-pub mod thread_policy;
-pub mod traces;
 pub mod transport;
-pub mod usage;

@@ -1,4 +1,4 @@
-//! The body replay (src/body_replay.rs) on raw HTTP/1 connections: large bodies,
+//! The body replay (src/transport/body_replay.rs) on raw HTTP/1 connections: large bodies,
 //! `Expect: 100-continue`, chunked uploads, keepalive reuse and a pipelining client, and
 //! request framing broadly (HTTP/1.1 keep-alive and `Connection: close`, HTTP/1.0 with and
 //! without keep-alive, chunked and Content-Length) on all three inference routes.

@@ -425,7 +425,7 @@ async fn response_budget_gives_504_and_first_token_budget_an_error_frame() {
 async fn a_malformed_non_streamed_body_is_a_clean_502() {
     let mock = Mock::start();
     let gw = Gateway::start(&mock);
-    // The answer is held until its body is judged (src/held_output.rs), so the status can
+    // The answer is held until its body is judged (src/transport/held_output.rs), so the status can
     // still change: never `not json{`, never a 200.
     let r = gw.post("/v1/chat/completions", &chat_body("chat-model", false), &[("x-mock-malformed", "1")]).await;
     r.assert_error(502, "upstream_error");

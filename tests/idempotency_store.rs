@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate::idempotency::{Begin, IdempotencyStore, InProcessRecords, RedisRecords};
+use tollgate::state::idempotency::{Begin, IdempotencyStore, InProcessRecords, RedisRecords};
 
 fn stores() -> Vec<Arc<dyn IdempotencyStore>> {
     let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());

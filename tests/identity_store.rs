@@ -8,12 +8,12 @@ mod common;
 use std::sync::Arc;
 
 use common::pg;
-use tollgate::clock::now_ms;
 use tollgate::identity::keys::KeySecrets;
 use tollgate::identity::lifecycle::KeyOpError;
+use tollgate::identity::service::cache::KeyCache;
+use tollgate::identity::service::{CopyRole, Identity, NewKey};
 use tollgate::identity::{KeyScope, KeyState, RateTier};
-use tollgate::identity_service::cache::KeyCache;
-use tollgate::identity_service::{CopyRole, Identity, NewKey};
+use tollgate::runtime::clock::now_ms;
 use tollgate::store::{IdentityStore, KeyPatch, RotateOpts, StoreConfig};
 
 async fn sqlite() -> Arc<dyn IdentityStore> {
@@ -131,7 +131,7 @@ async fn rotation_grace_history_and_other_keys(store: Arc<dyn IdentityStore>) {
     id.rotate_key(&k6.id, RotateOpts { revoke_previous_immediately: false, grace_ms: Some(300) }).await.unwrap();
     assert!(id.authenticate(&p6).await.is_ok());
     tokio::time::sleep(std::time::Duration::from_millis(900)).await;
-    assert_eq!(id.authenticate(&p6).await.err(), Some(tollgate::identity_service::AuthFailure::Deactivated));
+    assert_eq!(id.authenticate(&p6).await.err(), Some(tollgate::identity::service::AuthFailure::Deactivated));
 }
 
 fn raw_key(ws: &str, expires_at: Option<i64>) -> tollgate::identity::KeyRecord {
@@ -212,17 +212,17 @@ async fn revoke_erases_the_copy_and_delete_forgets(store: Arc<dyn IdentityStore>
     id.revoke_key(&k.id).await.unwrap();
     let stored = store.key(&k.id).await.unwrap().unwrap();
     assert!(stored.encrypted_copy.is_none(), "the encrypted copy is erased on revocation");
-    assert_eq!(id.authenticate(&p).await.err(), Some(tollgate::identity_service::AuthFailure::Deactivated));
+    assert_eq!(id.authenticate(&p).await.err(), Some(tollgate::identity::service::AuthFailure::Deactivated));
     let (k2, p2) = id.create_key(&ws.id, NewKey::default()).await.unwrap();
     assert!(id.delete_key(&k2.id).await.unwrap());
-    assert_eq!(id.authenticate(&p2).await.err(), Some(tollgate::identity_service::AuthFailure::Invalid));
+    assert_eq!(id.authenticate(&p2).await.err(), Some(tollgate::identity::service::AuthFailure::Invalid));
     assert!(!id.delete_key(&k2.id).await.unwrap());
     // Expiry: 401 expired at the instant it passes.
     let (k3, p3) =
         id.create_key(&ws.id, NewKey { expires_at: Some(now_ms() + 400), ..NewKey::default() }).await.unwrap();
     assert!(id.authenticate(&p3).await.is_ok());
     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-    assert_eq!(id.authenticate(&p3).await.err(), Some(tollgate::identity_service::AuthFailure::Expired));
+    assert_eq!(id.authenticate(&p3).await.err(), Some(tollgate::identity::service::AuthFailure::Expired));
     let _ = k3;
 }
 

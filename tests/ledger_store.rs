@@ -10,10 +10,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::pg;
-use tollgate::clock::now_ms;
 use tollgate::identity::{RateTier, Workspace};
-use tollgate::plans::decide::{FundAsk, Funding, Refusal};
-use tollgate::plans::{PlanSettings, PlanTerms, Status, Tier};
+use tollgate::money::plans::decide::{FundAsk, Funding, Refusal};
+use tollgate::money::plans::{PlanSettings, PlanTerms, Status, Tier};
+use tollgate::runtime::clock::now_ms;
 use tollgate::store::ledger::{HoldOutcome, LedgerStore, SettleOutcome, Settlement};
 use tollgate::store::ledger_ops::{FundOp, FundRefusal};
 use tollgate::store::{StoreConfig, Stores};

@@ -7,7 +7,7 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
-use tollgate::limits::{Check, ConcurrencyGate, InProcessLimiter, LimiterStore, Verdict, WindowLimit};
+use tollgate::state::limits::{Check, ConcurrencyGate, InProcessLimiter, LimiterStore, Verdict, WindowLimit};
 
 struct Counting;
 

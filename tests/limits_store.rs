@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use common::redis::RedisChild;
-use tollgate::clock::now_ms;
-use tollgate::limits::{
+use tollgate::runtime::clock::now_ms;
+use tollgate::state::limits::{
     Check, ConcurrencyGate, Counting, DisabledLimiter, FallbackLimiter, FallbackOptions, InProcessLimiter, Lease,
     LimiterError, LimiterStore, Outcome, RedisLimiter, RedisOptions, Renewal, TokenBudget, Verdict, WindowLimit,
     WindowState,
@@ -708,7 +708,7 @@ async fn an_outage_counts_locally_without_hanging_and_shared_counting_resumes() 
 /// from then on exactly one more is admitted, never four.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_store_restart_running_leases_count_again_before_anything_is_admitted() {
-    use tollgate::limits::LeaseKeeper;
+    use tollgate::state::limits::LeaseKeeper;
     let port = RedisChild::free_port();
     let mut server = RedisChild::start(port).await;
     let opts =

@@ -5,11 +5,11 @@
 
 use std::time::Duration;
 
-use tollgate::placements::{InProcessPlacements, Placed, PlacementStore, RedisPlacements};
+use tollgate::state::placements::{InProcessPlacements, Placed, PlacementStore, RedisPlacements};
 
 fn redis() -> RedisPlacements {
     let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
-    let prefix = format!("tollgate-test-placements-{}-{}", std::process::id(), tollgate::clock::now_ms());
+    let prefix = format!("tollgate-test-placements-{}-{}", std::process::id(), tollgate::runtime::clock::now_ms());
     RedisPlacements::new(&url, &prefix, Duration::from_secs(2)).unwrap()
 }
 

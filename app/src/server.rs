@@ -10,8 +10,8 @@ use pingora::services::listening::Service;
 
 use tollgate::admin::AdminApp;
 use tollgate::config::{Config, LiveConfig};
-use tollgate::plugin::Chain;
 use tollgate::proxy::Gateway;
+use tollgate::proxy::plugin::Chain;
 use tollgate::transport::connection_cap::{ConnectionCap, Connections};
 use tollgate_plugins::Services;
 
@@ -50,7 +50,7 @@ pub fn run(config: Config, chain: Chain, services: Services, start: Start<'_>) -
     let live = Arc::new(LiveConfig::new(config));
     let config = live.current();
     let pid_dir = start.pid_dir;
-    tollgate::metrics::set_enabled(config.gateway.metrics_enabled);
+    tollgate::observe::metrics::set_enabled(config.gateway.metrics_enabled);
     let conf = server_conf(&config.gateway, pid_dir);
     // In an upgrade the running process holds the ports and hands them over.
     if !start.upgrade {
@@ -93,7 +93,7 @@ pub fn run(config: Config, chain: Chain, services: Services, start: Start<'_>) -
     let mut gateway =
         Gateway::new(live.clone(), chain, placement_store(&config.gateway.limits.store, services.redis.clone()));
     let traces = match &config.gateway.tracing {
-        Some(settings) => match tollgate::traces::Exporter::new(settings) {
+        Some(settings) => match tollgate::observe::traces::Exporter::new(settings) {
             Ok(exporter) => {
                 log::info!(
                     "traces: exported to {} for {}% of requests without a sampled traceparent",
@@ -128,8 +128,10 @@ pub fn run(config: Config, chain: Chain, services: Services, start: Start<'_>) -
     if config.gateway.client_addressing.proxy_protocol {
         // Every connection starts with a PROXY header from a trusted balancer, read within
         // the head deadline (decision 212).
-        let reader =
-            tollgate::client_address::ProxyProtocol::new(config.gateway.client_addressing.clone(), head_timeout);
+        let reader = tollgate::transport::client_address::ProxyProtocol::new(
+            config.gateway.client_addressing.clone(),
+            head_timeout,
+        );
         proxy.endpoints().set_pre_tls_callback(Arc::new(reader));
     }
     match &config.gateway.tls {
@@ -161,7 +163,7 @@ pub fn run(config: Config, chain: Chain, services: Services, start: Start<'_>) -
     if let Some(identity) = services.identity.clone() {
         spawn_copy_eraser(identity.store().clone(), config_sweep);
     }
-    tollgate::health::spawn(live.clone());
+    tollgate::proxy::health::spawn(live.clone());
     spawn_reload_on_hangup(live);
     end_stop_when_drained(&server, config.gateway.grace_period_seconds, services.ledger.clone(), traces);
     server.run_forever()
@@ -211,7 +213,7 @@ fn end_stop_when_drained(
     server: &Server,
     grace_seconds: u64,
     ledger: Option<Arc<dyn tollgate::store::ledger::LedgerStore>>,
-    traces: Option<Arc<tollgate::traces::Exporter>>,
+    traces: Option<Arc<tollgate::observe::traces::Exporter>>,
 ) {
     use pingora::server::ExecutionPhase;
     let mut phases = server.watch_execution_phase();
@@ -226,7 +228,7 @@ fn end_stop_when_drained(
         let began = std::time::Instant::now();
         let grace = std::time::Duration::from_secs(grace_seconds);
         let deadline = began.checked_add(grace).unwrap_or(began + std::time::Duration::from_secs(86_400));
-        if tollgate::drain::PROCESS.wait_until_quiet(tollgate::drain::QUIET, deadline) {
+        if tollgate::runtime::drain::PROCESS.wait_until_quiet(tollgate::runtime::drain::QUIET, deadline) {
             log::info!("graceful stop: nothing left in flight after {:.1} s; exiting", began.elapsed().as_secs_f64());
             if let Some(ledger) = &ledger {
                 give_back_leases(&**ledger);
@@ -261,16 +263,16 @@ fn give_back_leases(ledger: &dyn tollgate::store::ledger::LedgerStore) {
 /// Every `every` (30 s by default), release holds whose request outlived its hold (a gateway died mid-request;
 /// released, never charged, each release logged) and remove the unspent part of expired top-ups.
 fn spawn_hold_sweeper(ledger: Arc<dyn tollgate::store::ledger::LedgerStore>, every: std::time::Duration) {
-    tollgate::background::spawn("hold-sweeper", async move {
+    tollgate::runtime::background::spawn("hold-sweeper", async move {
         loop {
             tokio::time::sleep(every).await;
-            match ledger.sweep_expired_holds(tollgate::clock::now_ms()).await {
+            match ledger.sweep_expired_holds(tollgate::runtime::clock::now_ms()).await {
                 Ok(ids) if !ids.is_empty() => log::warn!("released {} expired holds: {ids:?}", ids.len()),
                 Ok(_) => {}
                 Err(e) => log::warn!("hold sweep failed: {e}"),
             }
             // Credit past its expiry (purchase balance lasts one year).
-            match ledger.sweep_expired_credit(tollgate::clock::now_ms()).await {
+            match ledger.sweep_expired_credit(tollgate::runtime::clock::now_ms()).await {
                 Ok(gone) => {
                     for (ws, cents) in gone {
                         log::info!("workspace {ws}: {cents} cents of credit expired");
@@ -286,9 +288,9 @@ fn spawn_hold_sweeper(ledger: Arc<dyn tollgate::store::ledger::LedgerStore>, eve
 /// ended, an expiry that passed): revocation erases its copy at once, these states come by
 /// the clock (decision 172).
 fn spawn_copy_eraser(store: Arc<dyn tollgate::store::IdentityStore>, every: std::time::Duration) {
-    tollgate::background::spawn("copy-eraser", async move {
+    tollgate::runtime::background::spawn("copy-eraser", async move {
         loop {
-            match store.erase_dead_copies(tollgate::clock::now_ms()).await {
+            match store.erase_dead_copies(tollgate::runtime::clock::now_ms()).await {
                 Ok(0) => {}
                 Ok(n) => log::info!("erased the encrypted copies of {n} keys whose grace or expiry ended"),
                 Err(e) => log::warn!("erasing ended keys' copies failed: {e}"),
@@ -301,7 +303,7 @@ fn spawn_copy_eraser(store: Arc<dyn tollgate::store::IdentityStore>, every: std:
 /// SIGHUP reloads `models.yaml` and `upstreams.yaml` like `POST /admin/v1/reload` (the
 /// outcome is logged). Registering the handler also keeps SIGHUP from ending the process.
 fn spawn_reload_on_hangup(live: Arc<LiveConfig>) {
-    tollgate::background::spawn("reload-signal", async move {
+    tollgate::runtime::background::spawn("reload-signal", async move {
         use tokio::signal::unix::{SignalKind, signal};
         let Ok(mut hangups) = signal(SignalKind::hangup()) else {
             log::error!("SIGHUP handler could not be installed");
@@ -317,11 +319,11 @@ fn spawn_reload_on_hangup(live: Arc<LiveConfig>) {
 /// Session placements live in the limiter's store: in process, or on the same Redis (so every
 /// instance keeps a session on one replica), over its connection (decision 150).
 fn placement_store(
-    cfg: &tollgate::limits::LimiterConfig,
-    shared: Option<Arc<tollgate::redis_conn::LazyRedis>>,
-) -> Arc<dyn tollgate::placements::PlacementStore> {
-    use tollgate::limits::LimiterConfig;
-    use tollgate::placements::{InProcessPlacements, RedisPlacements};
+    cfg: &tollgate::state::limits::LimiterConfig,
+    shared: Option<Arc<tollgate::state::redis_conn::LazyRedis>>,
+) -> Arc<dyn tollgate::state::placements::PlacementStore> {
+    use tollgate::state::limits::LimiterConfig;
+    use tollgate::state::placements::{InProcessPlacements, RedisPlacements};
     match cfg {
         LimiterConfig::Redis { url, options } => match shared {
             Some(redis) => Arc::new(RedisPlacements::on(redis, &options.prefix, options.timeout)),

@@ -1,7 +1,7 @@
 //! The last step of a billed request, settle or release, and its retry while the store is
 //! down (both are idempotent per request id, so a retry never charges twice).
 
-use tollgate::clock::now_ms;
+use tollgate::runtime::clock::now_ms;
 use tollgate::store::ledger::{LedgerStore, Settlement};
 
 /// The last step of a billed request.
@@ -37,7 +37,7 @@ impl Finish {
         let mut wait = std::time::Duration::from_secs(1);
         for _ in 0..70 {
             tokio::time::sleep(wait).await;
-            tollgate::metrics::settlement_retried();
+            tollgate::observe::metrics::settlement_retried();
             match self.run(ledger).await {
                 Ok(()) => {
                     log::info!("settlement recorded after a retry");
@@ -64,7 +64,7 @@ impl super::Billing {
             return;
         }
         let (ledger, request_id) = (self.ledger.clone(), request_id.to_string());
-        let pending = tollgate::drain::left_behind();
+        let pending = tollgate::runtime::drain::left_behind();
         tokio::spawn(async move {
             match Finish::Release(request_id.clone()).run(&*ledger).await {
                 Ok(()) => log::info!("{request_id}: unanswered hold released (if it was recorded)"),

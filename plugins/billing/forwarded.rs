@@ -7,8 +7,8 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use tollgate::config::ModelEntry;
-use tollgate::routes::Route;
-use tollgate::usage::UsageFigures;
+use tollgate::http::routes::Route;
+use tollgate::money::usage::UsageFigures;
 
 /// Largest answer read for its usage; a longer one is billed at the request's estimate.
 const MAX_READ: usize = 32 << 20;
@@ -77,7 +77,7 @@ impl Forwarded {
             }
             Read::Malformed => None, // audio, images as bytes: billed at the estimate
         };
-        Some(tollgate::usage::from_forwarded(model, priced_at, usage.as_ref(), input_estimate))
+        Some(tollgate::money::usage::from_forwarded(model, priced_at, usage.as_ref(), input_estimate))
     }
 
     /// What the whole answer says about its usage.

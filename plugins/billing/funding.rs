@@ -2,15 +2,15 @@
 //! funding headers of an admission, and the refusals (`402 plan_limit_reached` with its
 //! fields, the plan 429s, `402 insufficient_credits` naming a plan that is not paying).
 
-use tollgate::clock::{Millis, iso};
-use tollgate::ctx::RequestCtx;
-use tollgate::error::{ErrorKind, GatewayError};
-use tollgate::plans::decide::{Funding, Refusal, limiting_window};
-use tollgate::plans::view::{PlanSeen, credits_json, fixes, funding_headers};
-use tollgate::plans::{DAY_MS, Status};
-use tollgate::routes::Route;
+use tollgate::http::error::{ErrorKind, GatewayError};
+use tollgate::http::routes::Route;
+use tollgate::money::plans::decide::{Funding, Refusal, limiting_window};
+use tollgate::money::plans::view::{PlanSeen, credits_json, fixes, funding_headers};
+use tollgate::money::plans::{DAY_MS, Status};
+use tollgate::money::usage::PaidFrom;
+use tollgate::proxy::ctx::RequestCtx;
+use tollgate::runtime::clock::{Millis, iso};
 use tollgate::store::ledger_ops::FundRefusal;
-use tollgate::usage::PaidFrom;
 
 /// The covered operation categories (spec "What the service does" item 4): `chat` (chat
 /// completions, messages, Responses), `embeddings` and `rerank`. Images and audio stay

@@ -21,14 +21,14 @@ use bytes::Bytes;
 use pingora::proxy::Session;
 use serde_json::json;
 
-use tollgate::clock::{Millis, iso, now_ms, utc_month_bounds};
-use tollgate::ctx::RequestCtx;
-use tollgate::error::{ErrorKind, GatewayError};
+use tollgate::http::error::{ErrorKind, GatewayError};
+use tollgate::http::routes::Route;
+use tollgate::money::plans::PlanSettings;
+use tollgate::money::plans::decide::{FundAsk, Funding, Refusal};
 use tollgate::money::{MICROCENTS_PER_CENT, Microcents};
-use tollgate::plans::PlanSettings;
-use tollgate::plans::decide::{FundAsk, Funding, Refusal};
-use tollgate::plugin::{Flow, Plugin};
-use tollgate::routes::Route;
+use tollgate::proxy::ctx::RequestCtx;
+use tollgate::proxy::plugin::{Flow, Plugin};
+use tollgate::runtime::clock::{Millis, iso, now_ms, utc_month_bounds};
 use tollgate::store::ledger::{LedgerStore, Settlement};
 use tollgate::store::ledger_ops::{FundOp, FundRefusal};
 
@@ -74,7 +74,7 @@ impl Billing {
     /// Count Standby requests per model on this limiter store (shared by every instance).
     pub fn with_standby_capacity(
         mut self,
-        store: Arc<tollgate::limits::FallbackLimiter>,
+        store: Arc<tollgate::state::limits::FallbackLimiter>,
         lease_ttl: std::time::Duration,
     ) -> Self {
         self.standby = Some(standby::StandbyGate::new(store, lease_ttl));
@@ -123,9 +123,15 @@ impl Billing {
             "plan_tier": principal.tier().as_str(),
             "as_of": iso(now),
         });
-        tollgate::responder::json(s, cx, 200, Bytes::from(body.to_string()), &[("cache-control", "no-store".into())])
-            .await
-            .map_err(|e| GatewayError::internal(format!("write failed: {e}")))
+        tollgate::http::responder::json(
+            s,
+            cx,
+            200,
+            Bytes::from(body.to_string()),
+            &[("cache-control", "no-store".into())],
+        )
+        .await
+        .map_err(|e| GatewayError::internal(format!("write failed: {e}")))
     }
 
     /// The most the request may cost (clarification 12): its value in microcents, and the
@@ -140,7 +146,7 @@ impl Billing {
                 .or(cx.model().and_then(|m| m.max_output_tokens))
                 .unwrap_or(DEFAULT_OUTPUT_CEILING)
         };
-        let value = tollgate::usage::cost_microcents(Some(&pricing), cx.prompt_estimate, 0, ceiling);
+        let value = tollgate::money::usage::cost_microcents(Some(&pricing), cx.prompt_estimate, 0, ceiling);
         (value, value.ceil_cents().0)
     }
 
@@ -250,7 +256,7 @@ impl Plugin for Billing {
                 now,
             };
             let mut funded = self.ledger.fund(op).await;
-            if funded.is_ok() && tollgate::faults::reply_lost("hold") {
+            if funded.is_ok() && tollgate::runtime::faults::reply_lost("hold") {
                 funded = Err(tollgate::store::StoreError::Unavailable("the hold's answer was lost (fault)".into()));
             }
             let out = match funded {
@@ -274,7 +280,7 @@ impl Plugin for Billing {
                     funding::apply(cx, f, out.plan.as_ref());
                     let cents = if matches!(f, Funding::Plan | Funding::Standby) { 0 } else { hold };
                     cx.ext.insert(Hold { cents, funding: f });
-                    tollgate::metrics::holds_moved(1);
+                    tollgate::observe::metrics::holds_moved(1);
                     return Ok(Flow::Continue);
                 }
                 // Running requests hold the rest of a window: wait for room, up to the limit.
@@ -404,12 +410,12 @@ impl Plugin for Billing {
         let runtime = tokio::runtime::Handle::current();
         let op = action.op();
         // A graceful stop waits until the ledger recorded it (decision 166).
-        let pending = tollgate::drain::left_behind();
+        let pending = tollgate::runtime::drain::left_behind();
         let done = Box::new(move |r: tollgate::store::ledger_ops::OpResult| match action.outcome(r) {
             Ok(()) => {
                 drop(pending);
                 if had_hold {
-                    tollgate::metrics::holds_moved(-1);
+                    tollgate::observe::metrics::holds_moved(-1);
                 }
             }
             Err(e) => {
@@ -420,7 +426,7 @@ impl Plugin for Billing {
                 let ledger = ledger.clone();
                 runtime.spawn(async move {
                     if action.retry(&*ledger).await && had_hold {
-                        tollgate::metrics::holds_moved(-1);
+                        tollgate::observe::metrics::holds_moved(-1);
                     }
                     drop(pending);
                 });

@@ -1,9 +1,9 @@
 //! Billing's refusals that depend on the ledger's state: the free-window field, the ledger
 //! shedding load, a hold that could not be recorded, a ledger that cannot be read.
 
-use tollgate::clock::{iso, now_ms};
-use tollgate::ctx::RequestCtx;
-use tollgate::error::{ErrorKind, GatewayError};
+use tollgate::http::error::{ErrorKind, GatewayError};
+use tollgate::proxy::ctx::RequestCtx;
+use tollgate::runtime::clock::{iso, now_ms};
 use tollgate::store::StoreError;
 
 /// `free_window_ended_at` only when the called model's free window closed within the last

@@ -5,11 +5,11 @@
 
 use std::sync::Arc;
 
-use tollgate::clock::now_ms;
 use tollgate::config::{ModelEntry, Pool};
-use tollgate::ctx::RequestCtx;
-use tollgate::error::{ErrorKind, GatewayError};
-use tollgate::limits::{Check, ConcurrencyGate, FallbackLimiter, Held, LeaseKeeper, Verdict};
+use tollgate::http::error::{ErrorKind, GatewayError};
+use tollgate::proxy::ctx::RequestCtx;
+use tollgate::runtime::clock::now_ms;
+use tollgate::state::limits::{Check, ConcurrencyGate, FallbackLimiter, Held, LeaseKeeper, Verdict};
 
 pub struct StandbyGate {
     store: Arc<FallbackLimiter>,

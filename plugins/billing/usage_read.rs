@@ -8,12 +8,14 @@ use serde_json::{Value, json};
 
 use super::Billing;
 use super::refusals::store_down;
-use tollgate::clock::{iso, now_ms};
-use tollgate::ctx::RequestCtx;
-use tollgate::error::GatewayError;
-use tollgate::plans::decide::{FundAsk, Refusal, credits_blocker, decide, plan_blocked_until};
-use tollgate::plans::view::{PlanSeen, credits_json, included_month_json, remedy, standby_day_json, window_objects};
-use tollgate::plans::{PlanRecord, Status};
+use tollgate::http::error::GatewayError;
+use tollgate::money::plans::decide::{FundAsk, Refusal, credits_blocker, decide, plan_blocked_until};
+use tollgate::money::plans::view::{
+    PlanSeen, credits_json, included_month_json, remedy, standby_day_json, window_objects,
+};
+use tollgate::money::plans::{PlanRecord, Status};
+use tollgate::proxy::ctx::RequestCtx;
+use tollgate::runtime::clock::{iso, now_ms};
 
 pub async fn snapshot(b: &Billing, s: &mut Session, cx: &mut RequestCtx) -> Result<(), GatewayError> {
     let principal = cx.principal.clone().ok_or_else(|| GatewayError::internal("no principal"))?;
@@ -37,7 +39,7 @@ pub async fn snapshot(b: &Billing, s: &mut Session, cx: &mut RequestCtx) -> Resu
         "covers": ["chat", "embeddings", "rerank"],
         "order": ["plan", "credits", "standby", "refused"],
     });
-    tollgate::responder::json(s, cx, 200, Bytes::from(body.to_string()), &[("cache-control", "no-store".into())])
+    tollgate::http::responder::json(s, cx, 200, Bytes::from(body.to_string()), &[("cache-control", "no-store".into())])
         .await
         .map_err(|e| GatewayError::internal(format!("write failed: {e}")))
 }
@@ -64,7 +66,7 @@ fn current(seen: &PlanSeen, billing_frozen: bool, now: i64) -> Value {
     let serving = t.serving(now);
     // A frozen account refuses every request, whatever the plan would say (decision 168).
     let predicted_name = if billing_frozen && serving { Some("refused") } else { predicted(seen, now) };
-    let plan_exhausted = tollgate::plans::decide::limiting_window(c, &seen.limits, now).is_some();
+    let plan_exhausted = tollgate::money::plans::decide::limiting_window(c, &seen.limits, now).is_some();
     let ask = FundAsk { hold_cents: 1, ..FundAsk::default() };
     let credits_block = credits_blocker(&seen.record, seen.balance_cents, &ask);
     let remedy_code = match (billing_frozen, predicted_name) {
@@ -85,7 +87,7 @@ fn current(seen: &PlanSeen, billing_frozen: bool, now: i64) -> Value {
     } else {
         "active"
     };
-    let (_, period_end) = tollgate::plans::period_bounds(t.started_at, now);
+    let (_, period_end) = tollgate::money::plans::period_bounds(t.started_at, now);
     let serving_until = match (serving, t.status) {
         (false, _) => None,
         (true, Status::PastDue) => t.grace_until.into_iter().chain(t.cancel_at).min(),
@@ -94,7 +96,7 @@ fn current(seen: &PlanSeen, billing_frozen: bool, now: i64) -> Value {
     let blocked_until = plan_blocked_until(c, &seen.limits, now);
     let resumes_at = match predicted_name {
         Some("refused") if !billing_frozen => {
-            blocked_until.into_iter().chain([c.day_start + tollgate::plans::DAY_MS]).min().map(iso)
+            blocked_until.into_iter().chain([c.day_start + tollgate::money::plans::DAY_MS]).min().map(iso)
         }
         _ => None,
     };

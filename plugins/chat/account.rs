@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 
 use super::edits::Edits;
 use crate::shared::answer::{AnswerView, Form, PartView};
-use tollgate::ctx::RequestCtx;
+use tollgate::proxy::ctx::RequestCtx;
 
 /// What one choice's `message` or `delta` carried.
 #[derive(Debug, Default, Clone, Copy)]
@@ -57,7 +57,7 @@ fn renamed_model(view: &AnswerView<'_>, cx: &mut RequestCtx) -> Option<Bytes> {
     }
     let id = cx.pool()?.from_upstream(&name)?;
     let mut json = Vec::with_capacity(id.len() + 2); // quotes; an id with escapes grows it
-    tollgate::json_raw::write_string(&mut json, id);
+    tollgate::http::json_raw::write_string(&mut json, id);
     let json = Bytes::from(json);
     cx.ext.insert(ModelJson(json.clone()));
     Some(json)
@@ -108,7 +108,7 @@ pub fn account<'t>(view: &AnswerView<'t>, form: Form, cx: &mut RequestCtx, edits
         }
         let Some(finish) = choice.finish_reason.as_str() else { continue };
         // Only a sampled trace keeps them: nothing is allocated for other requests.
-        if let Some(trace) = tollgate::traces::RequestTrace::sampled(&mut cx.trace) {
+        if let Some(trace) = tollgate::observe::traces::RequestTrace::sampled(&mut cx.trace) {
             if !trace.finish_reasons.iter().any(|r| *r == *finish) {
                 trace.finish_reasons.push(finish.to_string());
             }
@@ -137,8 +137,8 @@ pub fn no_answer(cx: &RequestCtx) -> bool {
 /// Without a usage report, the figures that will be billed: the prompt estimate and the
 /// delivered output (clarification 13). A dialect's answer must carry a usage object, and it
 /// shows these rather than zeros; `None` when nothing was delivered (nothing is billed).
-pub fn delivered(cx: &RequestCtx) -> Option<tollgate::usage::UsageFigures> {
-    tollgate::usage::from_delivered(cx.model()?, cx.arrived_ms, cx.prompt_estimate, cx.response.delivered_tokens)
+pub fn delivered(cx: &RequestCtx) -> Option<tollgate::money::usage::UsageFigures> {
+    tollgate::money::usage::from_delivered(cx.model()?, cx.arrived_ms, cx.prompt_estimate, cx.response.delivered_tokens)
         .map(|f| f.paid_by(cx.paid_from))
 }
 
@@ -146,10 +146,11 @@ pub fn delivered(cx: &RequestCtx) -> Option<tollgate::usage::UsageFigures> {
 /// report is believed only up to what the request allowed: output at most its output ceiling
 /// (`max_tokens`, else the model's `max_output_tokens`), the prompt at most the context
 /// window. A replica claiming more is not billed for it (decision 180).
-pub fn priced(usage: &serde_json::value::RawValue, cx: &RequestCtx) -> Option<tollgate::usage::UsageFigures> {
+pub fn priced(usage: &serde_json::value::RawValue, cx: &RequestCtx) -> Option<tollgate::money::usage::UsageFigures> {
     let model = cx.model()?;
     let output = cx.ext.get::<crate::shared::ChatRequest>().and_then(|r| r.output_ceiling).or(model.max_output_tokens);
     let ceilings =
-        tollgate::usage::Ceilings { prompt: model.context_window, completion: output.or(model.context_window) };
-    tollgate::usage::from_provider_text(usage.get(), model, cx.arrived_ms, ceilings).map(|f| f.paid_by(cx.paid_from))
+        tollgate::money::usage::Ceilings { prompt: model.context_window, completion: output.or(model.context_window) };
+    tollgate::money::usage::from_provider_text(usage.get(), model, cx.arrived_ms, ceilings)
+        .map(|f| f.paid_by(cx.paid_from))
 }

@@ -6,7 +6,7 @@
 use serde_json::{Map, Value};
 
 use tollgate::config::ModelEntry;
-use tollgate::error::{ErrorKind, GatewayError};
+use tollgate::http::error::{ErrorKind, GatewayError};
 
 fn lacking(param: &str, what: &str) -> GatewayError {
     GatewayError::new(

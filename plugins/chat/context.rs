@@ -4,7 +4,7 @@
 
 use serde_json::{Map, Value};
 
-use tollgate::error::{ErrorKind, GatewayError};
+use tollgate::http::error::{ErrorKind, GatewayError};
 
 pub const CLAMPED_HEADER: &str = "x-service-output-clamped";
 pub const CEILING_HEADER: &str = "x-service-output-token-ceiling";

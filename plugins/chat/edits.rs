@@ -97,7 +97,7 @@ impl<'t> Edits<'t> {
     pub fn rename_key(&mut self, raw: &RawValue, key: &str) -> Option<()> {
         let (s, e) = self.key_span(raw)?;
         let mut k = Vec::with_capacity(key.len() + 2);
-        tollgate::json_raw::write_string(&mut k, key);
+        tollgate::http::json_raw::write_string(&mut k, key);
         self.push(s, e, k)
     }
 
@@ -127,7 +127,7 @@ impl<'t> Edits<'t> {
     pub fn insert_before(&mut self, next: &RawValue, key: &str, value: &[u8]) -> Option<()> {
         let (s, _) = self.key_span(next)?;
         let mut m = Vec::with_capacity(key.len() + value.len() + 4);
-        tollgate::json_raw::write_string(&mut m, key);
+        tollgate::http::json_raw::write_string(&mut m, key);
         m.push(b':');
         m.extend_from_slice(value);
         m.push(b',');

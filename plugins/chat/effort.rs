@@ -5,7 +5,7 @@
 use serde_json::{Map, Value};
 
 use tollgate::config::ChatRules;
-use tollgate::error::{ErrorKind, GatewayError};
+use tollgate::http::error::{ErrorKind, GatewayError};
 
 /// Response header naming the effort put in place of an omitted one (rule 9).
 pub const APPLIED_HEADER: &str = "x-service-reasoning-effort-applied";

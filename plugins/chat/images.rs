@@ -6,7 +6,7 @@ use base64::Engine;
 use serde_json::Value;
 
 use crate::shared::images::{ImageCount, MEDIA_TYPES, is_complete_image};
-use tollgate::error::{ErrorKind, GatewayError};
+use tollgate::http::error::{ErrorKind, GatewayError};
 
 const TEXT_PARTS: &[&str] = &["text", "refusal"];
 
@@ -28,7 +28,7 @@ pub fn check(messages: &[Value], image_input: bool) -> Result<(), GatewayError> 
             let is_image = kind == "image_url" || kind == "input_image";
             if !is_image || !image_input {
                 let what = if is_image { "image input" } else { "this kind of content" };
-                let kind = tollgate::text::truncate(kind, 64);
+                let kind = tollgate::http::text::truncate(kind, 64);
                 return Err(not_supported(
                     "messages",
                     format!(

@@ -4,7 +4,7 @@
 use serde_json::{Map, Value};
 
 use tollgate::config::SystemMessages;
-use tollgate::error::{ErrorKind, GatewayError};
+use tollgate::http::error::{ErrorKind, GatewayError};
 
 const ROLES: &[&str] = &["system", "developer", "user", "assistant", "tool"];
 
@@ -35,7 +35,7 @@ fn check_one(i: usize, m: &Value) -> Result<(), GatewayError> {
         Some(r) => {
             return Err(GatewayError::invalid_request(
                 &format!("messages[{i}].role"),
-                format!("Role `{}` is not one of {}.", tollgate::text::truncate(r, 64), ROLES.join(", ")),
+                format!("Role `{}` is not one of {}.", tollgate::http::text::truncate(r, 64), ROLES.join(", ")),
             ));
         }
         None => return Err(GatewayError::missing_field(&format!("messages[{i}].role"))),

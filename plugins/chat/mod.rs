@@ -1,7 +1,7 @@
 //! The chat-completions dialect and the chat serving path: the request rewrite for the
 //! replica, and the one response pipeline on the way back. Every body or stream frame is read
 //! once into a borrowed view (`shared::answer`), accounted once (`account.rs`: delivered
-//! output, answered choices), priced from the replica's usage (`tollgate::usage`), then
+//! output, answered choices), priced from the replica's usage (`tollgate::money::usage`), then
 //! either edited in place for the chat dialect (`edits.rs`: reasoning on `reasoning`,
 //! `service.output_status`, the hosted Usage object with cost) or handed as typed pieces to
 //! the translator a dialect registered (`shared::answer::Translation`).
@@ -36,10 +36,10 @@ use bytes::Bytes;
 use pingora::http::ResponseHeader;
 use pingora::proxy::Session;
 
-use tollgate::ctx::RequestCtx;
-use tollgate::error::GatewayError;
-use tollgate::plugin::{Flow, Plugin};
-use tollgate::routes::Route;
+use tollgate::http::error::GatewayError;
+use tollgate::http::routes::Route;
+use tollgate::proxy::ctx::RequestCtx;
+use tollgate::proxy::plugin::{Flow, Plugin};
 
 pub struct ChatCompletions;
 
@@ -77,7 +77,7 @@ impl Plugin for ChatCompletions {
         // client can read: `502 upstream_error`, nothing charged (decisions 47 and 180).
         if resp.status.is_success() && cx.response.streaming != cx.stream {
             return Err(GatewayError::new(
-                tollgate::error::ErrorKind::UpstreamFailed,
+                tollgate::http::error::ErrorKind::UpstreamFailed,
                 "The model server answered in the wrong form (a stream for a whole answer, or the reverse).",
             ));
         }

@@ -7,10 +7,10 @@ use bytes::BytesMut;
 use serde_json::{Map, Value};
 
 use super::account::output_status;
-use tollgate::ctx::RequestCtx;
-use tollgate::envelope;
-use tollgate::error::{ErrorKind, GatewayError};
-use tollgate::usage;
+use tollgate::http::envelope;
+use tollgate::http::error::{ErrorKind, GatewayError};
+use tollgate::money::usage;
+use tollgate::proxy::ctx::RequestCtx;
 
 #[derive(Default)]
 struct PartOut {

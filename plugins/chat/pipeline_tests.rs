@@ -12,8 +12,8 @@ use super::response::rewrite;
 use super::stream::on_frame;
 use crate::shared::answer::Translation;
 use tollgate::config::Config;
-use tollgate::ctx::RequestCtx;
-use tollgate::sse::data_payload;
+use tollgate::http::sse::data_payload;
+use tollgate::proxy::ctx::RequestCtx;
 
 const UP: &str = "meta-llama/Llama-3.1-8B-Instruct";
 
@@ -49,10 +49,10 @@ fn ctx() -> RequestCtx {
         })
         .clone();
     let mut cx = RequestCtx::new(config.clone());
-    cx.route = Some(tollgate::routes::Route::ChatCompletions);
+    cx.route = Some(tollgate::http::routes::Route::ChatCompletions);
     let model = config.catalog.get("llama-3.1-8b-instruct").cloned().unwrap();
     let pool = config.pools.get("llama-3.1-8b-instruct").cloned().unwrap();
-    cx.placement = Some(tollgate::ctx::Placement::new(model, pool));
+    cx.placement = Some(tollgate::proxy::ctx::Placement::new(model, pool));
     cx.logged = true;
     cx
 }
@@ -128,7 +128,7 @@ fn bodies_match_the_reference() {
         r#"{"choices":[{"message":{"content":"a","content":"b"}}]}"#.to_string(),
     ] {
         let e = rewrite(body.as_bytes(), &mut ctx()).expect_err(&body);
-        assert_eq!(e.kind, tollgate::error::ErrorKind::UpstreamFailed, "{body}");
+        assert_eq!(e.kind, tollgate::http::error::ErrorKind::UpstreamFailed, "{body}");
     }
     // Unknown members given twice are copied as they are.
     let twice = r#"{"a":1,"a":2,"choices":[]}"#;

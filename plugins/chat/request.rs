@@ -15,8 +15,8 @@ use serde_json::{Map, Value};
 use super::{capability, context, effort, images, messages, schema, upstream_body};
 use crate::shared::answer::Translation;
 use crate::shared::prompt_tokens::count_prompt_tokens;
-use tollgate::ctx::RequestCtx;
-use tollgate::error::{ErrorKind, GatewayError};
+use tollgate::http::error::{ErrorKind, GatewayError};
+use tollgate::proxy::ctx::RequestCtx;
 
 /// Candidate-count fields: at most four (rule 2 reads them, then most are removed).
 const CANDIDATE_FIELDS: &[&str] = &["n", "best_of", "num_return_sequences", "num_beams", "beam_width"];

@@ -8,9 +8,9 @@ use bytes::Bytes;
 use super::account::{account, delivered, no_answer, priced};
 use super::edits::Edits;
 use crate::shared::answer::{AnswerView, Form, PricedUsage, Translation, pieces};
-use tollgate::ctx::RequestCtx;
-use tollgate::error::{ErrorKind, GatewayError};
-use tollgate::usage;
+use tollgate::http::error::{ErrorKind, GatewayError};
+use tollgate::money::usage;
+use tollgate::proxy::ctx::RequestCtx;
 
 fn malformed() -> GatewayError {
     GatewayError::new(ErrorKind::UpstreamFailed, "The model server sent a malformed response.")

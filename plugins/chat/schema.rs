@@ -6,7 +6,7 @@
 
 use serde_json::{Map, Value};
 
-use tollgate::error::{ErrorKind, GatewayError};
+use tollgate::http::error::{ErrorKind, GatewayError};
 
 /// Schema levels walked; deeper is refused (decisions.md 60).
 pub const MAX_DEPTH: usize = 64;
@@ -87,7 +87,7 @@ pub fn sanitize(node: &mut Value, path: String, depth: usize) -> Result<(), Gate
     if let Some(Value::String(p)) = o.get("pattern")
         && let Err(e) = fancy_regex::RegexBuilder::new(p).delegate_size_limit(PATTERN_SIZE_LIMIT).build()
     {
-        let e = tollgate::text::truncate(&e.to_string(), 200).to_string();
+        let e = tollgate::http::text::truncate(&e.to_string(), 200).to_string();
         return Err(refuse(
             format!("{path}.pattern"),
             format!("`{path}.pattern` is not a valid regular expression: {e}"),

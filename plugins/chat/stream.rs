@@ -11,11 +11,11 @@ use bytes::{Bytes, BytesMut};
 use super::account::{account, delivered, no_answer, priced};
 use super::edits::{Edits, one_line};
 use crate::shared::answer::{AnswerView, Form, PricedUsage, Translation, pieces};
-use tollgate::ctx::RequestCtx;
-use tollgate::envelope;
-use tollgate::error::{ErrorKind, GatewayError};
-use tollgate::sse::data_payload;
-use tollgate::usage;
+use tollgate::http::envelope;
+use tollgate::http::error::{ErrorKind, GatewayError};
+use tollgate::http::sse::data_payload;
+use tollgate::money::usage;
+use tollgate::proxy::ctx::RequestCtx;
 
 pub fn on_chunk(body: &mut Option<Bytes>, eos: bool, cx: &mut RequestCtx) {
     if let Some(b) = body.take() {
@@ -104,7 +104,7 @@ pub(super) fn on_frame(frame: &[u8], cx: &mut RequestCtx, out: &mut BytesMut) {
     }
     let usage_report = view.usage.value();
     // A chat chunk: `choices` is a list of objects, or it is a usage-only frame.
-    if view.choices.is_none() && !usage_report.is_some_and(tollgate::json_raw::is_object) {
+    if view.choices.is_none() && !usage_report.is_some_and(tollgate::http::json_raw::is_object) {
         return malformed(cx, out);
     }
     let mut edits = Edits::new(&data);

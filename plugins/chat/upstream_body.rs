@@ -9,8 +9,8 @@
 
 use serde_json::{Map, Value, json};
 
-use tollgate::error::GatewayError;
-use tollgate::json_raw;
+use tollgate::http::error::GatewayError;
+use tollgate::http::json_raw;
 
 /// Forwarded as they are (spec rule 1, plus the fields of clarification 4). A `match`, so a
 /// name is found by its length and bytes rather than by comparing it with each of 31.

@@ -4,7 +4,7 @@
 
 use serde_json::{Map, Value};
 
-use tollgate::error::GatewayError;
+use tollgate::http::error::GatewayError;
 
 /// The field, or `None` when it is absent or `null` (both mean "not given").
 pub fn given<'a>(obj: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
@@ -80,7 +80,7 @@ pub fn optional_object<'a>(
 pub fn body_object(body: &Value) -> Result<&Map<String, Value>, GatewayError> {
     body.as_object().ok_or_else(|| {
         GatewayError::new(
-            tollgate::error::ErrorKind::InvalidRequest,
+            tollgate::http::error::ErrorKind::InvalidRequest,
             format!("The request body must be a JSON object, got {}.", kind(body)),
         )
     })

@@ -13,7 +13,7 @@ use serde_json::{Map, Value, json};
 use super::caps::ModelCaps;
 use super::fields::{given, kind, optional_bool, required_str};
 use super::images::{ImageCount, MEDIA_TYPES, is_base64};
-use tollgate::error::{ErrorKind, GatewayError};
+use tollgate::http::error::{ErrorKind, GatewayError};
 
 /// Text blocks of one turn are joined with a blank line, as the chat path joins merged
 /// system messages (spec rule 6).
@@ -151,7 +151,7 @@ fn read_message(m: &Value, i: usize) -> Result<(Role, Vec<Block<'_>>), GatewayEr
         other => {
             return Err(GatewayError::invalid_request(
                 &format!("{at}.role"),
-                format!("Role `{}` is not one of user, assistant, system.", tollgate::text::truncate(other, 64)),
+                format!("Role `{}` is not one of user, assistant, system.", tollgate::http::text::truncate(other, 64)),
             ));
         }
     };
@@ -320,7 +320,10 @@ impl BlockCheck<'_> {
         if !self.tool_use_ids.contains(id) {
             return Err(GatewayError::invalid_request(
                 &id_param,
-                format!("`tool_use_id` `{}` matches no earlier tool_use block.", tollgate::text::truncate(id, 64)),
+                format!(
+                    "`tool_use_id` `{}` matches no earlier tool_use block.",
+                    tollgate::http::text::truncate(id, 64)
+                ),
             ));
         }
         let is_error = optional_bool(o, "is_error", &format!("{param}.is_error"))?.unwrap_or(false);
@@ -387,7 +390,7 @@ fn wrong_place(b: &Block<'_>, why: &str) -> GatewayError {
 }
 
 fn unsupported(param: &str, block_type: &str) -> GatewayError {
-    let t = tollgate::text::truncate(block_type, 64);
+    let t = tollgate::http::text::truncate(block_type, 64);
     let hint = if t == "document" { "; send the document's text as a text block" } else { "" };
     GatewayError::invalid_request(param, format!("Content block type `{t}` is not supported{hint}."))
 }

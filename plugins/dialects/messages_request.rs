@@ -15,7 +15,7 @@ use super::messages_blocks::{system_message, translate};
 use super::messages_tools::{tool_choice, tools};
 use super::{ChatTranslation, Purpose, WARN_EFFORT_CLAMPED, WARN_THINKING_NOT_DISABLED};
 use tollgate::config::ModelEntry;
-use tollgate::error::{ErrorKind, GatewayError};
+use tollgate::http::error::{ErrorKind, GatewayError};
 
 /// Translate `body` for `model`. `Purpose::CountTokens` makes `max_tokens` optional and
 /// never asks for a stream (counting answers JSON).
@@ -127,7 +127,7 @@ fn reasoning_effort(
                     "thinking.type",
                     format!(
                         "`thinking.type` `{}` is not one of enabled, adaptive, disabled.",
-                        tollgate::text::truncate(other, 64)
+                        tollgate::http::text::truncate(other, 64)
                     ),
                 ));
             }
@@ -142,7 +142,7 @@ fn reasoning_effort(
                     "output_config.effort",
                     format!(
                         "`output_config.effort` `{}` is not one of none, minimal, low, medium, high, xhigh, max.",
-                        tollgate::text::truncate(s, 64)
+                        tollgate::http::text::truncate(s, 64)
                     ),
                 )
             })?),
@@ -180,7 +180,7 @@ fn response_format(
             "output_config.format.type",
             format!(
                 "`output_config.format.type` `{}` is not supported; use json_schema.",
-                tollgate::text::truncate(t, 64)
+                tollgate::http::text::truncate(t, 64)
             ),
         ));
     }

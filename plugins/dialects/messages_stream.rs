@@ -14,8 +14,8 @@ use super::messages_response::{from_answer, message_id, stop_reason, tool_use_id
 use super::render::{sse_event, to_vec};
 use super::signature::sign_thinking;
 use crate::shared::answer::{AnswerTranslator, ChunkMeta, Piece, PricedUsage};
-use tollgate::envelope;
-use tollgate::error::GatewayError;
+use tollgate::http::envelope;
+use tollgate::http::error::GatewayError;
 
 /// The heartbeat sent every 15 seconds while the model is silent.
 pub fn ping() -> Bytes {

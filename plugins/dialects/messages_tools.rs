@@ -8,7 +8,7 @@ use serde_json::{Map, Value, json};
 
 use super::caps::ModelCaps;
 use super::fields::{given, kind, optional_bool, optional_str, required_str};
-use tollgate::error::{ErrorKind, GatewayError};
+use tollgate::http::error::{ErrorKind, GatewayError};
 
 /// The chat `tools` and the names they declare.
 pub struct Tools {
@@ -52,7 +52,7 @@ pub fn tools(v: Option<&Value>, caps: &ModelCaps) -> Result<Tools, GatewayError>
                     format!(
                         "Tool type `{}` is a vendor server tool and is not supported; declare client tools \
                          with `name`, `description` and `input_schema`.",
-                        tollgate::text::truncate(t, 64)
+                        tollgate::http::text::truncate(t, 64)
                     ),
                 ));
             }
@@ -99,7 +99,10 @@ pub fn tool_choice(v: Option<&Value>, names: &[String], caps: &ModelCaps) -> Res
             if !names.iter().any(|n| n == name) {
                 return Err(GatewayError::invalid_request(
                     "tool_choice.name",
-                    format!("`tool_choice.name` `{}` names no tool in `tools`.", tollgate::text::truncate(name, 64)),
+                    format!(
+                        "`tool_choice.name` `{}` names no tool in `tools`.",
+                        tollgate::http::text::truncate(name, 64)
+                    ),
                 ));
             }
             json!({ "type": "function", "function": { "name": name } })
@@ -109,7 +112,7 @@ pub fn tool_choice(v: Option<&Value>, names: &[String], caps: &ModelCaps) -> Res
                 "tool_choice.type",
                 format!(
                     "`tool_choice.type` `{}` is not one of auto, none, tool, any.",
-                    tollgate::text::truncate(other, 64)
+                    tollgate::http::text::truncate(other, 64)
                 ),
             ));
         }

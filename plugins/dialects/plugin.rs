@@ -13,10 +13,10 @@ use serde_json::{Value, json};
 use super::{ChatTranslation, MessagesStream, Purpose, ResponsesStream, render_json, responses_to_chat, to_chat};
 use crate::shared::answer::{AnswerTranslator, Translation};
 use crate::shared::prompt_tokens::count_prompt_tokens;
-use tollgate::ctx::RequestCtx;
-use tollgate::error::GatewayError;
-use tollgate::plugin::{Flow, Plugin};
-use tollgate::routes::Route;
+use tollgate::http::error::GatewayError;
+use tollgate::http::routes::Route;
+use tollgate::proxy::ctx::RequestCtx;
+use tollgate::proxy::plugin::{Flow, Plugin};
 
 /// Before the chat path (200) on requests; after it on responses.
 pub const DIALECTS_PRIORITY: i16 = 300;
@@ -71,7 +71,7 @@ impl Plugin for Dialects {
                 let t = to_chat(body, &model, Purpose::CountTokens)?;
                 let tokens = count_prompt_tokens(&t.body, model.chat.tokenizer.as_deref());
                 let answer = json!({ "input_tokens": tokens });
-                tollgate::responder::json(s, cx, 200, Bytes::from(render_json(&answer)), &[])
+                tollgate::http::responder::json(s, cx, 200, Bytes::from(render_json(&answer)), &[])
                     .await
                     .map_err(|e| GatewayError::internal(format!("write failed: {e}")))?;
                 return Ok(Flow::Handled);

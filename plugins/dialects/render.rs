@@ -7,7 +7,7 @@
 
 use serde_json::Value;
 
-use tollgate::usage::dollars;
+use tollgate::money::usage::dollars;
 
 /// `v` as JSON text, with every `usage.cost` rendered from `usage.service.cost_microcents`.
 pub fn to_vec(v: &Value) -> Vec<u8> {

@@ -108,7 +108,7 @@ pub(super) fn function_call_item(call_id: &str, name: &str, arguments: &str, sta
 pub(super) fn responses_usage(priced: &PricedUsage) -> Value {
     let f = &priced.figures;
     let chat: Value =
-        serde_json::from_str(&tollgate::usage::render_chat_usage(f, priced.no_answer)).unwrap_or_default();
+        serde_json::from_str(&tollgate::money::usage::render_chat_usage(f, priced.no_answer)).unwrap_or_default();
     let mut u = Map::new();
     u.insert("input_tokens".into(), json!(f.prompt_tokens));
     u.insert("output_tokens".into(), json!(f.completion_tokens));

@@ -15,7 +15,7 @@ use super::fields::{
 };
 use super::images::{ImageCount, MEDIA_TYPES, parse_data_url};
 use tollgate::config::ModelEntry;
-use tollgate::error::{ErrorKind, GatewayError};
+use tollgate::http::error::{ErrorKind, GatewayError};
 
 const JOIN: &str = "\n\n";
 
@@ -158,7 +158,7 @@ fn input_messages(input: Option<&Value>, caps: &ModelCaps, out: &mut Vec<Value>)
             other => {
                 return Err(GatewayError::invalid_request(
                     &format!("{at}.type"),
-                    format!("Input item type `{}` is not supported.", tollgate::text::truncate(other, 64)),
+                    format!("Input item type `{}` is not supported.", tollgate::http::text::truncate(other, 64)),
                 ));
             }
         }
@@ -176,7 +176,10 @@ fn message(
     if !["user", "assistant", "system", "developer"].contains(&role) {
         return Err(GatewayError::invalid_request(
             &format!("{at}.role"),
-            format!("Role `{}` is not one of user, assistant, system, developer.", tollgate::text::truncate(role, 64)),
+            format!(
+                "Role `{}` is not one of user, assistant, system, developer.",
+                tollgate::http::text::truncate(role, 64)
+            ),
         ));
     }
     let content = match given(obj, "content") {
@@ -208,7 +211,10 @@ fn message(
                     other => {
                         return Err(GatewayError::invalid_request(
                             &pat,
-                            format!("Content part type `{}` is not supported.", tollgate::text::truncate(other, 64)),
+                            format!(
+                                "Content part type `{}` is not supported.",
+                                tollgate::http::text::truncate(other, 64)
+                            ),
                         ));
                     }
                 }
@@ -279,7 +285,7 @@ fn response_format(obj: &Map<String, Value>, caps: &ModelCaps) -> Result<Option<
                 &format!("{param}.type"),
                 format!(
                     "Format type `{}` is not one of text, json_object, json_schema.",
-                    tollgate::text::truncate(other, 64)
+                    tollgate::http::text::truncate(other, 64)
                 ),
             ));
         }
@@ -317,7 +323,10 @@ fn tools(obj: &Map<String, Value>, caps: &ModelCaps) -> Result<Option<Value>, Ga
         if ty != "function" {
             return Err(not_here(
                 &format!("{at}.type"),
-                &format!("`{}` is a hosted tool; only function tools run here.", tollgate::text::truncate(ty, 64)),
+                &format!(
+                    "`{}` is a hosted tool; only function tools run here.",
+                    tollgate::http::text::truncate(ty, 64)
+                ),
             ));
         }
         if t.get("function").is_some_and(Value::is_object) {
@@ -345,7 +354,7 @@ fn tool_choice(c: &Value) -> Result<Value, GatewayError> {
         }
         Some(other) => Err(not_here(
             "tool_choice.type",
-            &format!("`{}` names a hosted tool.", tollgate::text::truncate(other, 64)),
+            &format!("`{}` names a hosted tool.", tollgate::http::text::truncate(other, 64)),
         )),
         None => Err(GatewayError::missing_field("tool_choice.type")),
     }

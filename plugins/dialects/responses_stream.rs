@@ -15,7 +15,7 @@ use super::responses::{
     from_answer, function_call_item, id_suffix, message_item, reasoning_item, responses_usage, skeleton, status_of,
 };
 use crate::shared::answer::{AnswerTranslator, ChunkMeta, Piece, PricedUsage};
-use tollgate::error::GatewayError;
+use tollgate::http::error::GatewayError;
 
 enum Kind {
     Reasoning,

@@ -20,10 +20,10 @@ use sha2::{Digest, Sha256};
 
 use crate::shared::answer::{AnswerFacts, Translation};
 use record::{MAX_STORED_BODY, Receipt, Record, StoredUsage};
-use tollgate::ctx::RequestCtx;
-use tollgate::error::{ErrorKind, GatewayError};
-use tollgate::idempotency::{Begin, IdempotencyStore};
-use tollgate::plugin::{Flow, Plugin};
+use tollgate::http::error::{ErrorKind, GatewayError};
+use tollgate::proxy::ctx::RequestCtx;
+use tollgate::proxy::plugin::{Flow, Plugin};
+use tollgate::state::idempotency::{Begin, IdempotencyStore};
 
 pub const IDEMPOTENCY_PRIORITY: i16 = 250;
 
@@ -67,7 +67,7 @@ impl Drop for Held {
 fn key_of(s: &Session) -> Result<Option<String>, GatewayError> {
     let Some(v) = s.req_header().headers.get(http::HeaderName::from_static("idempotency-key")) else { return Ok(None) };
     let v = v.as_bytes();
-    if tollgate::text::printable_ascii(v, 255) && !v.trim_ascii().is_empty() {
+    if tollgate::http::text::printable_ascii(v, 255) && !v.trim_ascii().is_empty() {
         return Ok(Some(String::from_utf8_lossy(v).into_owned()));
     }
     Err(GatewayError::new(
@@ -130,10 +130,10 @@ impl Idempotency {
         cx.response_headers.push(("x-service-idempotent-replay", "true".into()));
         // A replay keeps the original's funding receipt, except on the Responses route, where
         // "only the header `X-Service-Idempotent-Replay` survives" (spec, Responses; decision 178).
-        if cx.route != Some(tollgate::routes::Route::Responses) {
+        if cx.route != Some(tollgate::http::routes::Route::Responses) {
             cx.response_headers.extend(record::funding_headers(&rec.funding));
         }
-        tollgate::responder::whole(s, cx, 200, &content_type, body, &[])
+        tollgate::http::responder::whole(s, cx, 200, &content_type, body, &[])
             .await
             .map_err(|e| GatewayError::internal(format!("write failed: {e}")))
     }
@@ -214,8 +214,8 @@ impl Idempotency {
 /// Routes an `Idempotency-Key` applies to: the inference routes (spec, Limits), whose answers
 /// are JSON or SSE. count_tokens is answered by the dialects before this phase; speech answers
 /// are audio bytes, which a record keeps as text, so they are not keyed (decision 161).
-fn keyed(route: tollgate::routes::Route) -> bool {
-    route.is_inference() && route != tollgate::routes::Route::AudioSpeech
+fn keyed(route: tollgate::http::routes::Route) -> bool {
+    route.is_inference() && route != tollgate::http::routes::Route::AudioSpeech
 }
 
 #[async_trait]
@@ -310,7 +310,7 @@ impl Plugin for Idempotency {
         let outcome = match Self::record(cx, held) {
             Some(rec) => match serde_json::to_vec(&rec) {
                 Ok(bytes) => self.store.settle(&key, &lock, &bytes, KEEP_MS).await.map(drop),
-                Err(e) => Err(tollgate::idempotency::RecordsError::Unavailable(e.to_string())),
+                Err(e) => Err(tollgate::state::idempotency::RecordsError::Unavailable(e.to_string())),
             },
             None => self.store.release(&key, &lock).await,
         };

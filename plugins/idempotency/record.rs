@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 
 use crate::shared::answer::{ChunkMeta, Piece, PricedUsage};
 use tollgate::money::Microcents;
-use tollgate::usage::{self, UsageBasis, UsageFigures};
+use tollgate::money::usage::{self, UsageBasis, UsageFigures};
 
 /// Stored bodies above this are not kept: a replay answers `422
 /// idempotency_replay_unavailable` (decisions.md 91).
@@ -122,7 +122,7 @@ impl StoredUsage {
             paid: self
                 .paid_from
                 .as_deref()
-                .and_then(tollgate::usage::PaidFrom::parse)
+                .and_then(tollgate::money::usage::PaidFrom::parse)
                 .map(|from| (from, Microcents(self.plan_value_microcents))),
         };
         PricedUsage { figures, no_answer: self.no_answer }

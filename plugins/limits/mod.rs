@@ -22,16 +22,16 @@ use pingora::proxy::Session;
 use pingora_limits::inflight::Inflight;
 use serde_json::{Map, Value, json};
 
-use tollgate::clock::now_ms;
 use tollgate::config::{LimitSettings, ModelEntry};
-use tollgate::ctx::RequestCtx;
-use tollgate::error::{ErrorKind, GatewayError};
+use tollgate::http::error::{ErrorKind, GatewayError};
+use tollgate::http::routes::Route;
 use tollgate::identity::Principal;
-use tollgate::limits::{
+use tollgate::proxy::ctx::RequestCtx;
+use tollgate::proxy::plugin::{Flow, Plugin};
+use tollgate::runtime::clock::now_ms;
+use tollgate::state::limits::{
     Check, ConcurrencyGate, FallbackLimiter, Held, LeaseKeeper, LimiterError, TokenBudget, Verdict, WindowLimit,
 };
-use tollgate::plugin::{Flow, Plugin};
-use tollgate::routes::Route;
 
 use policy::{BusyReadings, in_force};
 use refusals::Scope;

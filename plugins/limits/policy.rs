@@ -60,8 +60,8 @@ pub fn in_force(settings: &LimitSettings, model: &ModelEntry, pool: &Pool, p: &P
         let bought = p.lifetime_purchases_cents;
         let plan_floor = p
             .plan
-            .and_then(|b| b.serving_tier(tollgate::clock::now_ms()))
-            .is_some_and(|t| matches!(t, tollgate::plans::Tier::Pro | tollgate::plans::Tier::Team));
+            .and_then(|b| b.serving_tier(tollgate::runtime::clock::now_ms()))
+            .is_some_and(|t| matches!(t, tollgate::money::plans::Tier::Pro | tollgate::money::plans::Tier::Team));
         if p.tier() == RateTier::Enterprise || bought >= TPM_TOP_TIER_CENTS {
             None
         } else if plan_floor {
@@ -87,7 +87,7 @@ pub fn in_force(settings: &LimitSettings, model: &ModelEntry, pool: &Pool, p: &P
 /// Models added by a reload get their reading at their first admission.
 #[derive(Default)]
 pub struct BusyReadings {
-    by_model: std::sync::RwLock<tollgate::fast_map::FastMap<String, Arc<Reading>>>,
+    by_model: std::sync::RwLock<tollgate::runtime::fast_map::FastMap<String, Arc<Reading>>>,
 }
 
 #[derive(Default)]

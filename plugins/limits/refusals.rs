@@ -2,9 +2,9 @@
 //! window, and each refusal's code, `error.limit`, `X-Hosted-Limit-*` and retry timing
 //! (spec "Errors", "Retry rules", the Limits table).
 
-use tollgate::error::{ErrorKind, GatewayError};
+use tollgate::http::error::{ErrorKind, GatewayError};
 use tollgate::identity::RateTier;
-use tollgate::limits::WindowState;
+use tollgate::state::limits::WindowState;
 
 use crate::shared::shed::{jittered, with_retry};
 
@@ -76,7 +76,7 @@ pub fn window_headers(state: &WindowState, tier: RateTier) -> [(&'static str, St
 /// The per-key window (or the credits/usage read bucket) is full.
 pub fn window_refused(state: &WindowState, tier: RateTier, retry_after_ms: u64, reads: bool) -> GatewayError {
     let what = if reads { "credits and usage reads" } else { "requests" };
-    tollgate::metrics::admission_refused(if reads { "read_window" } else { "key_window" });
+    tollgate::observe::metrics::admission_refused(if reads { "read_window" } else { "key_window" });
     let mut err = GatewayError::new(
         ErrorKind::RateLimitExceeded,
         format!("Rate limit of {} {what} per minute reached for this API key.", state.limit),
@@ -90,7 +90,7 @@ pub fn window_refused(state: &WindowState, tier: RateTier, retry_after_ms: u64, 
 
 /// The connection gate refused an unrecognized credential: no `X-RateLimit-*` headers.
 pub fn gate_refused(retry_after_ms: u64) -> GatewayError {
-    tollgate::metrics::admission_refused("connection_gate");
+    tollgate::observe::metrics::admission_refused("connection_gate");
     let err = GatewayError::new(
         ErrorKind::RateLimitExceeded,
         "Too many requests with unrecognized credentials; slow down and check the API key.",
@@ -100,7 +100,7 @@ pub fn gate_refused(retry_after_ms: u64) -> GatewayError {
 
 /// An admission gate refused. `retry_after_ms: None` means waiting cannot help.
 pub fn admission_refused(scope: Scope, limit: u64, retry_after_ms: Option<u64>) -> GatewayError {
-    tollgate::metrics::admission_refused(scope.name());
+    tollgate::observe::metrics::admission_refused(scope.name());
     let mut err = GatewayError::new(scope.kind(), scope.message(limit));
     if scope != Scope::Capacity {
         // A full pool is not a configured limit: no `limit` field, no scope header (spec,

@@ -15,9 +15,9 @@ use serde::de::{self, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;
 
-use tollgate::error::GatewayError;
-use tollgate::json_raw;
-use tollgate::usage::UsageFigures;
+use tollgate::http::error::GatewayError;
+use tollgate::http::json_raw;
+use tollgate::money::usage::UsageFigures;
 
 /// A member as raw JSON text: `None` when absent. Unlike `Option<&RawValue>`, a `null` value
 /// is kept (as the text `null`), so its place in the text is known.
@@ -361,7 +361,7 @@ pub struct AnswerFacts {
 
 impl AnswerFacts {
     /// Note what `view` says, if facts were asked for.
-    pub fn note(ext: &mut tollgate::ctx::Extensions, view: &AnswerView<'_>) {
+    pub fn note(ext: &mut tollgate::proxy::ctx::Extensions, view: &AnswerView<'_>) {
         let Some(facts) = ext.get_mut::<AnswerFacts>() else { return };
         if facts.id.is_none() {
             let meta = view.meta();

@@ -4,7 +4,7 @@
 //! The chat path would check the translated parts too, but it would name chat positions;
 //! checking here names the dialect's own block (clarification 15).
 
-use tollgate::error::GatewayError;
+use tollgate::http::error::GatewayError;
 
 /// Images per request (spec "Limits": 8, chat dialect), applied to both dialects.
 pub const MAX_IMAGES: usize = 8;

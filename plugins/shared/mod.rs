@@ -21,7 +21,7 @@ pub struct ChatRequest {
 }
 
 impl ChatRequest {
-    pub fn of(cx: &tollgate::ctx::RequestCtx) -> ChatRequest {
+    pub fn of(cx: &tollgate::proxy::ctx::RequestCtx) -> ChatRequest {
         cx.ext.get::<ChatRequest>().copied().unwrap_or_default()
     }
 }

@@ -2,8 +2,8 @@
 //! `limit`, no scope header). The limits plugin sheds when admission checks pile up on its
 //! store (decision 41), billing when the ledger's writes wait too long (decision 131).
 
-use tollgate::error::{ErrorKind, GatewayError};
-use tollgate::limits::ADMISSION_RETRY_CAP_MS;
+use tollgate::http::error::{ErrorKind, GatewayError};
+use tollgate::state::limits::ADMISSION_RETRY_CAP_MS;
 
 /// `Retry-After` (whole seconds, rounded up, at least 1) and `Retry-After-Ms`.
 pub fn with_retry(err: GatewayError, ms: u64) -> GatewayError {
@@ -14,14 +14,14 @@ pub fn with_retry(err: GatewayError, ms: u64) -> GatewayError {
 /// An estimate capped at 8 seconds, spread by ±20% so refused clients do not return together
 /// (spec "Retry rules": the value varies between refusals).
 pub fn jittered(ms: u64) -> u64 {
-    let r = u64::from(tollgate::error::rand_byte() % 41); // 0..=40
+    let r = u64::from(tollgate::http::error::rand_byte() % 41); // 0..=40
     let spread = ms.min(ADMISSION_RETRY_CAP_MS) * (80 + r) / 100;
     spread.clamp(1, ADMISSION_RETRY_CAP_MS)
 }
 
 /// Capacity shed on this instance, counted under `gate`, retried after `retry_ms`.
 pub fn congested(gate: &str, retry_ms: u64) -> GatewayError {
-    tollgate::metrics::admission_refused(gate);
+    tollgate::observe::metrics::admission_refused(gate);
     with_retry(
         GatewayError::new(
             ErrorKind::HostedAdmissionCongested,

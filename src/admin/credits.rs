@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 use super::fields::Fields;
 use super::handlers::store_err;
 use super::{AdminApp, AdminError, json_response};
-use crate::clock::{iso, now_ms};
+use crate::runtime::clock::{iso, now_ms};
 use crate::store::ledger::{Balance, LedgerStore};
 
 type Answer = Result<http::Response<Vec<u8>>, AdminError>;

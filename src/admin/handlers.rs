@@ -7,10 +7,10 @@ use serde_json::{Value, json};
 
 use super::fields::Fields;
 use super::{AdminApp, AdminError, json_response};
-use crate::clock::{iso, now_ms};
 use crate::identity::lifecycle::{KeyOpError, MAX_LIVE_PER_SCOPE};
+use crate::identity::service::{CopyRole, Identity, NewKey};
 use crate::identity::{KeyRecord, KeyScope, RateTier, Workspace};
-use crate::identity_service::{CopyRole, Identity, NewKey};
+use crate::runtime::clock::{iso, now_ms};
 use crate::store::{KeyPatch, RotateOpts, StoreError};
 
 type Answer = Result<Response<Vec<u8>>, AdminError>;
@@ -92,7 +92,7 @@ pub async fn route(app: &AdminApp, method: &str, path: &str, body: &Value) -> An
     match (method, parts.as_slice()) {
         ("GET", ["admin", "v1", "health"]) => health(app).await,
         ("GET", ["metrics"]) => {
-            crate::metrics::refresh(&app.live.current());
+            crate::observe::metrics::refresh(&app.live.current());
             Ok(metrics())
         }
         ("POST", ["admin", "v1", "reload"]) => Fields::none(body).map(|()| super::pools::reload(app)),

@@ -23,7 +23,7 @@ use serde_json::{Value, json};
 use subtle::ConstantTimeEq;
 
 use crate::config::LiveConfig;
-use crate::identity_service::Identity;
+use crate::identity::service::Identity;
 
 /// Largest admin request body.
 const MAX_BODY: usize = 64 * 1024;
@@ -72,7 +72,7 @@ pub struct AdminApp {
     pub identity: Option<Arc<Identity>>,
     pub ledger: Option<Arc<dyn crate::store::ledger::LedgerStore>>,
     /// The shared Redis of the limiter, idempotency records and placements, when configured.
-    pub redis: Option<Arc<crate::redis_conn::LazyRedis>>,
+    pub redis: Option<Arc<crate::state::redis_conn::LazyRedis>>,
     /// Model pauses shared through the identity store; `None` without one (this node only).
     pub model_states: Option<Arc<model_states::ModelStates>>,
     /// `None`: no token configured, every call is refused.
@@ -154,7 +154,7 @@ impl ServeHttp for AdminApp {
     async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
         // A graceful stop waits for an admin call as for a request (a top-up cut after its
         // commit would be retried and credited twice; decision 166).
-        let _in_flight = crate::drain::request();
+        let _in_flight = crate::runtime::drain::request();
         if !self.authorized(session) {
             // One answer whether or not a token is configured: the caller learns nothing of the
             // setup (the operator sees the missing token in the log and in `check-config`).

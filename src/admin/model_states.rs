@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::clock::{Millis, iso, now_ms};
 use crate::config::LiveConfig;
+use crate::runtime::clock::{Millis, iso, now_ms};
 use crate::store::{IdentityStore, ModelState};
 
 /// How often each instance reads the shared states: a pause sent to one instance is in force
@@ -46,7 +46,7 @@ impl ModelStates {
     pub fn start(self: &Arc<Self>) {
         let (first_tx, first_rx) = std::sync::mpsc::channel();
         let me = self.clone();
-        crate::background::spawn("model-states", async move {
+        crate::runtime::background::spawn("model-states", async move {
             me.sync().await;
             let _ = first_tx.send(());
             loop {

@@ -7,9 +7,9 @@ use serde_json::{Value, json};
 use super::fields::Fields;
 use super::handlers::store_err;
 use super::{AdminApp, AdminError, json_response};
-use crate::clock::{Millis, iso, now_ms};
-use crate::plans::decide::windows;
-use crate::plans::{PlanRecord, PlanTerms, Status, Tier};
+use crate::money::plans::decide::windows;
+use crate::money::plans::{PlanRecord, PlanTerms, Status, Tier};
+use crate::runtime::clock::{Millis, iso, now_ms};
 
 type Answer = Result<http::Response<Vec<u8>>, AdminError>;
 

@@ -6,8 +6,8 @@ use std::sync::atomic::Ordering;
 use serde_json::{Value, json};
 
 use super::{AdminApp, json_response};
-use crate::clock::iso;
 use crate::config::{Config, LiveConfig};
+use crate::runtime::clock::iso;
 
 /// Reload `models.yaml` and `upstreams.yaml`: 200 with what changed, or 422 listing every
 /// problem (file, field, problem) with the running config unchanged.
@@ -20,7 +20,7 @@ pub(super) fn reload(app: &AdminApp) -> http::Response<Vec<u8>> {
 pub fn reload_answer(live: &LiveConfig) -> (u16, Value) {
     match live.reload() {
         Ok(report) => {
-            crate::metrics::config_reloaded(true);
+            crate::observe::metrics::config_reloaded(true);
             log::info!(
                 "config reloaded: {} models, {} replicas; added {:?} {:?}; draining {:?}; removed models {:?}",
                 report.models,
@@ -52,7 +52,7 @@ pub fn reload_answer(live: &LiveConfig) -> (u16, Value) {
             (200, body)
         }
         Err(errors) => {
-            crate::metrics::config_reloaded(false);
+            crate::observe::metrics::config_reloaded(false);
             log::warn!("config reload refused, the running config stays:\n{errors}");
             let body = json!({ "error": {
                 "code": "invalid_config",
@@ -73,7 +73,7 @@ fn problems_json(errors: &crate::config::ConfigErrors) -> Value {
 
 /// Each pool's replicas as this instance sees them.
 pub(super) fn pools_health(config: &Config) -> Value {
-    let now = crate::clock::now_ms();
+    let now = crate::runtime::clock::now_ms();
     let mut pools = serde_json::Map::new();
     for (model, pool) in config.pools.iter() {
         let replicas: Vec<Value> = pool

@@ -122,7 +122,7 @@ impl ModelEntry {
 #[derive(Debug, Default)]
 pub struct Catalog {
     pub models: Vec<Arc<ModelEntry>>,
-    by_name: crate::fast_map::FastMap<String, usize>,
+    by_name: crate::runtime::fast_map::FastMap<String, usize>,
 }
 
 impl Catalog {

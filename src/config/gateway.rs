@@ -288,11 +288,11 @@ pub struct GatewaySettings {
     /// `billing.ledger_max_wait_ms` (decision 131).
     pub ledger_max_wait: Duration,
     /// Coding plan tiers and the window wait.
-    pub plans: std::sync::Arc<crate::plans::PlanSettings>,
+    pub plans: std::sync::Arc<crate::money::plans::PlanSettings>,
     /// `access_log.format: json`.
     pub access_log_json: bool,
     /// Request traces exported over OTLP; `None`: off.
-    pub tracing: Option<crate::traces::TracingSettings>,
+    pub tracing: Option<crate::observe::traces::TracingSettings>,
     /// `metrics.enabled` (default true).
     pub metrics_enabled: bool,
     /// `Some`: the public listener speaks HTTPS (HTTP/1.1 by ALPN).

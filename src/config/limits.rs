@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::Problems;
-use crate::limits::{LimiterConfig, RedisOptions};
+use crate::state::limits::{LimiterConfig, RedisOptions};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]

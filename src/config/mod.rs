@@ -107,7 +107,7 @@ impl Config {
         if self.gateway.admin_token.is_none() {
             out.push("no admin token configured: the admin listener refuses every call".to_string());
         }
-        if chain("limits") && matches!(self.gateway.limits.store, crate::limits::LimiterConfig::Disabled) {
+        if chain("limits") && matches!(self.gateway.limits.store, crate::state::limits::LimiterConfig::Disabled) {
             out.push(
                 "`limits.store` is `none`: every request the limits plugin checks is refused `503 limiter_unavailable`"
                     .into(),

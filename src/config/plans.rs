@@ -7,7 +7,7 @@ use serde::Deserialize;
 
 use super::Problems;
 use crate::money::MICROCENTS_PER_CENT;
-use crate::plans::{PlanSettings, Tier, TierLimits};
+use crate::money::plans::{PlanSettings, Tier, TierLimits};
 
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]

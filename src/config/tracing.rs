@@ -4,7 +4,7 @@
 use serde::Deserialize;
 
 use super::Problems;
-use crate::traces::TracingSettings;
+use crate::observe::traces::TracingSettings;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]

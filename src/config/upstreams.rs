@@ -261,7 +261,7 @@ impl Pool {
 /// Pools by catalog model id.
 #[derive(Debug, Default)]
 pub struct Pools {
-    by_model: crate::fast_map::FastMap<String, Arc<Pool>>,
+    by_model: crate::runtime::fast_map::FastMap<String, Arc<Pool>>,
 }
 
 impl Pools {

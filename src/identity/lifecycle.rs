@@ -4,7 +4,7 @@
 //! lock, ask these functions, then write what they say, so both behave identically.
 
 use super::{KeyRecord, KeyState};
-use crate::clock::Millis;
+use crate::runtime::clock::Millis;
 
 pub const MAX_LIVE_PER_SCOPE: usize = 10;
 pub const MAX_LIVE_DURING_ROTATION: usize = 20;

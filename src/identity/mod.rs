@@ -5,10 +5,11 @@
 
 pub mod keys;
 pub mod lifecycle;
+pub mod service;
 
 use serde::Serialize;
 
-use crate::clock::Millis;
+use crate::runtime::clock::Millis;
 
 /// Rate tier of a workspace (`X-RateLimit-Tier`, `plan_tier`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -56,16 +57,16 @@ pub struct Workspace {
 /// and whether it serves (the model object's plan fields, the Pro/Team token floor).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PlanBrief {
-    pub tier: crate::plans::Tier,
-    pub status: crate::plans::Status,
+    pub tier: crate::money::plans::Tier,
+    pub status: crate::money::plans::Status,
     pub grace_until: Option<Millis>,
     pub cancel_at: Option<Millis>,
 }
 
 impl PlanBrief {
     /// The tier, while the plan serves at `now`.
-    pub fn serving_tier(&self, now: Millis) -> Option<crate::plans::Tier> {
-        let terms = crate::plans::PlanTerms {
+    pub fn serving_tier(&self, now: Millis) -> Option<crate::money::plans::Tier> {
+        let terms = crate::money::plans::PlanTerms {
             tier: self.tier,
             status: self.status,
             started_at: 0,
@@ -87,8 +88,8 @@ impl PlanBrief {
         cancel: Option<Millis>,
     ) -> Option<PlanBrief> {
         Some(PlanBrief {
-            tier: crate::plans::Tier::parse(&tier?)?,
-            status: crate::plans::Status::parse(&status?)?,
+            tier: crate::money::plans::Tier::parse(&tier?)?,
+            status: crate::money::plans::Status::parse(&status?)?,
             grace_until: grace,
             cancel_at: cancel,
         })

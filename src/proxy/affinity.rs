@@ -7,10 +7,10 @@ use std::sync::LazyLock;
 
 use prometheus::{IntCounterVec, register_int_counter_vec};
 
-use crate::ctx::RequestCtx;
-use crate::error::GatewayError;
-use crate::placements::{self, Placed, PlacementStore, StoreDown};
-use crate::request;
+use crate::http::error::GatewayError;
+use crate::http::request;
+use crate::proxy::ctx::RequestCtx;
+use crate::state::placements::{self, Placed, PlacementStore, StoreDown};
 
 static PLACEMENTS: LazyLock<Option<IntCounterVec>> = LazyLock::new(|| {
     register_int_counter_vec!(
@@ -24,7 +24,7 @@ static PLACEMENTS: LazyLock<Option<IntCounterVec>> = LazyLock::new(|| {
 /// What names the request's conversation, read before any plugin rewrites the body.
 pub(super) fn identify(headers: &http::HeaderMap, cx: &mut RequestCtx) {
     if let (Some(p), Some(principal)) = (cx.placement.as_mut(), cx.principal.as_ref()) {
-        p.affinity = crate::session::affinity(&principal.workspace_id, headers, cx.body.as_ref());
+        p.affinity = crate::http::session::affinity(&principal.workspace_id, headers, cx.body.as_ref());
     }
 }
 
@@ -69,11 +69,11 @@ pub(super) async fn place(
     };
     if let Some(p) = cx.placement.as_mut() {
         let kept = stored.as_ref().and_then(|s| p.pool.replicas.iter().position(|r| r.authority == s.replica));
-        p.home = kept.or_else(|| key.and_then(|k| crate::placement::preferred(&p.pool, k)));
+        p.home = kept.or_else(|| key.and_then(|k| crate::proxy::placement::preferred(&p.pool, k)));
     }
     request::place(cx)?;
     let Some(p) = cx.placement.as_ref() else { return Ok(()) };
-    let by = p.affinity.map_or(crate::session::PlacedBy::Load, |a| a.by);
+    let by = p.affinity.map_or(crate::http::session::PlacedBy::Load, |a| a.by);
     if let Some(m) = PLACEMENTS.as_ref() {
         m.with_label_values(&[by.as_str(), if p.spilled { "true" } else { "false" }]).inc();
     }

@@ -3,7 +3,7 @@
 //! response, an error frame or a replacement for a held answer (`fail_to_proxy`), and panics
 //! caught in phases.
 
-use crate::plugin::Chain;
+use crate::proxy::plugin::Chain;
 use std::panic::AssertUnwindSafe;
 use std::time::Duration;
 
@@ -12,11 +12,11 @@ use pingora::proxy::{FailToProxy, Session};
 use pingora::{Error, ErrorSource, ErrorType};
 
 use super::timers::{Fired, ResponseTimers, TAIL_GRACE};
-use crate::ctx::RequestCtx;
-use crate::envelope;
-use crate::error::{ErrorKind, GatewayError};
-use crate::held_output::OutputHold;
-use crate::responder;
+use crate::http::envelope;
+use crate::http::error::{ErrorKind, GatewayError};
+use crate::http::responder;
+use crate::proxy::ctx::RequestCtx;
+use crate::transport::held_output::OutputHold;
 
 /// Classify a proxy error that no phase classified.
 fn classify(e: &Error, cx: &RequestCtx) -> GatewayError {
@@ -175,7 +175,7 @@ fn replace_held(cx: &mut RequestCtx, err: &GatewayError) -> bool {
 /// A panic caught in a phase: logged once with its message, answered as `500 internal_error`
 /// (never a dropped connection where a response can still be written).
 pub(super) fn panicked(phase: &str, payload: &(dyn std::any::Any + Send), request_id: &str) -> GatewayError {
-    let what = crate::faults::panic_text(payload);
+    let what = crate::runtime::faults::panic_text(payload);
     log::error!("{request_id}: panic in the {phase} phase: {what}");
     GatewayError::internal("The gateway failed unexpectedly.")
 }
@@ -222,9 +222,9 @@ pub(super) fn access_log(s: &Session, cx: &RequestCtx, status: u16, json: bool) 
     if json {
         let h = s.req_header();
         let bytes_in = h.headers.get("content-length").and_then(|v| v.to_str().ok()?.parse().ok());
-        let path = crate::text::redacted_path(h.uri.path());
-        let line = crate::access_log::json_line(cx, status, &path, bytes_in, s.body_bytes_sent());
-        crate::access_log::write_json(line);
+        let path = crate::http::text::redacted_path(h.uri.path());
+        let line = crate::observe::access_log::json_line(cx, status, &path, bytes_in, s.body_bytes_sent());
+        crate::observe::access_log::write_json(line);
     } else {
         log::info!("{}", access_line(s, cx, status));
     }
@@ -236,14 +236,14 @@ pub(super) fn access_log(s: &Session, cx: &RequestCtx, status: u16, json: bool) 
 /// an identity.
 fn access_line(s: &Session, cx: &RequestCtx, status: u16) -> String {
     let placed = cx.placement.as_ref().filter(|p| p.placed).map(|p| {
-        let by = p.affinity.map_or(crate::session::PlacedBy::Load, |a| a.by).as_str();
+        let by = p.affinity.map_or(crate::http::session::PlacedBy::Load, |a| a.by).as_str();
         format!(" placed={by}{}", if p.spilled { "+spill" } else { "" })
     });
     format!(
         "{} {} {} status={} code={} model={} ms={} usage={:?}{} client={}{}",
         cx.request_id,
         s.req_header().method,
-        crate::text::redacted_path(s.req_header().uri.path()),
+        crate::http::text::redacted_path(s.req_header().uri.path()),
         status,
         cx.failure.as_ref().map(|f| f.kind.code()).unwrap_or("-"),
         cx.model().map(|m| m.id.as_str()).unwrap_or("-"),

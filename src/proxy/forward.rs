@@ -17,9 +17,9 @@ use pingora::http::RequestHeader;
 use pingora::protocols::http::ServerSession;
 use pingora::proxy::Session;
 
-use crate::ctx::RequestCtx;
-use crate::error::GatewayError;
-use crate::held_output::OutputHold;
+use crate::http::error::GatewayError;
+use crate::proxy::ctx::RequestCtx;
+use crate::transport::held_output::OutputHold;
 
 /// Before the body is read: whether this request's rewritten body may be sent in place.
 pub fn prepare(s: &Session, cx: &RequestCtx) -> bool {
@@ -50,7 +50,7 @@ pub async fn forward(
     }
     let hold = OutputHold::default();
     let stall = cx.config.gateway.client.stalled_reader;
-    crate::body_replay::replace_request_body(&mut s.downstream_session, body, keepalive, &hold, stall)
+    crate::transport::body_replay::replace_request_body(&mut s.downstream_session, body, keepalive, &hold, stall)
         .await
         .map_err(|e| GatewayError::internal(format!("could not forward the request body: {e}")))?;
     cx.output = Some(hold);

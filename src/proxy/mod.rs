@@ -17,19 +17,24 @@ use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 use pingora::{Error, ErrorSource, ErrorType, Result};
 
 use crate::config::{GatewaySettings, LiveConfig};
-use crate::ctx::RequestCtx;
-use crate::envelope;
-use crate::error::{ErrorKind, GatewayError};
-use crate::held_output::OutputHold;
-use crate::plugin::{Chain, Flow};
-use crate::request::{self, read_json_body};
-use crate::responder;
-use crate::routes::Route;
+use crate::http::envelope;
+use crate::http::error::{ErrorKind, GatewayError};
+use crate::http::request::{self, read_json_body};
+use crate::http::responder;
+use crate::http::routes::Route;
+use crate::proxy::ctx::RequestCtx;
+use crate::proxy::plugin::{Chain, Flow};
+use crate::transport::held_output::OutputHold;
 use timers::ResponseTimers;
 
 mod affinity;
+pub mod ctx;
 mod failure;
 mod forward;
+pub mod health;
+pub mod placement;
+pub mod placement_sim;
+pub mod plugin;
 mod retry;
 mod stream_end;
 pub mod timers;
@@ -52,7 +57,7 @@ const NOT_FORWARDED: [http::HeaderName; 5] = [
 /// the gateway settles with the client itself (`Accept-Encoding`, `Expect`), and every header
 /// that may name a session.
 fn not_forwarded(name: &http::HeaderName) -> bool {
-    NOT_FORWARDED.contains(name) || crate::session::SESSION_HEADERS.contains(name)
+    NOT_FORWARDED.contains(name) || crate::http::session::SESSION_HEADERS.contains(name)
 }
 
 pub struct Gateway {
@@ -62,19 +67,23 @@ pub struct Gateway {
     pub settings: Arc<GatewaySettings>,
     pub chain: Chain,
     /// Established sessions' replicas (in process, or shared on Redis by every instance).
-    placements: Arc<dyn crate::placements::PlacementStore>,
+    placements: Arc<dyn crate::state::placements::PlacementStore>,
     /// Request traces, when `tracing:` is configured (decision 215).
-    traces: Option<Arc<crate::traces::Exporter>>,
+    traces: Option<Arc<crate::observe::traces::Exporter>>,
 }
 
 impl Gateway {
-    pub fn new(live: Arc<LiveConfig>, chain: Chain, placements: Arc<dyn crate::placements::PlacementStore>) -> Self {
+    pub fn new(
+        live: Arc<LiveConfig>,
+        chain: Chain,
+        placements: Arc<dyn crate::state::placements::PlacementStore>,
+    ) -> Self {
         let settings = live.current().gateway.clone();
         Gateway { live, settings, chain, placements, traces: None }
     }
 
     /// Export request traces through `exporter`.
-    pub fn with_traces(mut self, exporter: Arc<crate::traces::Exporter>) -> Self {
+    pub fn with_traces(mut self, exporter: Arc<crate::observe::traces::Exporter>) -> Self {
         self.traces = Some(exporter);
         self
     }
@@ -92,11 +101,11 @@ impl Gateway {
         if s.get_keepalive() == Some(0) {
             s.set_keepalive(Some(self.settings.client.idle_timeout_seconds));
         }
-        cx.client_ip = crate::client_address::of_request(s, &self.settings.client_addressing);
+        cx.client_ip = crate::transport::client_address::of_request(s, &self.settings.client_addressing);
         if let Some(traces) = &self.traces {
             let h = &s.req_header().headers;
             let header = |name: &str| h.get(name).and_then(|v| v.to_str().ok());
-            cx.trace = Some(crate::traces::RequestTrace::start(
+            cx.trace = Some(crate::observe::traces::RequestTrace::start(
                 header("traceparent"),
                 header("tracestate"),
                 traces.sample_ratio,
@@ -136,7 +145,7 @@ impl Gateway {
         cx.raw_body = Some(raw);
         request::resolve_model(cx, route)?;
         affinity::identify(&s.req_header().headers, cx);
-        crate::faults::panic_point("request");
+        crate::runtime::faults::panic_point("request");
         let lookup = affinity::lookup(&*self.placements, cx);
         let (flow, looked_up) = tokio::join!(self.chain.on_request(s, cx), lookup);
         let rewritten = match flow? {
@@ -207,7 +216,7 @@ impl ProxyHttp for Gateway {
             return Error::e_explain(ErrorType::InternalError, "no replica placed");
         };
         let mut peer = pool.peer(&slot.replica);
-        if let Some(trace) = crate::traces::RequestTrace::sampled(&mut cx.trace) {
+        if let Some(trace) = crate::observe::traces::RequestTrace::sampled(&mut cx.trace) {
             trace.replica_started.get_or_insert_with(std::time::SystemTime::now);
         }
         peer.options.connection_timeout = Some(pool.connect_timeout);
@@ -317,9 +326,14 @@ impl ProxyHttp for Gateway {
         if let Some(p) = cx.placement.as_ref() {
             if let Some(replica) = p.ran_on.and_then(|i| p.pool.replicas.get(i)) {
                 if status >= 500 {
-                    crate::placement::failed(&p.pool, replica, crate::placement::Fault::ServerError, &cx.request_id);
+                    crate::proxy::placement::failed(
+                        &p.pool,
+                        replica,
+                        crate::proxy::placement::Fault::ServerError,
+                        &cx.request_id,
+                    );
                 } else {
-                    crate::placement::answered(replica);
+                    crate::proxy::placement::answered(replica);
                 }
             }
         }
@@ -386,9 +400,9 @@ impl ProxyHttp for Gateway {
             }
         } else if let Err(e) = guarded("response body", cx, |cx| {
             if eos {
-                crate::faults::panic_point("response_end");
+                crate::runtime::faults::panic_point("response_end");
             } else if cx.response.delivered_tokens > 0 {
-                crate::faults::panic_point("response_after_output");
+                crate::runtime::faults::panic_point("response_after_output");
             }
             self.chain.on_response_chunk(body, eos, cx)
         }) {
@@ -419,7 +433,7 @@ impl ProxyHttp for Gateway {
                 "The request is not valid HTTP/1.1 (its request line, headers or framing); nothing was done.",
             )
         };
-        let request_id = crate::ctx::next_request_id();
+        let request_id = crate::proxy::ctx::next_request_id();
         let r = envelope::render(&err, envelope::Envelope::Chat, &request_id);
         let mut resp = ResponseHeader::build(r.status, Some(5)).ok()?;
         resp.insert_header("content-type", "application/json").ok()?;
@@ -434,7 +448,7 @@ impl ProxyHttp for Gateway {
     /// path segment redacted (never a key in a log, issue 49).
     fn request_summary(&self, s: &Session, cx: &Self::CTX) -> String {
         let h = s.req_header();
-        format!("{} {} {}", cx.request_id, h.method, crate::text::redacted_path(h.uri.path()))
+        format!("{} {} {}", cx.request_id, h.method, crate::http::text::redacted_path(h.uri.path()))
     }
 
     fn suppress_error_log(&self, _s: &Session, cx: &Self::CTX, e: &Error) -> bool {
@@ -467,14 +481,14 @@ impl ProxyHttp for Gateway {
             cx.client_gone = true;
         }
         if cx.client_gone && cx.response.streaming {
-            crate::usage::to_written(cx, s.body_bytes_sent() as u64);
+            crate::money::usage::to_written(cx, s.body_bytes_sent() as u64);
         }
         // The settlement input is complete before any plugin's log hook runs (so the order of
         // the log hooks carries no meaning): a response that reported no usage is counted
         // from what was delivered.
         if cx.usage.is_none() {
             if let Some(model) = cx.model() {
-                cx.usage = crate::usage::from_delivered(
+                cx.usage = crate::money::usage::from_delivered(
                     model,
                     cx.arrived_ms,
                     cx.prompt_estimate,
@@ -485,7 +499,7 @@ impl ProxyHttp for Gateway {
         }
         self.chain.on_log(cx).await; // each hook's panic is caught and logged there
         cx.logged = true;
-        crate::metrics::record(cx, status, cx.started.elapsed());
+        crate::observe::metrics::record(cx, status, cx.started.elapsed());
         crate::transport::connection_cap::mark_idle(s.downstream_session.stream());
         failure::access_log(s, cx, status, self.settings.access_log_json);
         if let Some(traces) = &self.traces {

@@ -12,8 +12,8 @@ use pingora::{Error, ErrorSource, ErrorType};
 
 use super::timers::{Fired, ResponseTimers};
 use crate::config::Budgets;
-use crate::ctx::RequestCtx;
-use crate::placement::{self, Fault};
+use crate::proxy::ctx::RequestCtx;
+use crate::proxy::placement::{self, Fault};
 
 /// A connect failure (`fail_to_connect`): count it, and place the request on another replica
 /// if one is left. Whether it was placed again.
@@ -91,7 +91,7 @@ fn place_elsewhere(cx: &mut RequestCtx, fault: Fault) -> bool {
     match placement::place_home(&p.pool, &p.tried, p.home) {
         Ok((next, spilled)) => {
             log::info!("{}: replica failed ({}), trying another", cx.request_id, fault.name());
-            crate::metrics::replica_retried(&p.pool.model_id, fault.name());
+            crate::observe::metrics::replica_retried(&p.pool.model_id, fault.name());
             p.ran_on = Some(next.index);
             p.slot = Some(next);
             p.spilled |= spilled;

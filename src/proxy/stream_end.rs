@@ -5,7 +5,7 @@
 
 use pingora::{Error, ErrorSource, ErrorType, Result};
 
-use crate::ctx::RequestCtx;
+use crate::proxy::ctx::RequestCtx;
 
 /// After the plugins have seen a body chunk (`delivering`: it carries bytes for the client).
 pub(super) fn after_chunk(eos: bool, delivering: bool, cx: &mut RequestCtx) -> Result<()> {

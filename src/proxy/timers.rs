@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use pingora::{Error, ErrorType, Result};
 
-use crate::ctx::RequestCtx;
+use crate::proxy::ctx::RequestCtx;
 
 /// How long a replica has to end its HTTP body once its stream has ended (`[DONE]`, or the
 /// gateway's error frame): a correct one ends it in the same write.

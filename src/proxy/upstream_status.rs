@@ -8,10 +8,10 @@ use pingora::http::ResponseHeader;
 use pingora::{Error, ErrorType, Result};
 
 use super::failure::has_no_body;
-use crate::ctx::RequestCtx;
-use crate::error::{ErrorKind, GatewayError};
-use crate::request;
-use crate::routes::Route;
+use crate::http::error::{ErrorKind, GatewayError};
+use crate::http::request;
+use crate::http::routes::Route;
+use crate::proxy::ctx::RequestCtx;
 
 /// `Ok(true)`: the answer goes on to the plugins; `Ok(false)`: a refusal to rewrite (its body
 /// is read in the body phase); `Err`: a failure, already in `cx.failure`.

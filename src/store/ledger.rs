@@ -7,9 +7,9 @@ use async_trait::async_trait;
 
 use super::StoreError;
 use super::ledger_ops::{FundOp, FundOutcome, LedgerOp, OpOutcome, OpResult, hold_op};
-use crate::clock::Millis;
 use crate::money::Microcents;
-use crate::plans::{PlanRecord, PlanTerms};
+use crate::money::plans::{PlanRecord, PlanTerms};
+use crate::runtime::clock::Millis;
 
 pub use crate::money::MICROCENTS_PER_CENT;
 

@@ -44,8 +44,8 @@ use super::ledger::{Balance, LedgerEntry, LedgerStore};
 use super::ledger_congestion::Congestion;
 use super::ledger_lease::{LEASE_USE, LeaseRow, Leases};
 use super::ledger_ops::{FundOp, FundOutcome, LedgerOp, OpOutcome, OpResult};
-use crate::clock::Millis;
-use crate::plans::{PlanRecord, PlanTerms};
+use crate::money::plans::{PlanRecord, PlanTerms};
+use crate::runtime::clock::Millis;
 
 /// Most ops in one transaction.
 pub const MAX_BATCH: usize = 512;
@@ -213,7 +213,7 @@ impl BatchedLedger {
                 // Woken by requests (a batch's first op, every hold), it must not preempt
                 // them: it commits what queued meanwhile when the request thread yields
                 // (decision 140).
-                crate::thread_policy::run_as_batch("ledger writer");
+                crate::runtime::thread_policy::run_as_batch("ledger writer");
                 ON_WRITER.set(true);
                 rt.block_on(writer(rx, w, seen, woken))
             })
@@ -279,7 +279,7 @@ impl BatchedLedger {
 
     /// Give back `workspace`'s lease now (its plan changed here).
     fn give_back(&self, workspace: &str) {
-        for op in self.leases.due(Some(workspace), crate::clock::now_ms()) {
+        for op in self.leases.due(Some(workspace), crate::runtime::clock::now_ms()) {
             self.queue_now(op, Box::new(written));
         }
     }
@@ -367,7 +367,7 @@ async fn return_leases(queue: mpsc::WeakSender<Job>, leases: Arc<Leases>) {
     loop {
         tick.tick().await;
         let Some(queue) = queue.upgrade() else { return };
-        for op in leases.due(None, crate::clock::now_ms()) {
+        for op in leases.due(None, crate::runtime::clock::now_ms()) {
             if queue.try_send(Job::then(op, Box::new(written))).is_err() {
                 log::warn!("a lease could not be given back now (full queue); its row expires and is swept");
             }
@@ -387,8 +387,8 @@ pub(crate) fn on_writer_thread() -> bool {
     ON_WRITER.get()
 }
 
-static BATCH: std::sync::LazyLock<Option<crate::metrics::StoreOp>> =
-    std::sync::LazyLock::new(|| crate::metrics::StoreOp::new("ledger", "batch"));
+static BATCH: std::sync::LazyLock<Option<crate::observe::metrics::StoreOp>> =
+    std::sync::LazyLock::new(|| crate::observe::metrics::StoreOp::new("ledger", "batch"));
 
 /// Drain the queue: everything waiting (up to `MAX_BATCH`) in one transaction. Jobs kept
 /// through a failed batch go first in the next one (they were queued before anything queued
@@ -432,10 +432,10 @@ async fn writer(
         let ops: Vec<LedgerOp> = jobs.iter().map(|j| j.op.clone()).collect();
         log::trace!("ledger batch of {}", ops.len());
         let started = Instant::now();
-        let giving_way = crate::thread_policy::GivingWay::start(give_way);
+        let giving_way = crate::runtime::thread_policy::GivingWay::start(give_way);
         let (results, failed) = apply_batch(&*writes, ops).await;
         drop(giving_way);
-        crate::metrics::StoreOp::record(&BATCH, results.iter().all(|r| r.is_ok()), started.elapsed());
+        crate::observe::metrics::StoreOp::record(&BATCH, results.iter().all(|r| r.is_ok()), started.elapsed());
         congestion.applying_since.store(0, Ordering::Relaxed);
         if rx.is_empty() {
             congestion.seen_wait_ms.store(0, Ordering::Relaxed);
@@ -547,7 +547,7 @@ impl LedgerStore for BatchedLedger {
 
     async fn balance_and_unused_leases(&self, workspace_id: &str) -> Result<Option<(Balance, i64)>, StoreError> {
         let read = self.writes.balance_with_leases(workspace_id).await?;
-        let now = crate::clock::now_ms();
+        let now = crate::runtime::clock::now_ms();
         Ok(read.map(|(b, rows)| (b, self.leases.unused_everywhere(workspace_id, &rows, now))))
     }
 

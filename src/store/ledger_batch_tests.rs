@@ -170,8 +170,9 @@ fn settlement(rid: &str) -> Settlement {
 async fn a_settlement_rides_with_the_next_hold_and_is_written_alone_when_none_comes() {
     let (dir, rec, l) = recorded();
     // `join!` polls the settlement first (it queues and waits), then the hold.
+    let s1 = settlement("s1");
     let started = Instant::now();
-    let (settled, held) = tokio::join!(l.settle(&settlement("s1")), l.place_hold("h1", "w", None, 1, 10, 1));
+    let (settled, held) = tokio::join!(l.settle(&s1), l.place_hold("h1", "w", None, 1, 10, 1));
     assert_eq!(held, Ok(HoldOutcome::Placed { balance_cents: 0 }));
     assert!(started.elapsed() < SETTLE_LINGER * 10, "the hold did not wait for the linger");
     assert_eq!(settled, Ok(SettleOutcome::AlreadySettled));
@@ -247,8 +248,8 @@ async fn settlements_queued_during_the_linger_do_not_wake_the_writer_one_by_one(
 mod leases {
     use super::*;
     use crate::identity::{RateTier, Workspace};
-    use crate::plans::PlanSettings;
-    use crate::plans::decide::{FundAsk, Funding};
+    use crate::money::plans::PlanSettings;
+    use crate::money::plans::decide::{FundAsk, Funding};
     use crate::store::IdentityStore;
     use crate::store::ledger::Settlement;
     use crate::store::ledger_lease::LEASE_USE;
@@ -275,7 +276,7 @@ mod leases {
     }
 
     fn fund(rid: &str, hold_cents: i64, key_limit_reached: bool) -> FundOp {
-        let now = crate::clock::now_ms();
+        let now = crate::runtime::clock::now_ms();
         FundOp {
             request_id: rid.into(),
             workspace_id: "w".into(),
@@ -302,7 +303,7 @@ mod leases {
             key_id: None,
             cost: crate::money::Microcents(cost),
             value: crate::money::Microcents(cost),
-            now: crate::clock::now_ms(),
+            now: crate::runtime::clock::now_ms(),
             month: "2026-11".into(),
         }
     }
@@ -487,7 +488,7 @@ mod leases {
         l.clone().submit_detached(
             LedgerOp::Settle(settlement(id, 1)),
             Box::new(move |_r| {
-                let _ = held.send(crate::thread_policy::times_given_way());
+                let _ = held.send(crate::runtime::thread_policy::times_given_way());
                 let _ = wait.recv_timeout(Duration::from_secs(5));
             }),
         );
@@ -510,7 +511,7 @@ mod leases {
         let reading = |tx: &std::sync::mpsc::Sender<u64>| -> crate::store::ledger::Detached {
             let tx = tx.clone();
             Box::new(move |_r| {
-                let _ = tx.send(crate::thread_policy::times_given_way());
+                let _ = tx.send(crate::runtime::thread_policy::times_given_way());
             })
         };
         let read = || rx.recv_timeout(Duration::from_secs(10)).unwrap();
@@ -528,7 +529,7 @@ mod leases {
         let hold = {
             let l = l.clone();
             tokio::spawn(async move {
-                let now = crate::clock::now_ms();
+                let now = crate::runtime::clock::now_ms();
                 l.place_hold("h", "w", None, 1, now + 60_000, now).await
             })
         };

@@ -38,9 +38,9 @@ use std::time::{Duration, Instant};
 
 use super::ledger::Balance;
 use super::ledger_ops::{FundOp, FundOutcome, LedgerOp, OpOutcome};
-use crate::clock::Millis;
-use crate::fast_map::FastMap;
-use crate::plans::decide::Funding;
+use crate::money::plans::decide::Funding;
+use crate::runtime::clock::Millis;
+use crate::runtime::fast_map::FastMap;
 
 /// Longest a lease is used before it is given back (and a fresh one asked for).
 pub const LEASE_USE: Duration = Duration::from_secs(1);
@@ -252,7 +252,7 @@ impl Leases {
     /// flight); no lease is asked for after. A grant still unanswered is not among them: see
     /// [`Leases::granting`].
     pub fn all(&self) -> Vec<LedgerOp> {
-        let now = crate::clock::now_ms();
+        let now = crate::runtime::clock::now_ms();
         let mut ops = Vec::new();
         for slot in self.slots().values_mut() {
             slot.quiet_until = Some(Instant::now() + Duration::from_secs(3_600));

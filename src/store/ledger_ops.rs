@@ -10,14 +10,14 @@
 //! recorded by its row alone (decision 133), so the balance stays the sum of the entries less
 //! the open holds' amounts.
 
-use crate::fast_map::{FastMap, FastSet};
+use crate::runtime::fast_map::{FastMap, FastSet};
 
 use super::StoreError;
 use super::ledger::{HoldOutcome, SettleOutcome, Settlement};
-use crate::clock::Millis;
+use crate::money::plans::decide::{Funding, finish};
+use crate::money::plans::{Counters, PlanRecord};
 use crate::money::{Microcents, debit_with_carry};
-use crate::plans::decide::{Funding, finish};
-use crate::plans::{Counters, PlanRecord};
+use crate::runtime::clock::Millis;
 
 /// A lease takes at most this fraction of the balance (1/8), so what one instance reserves
 /// leaves the rest for the others' requests and leases.

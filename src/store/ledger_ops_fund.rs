@@ -5,11 +5,11 @@
 use std::sync::Arc;
 
 use super::{NewHoldArgs, OpOutcome, OpResult, Planner, touch};
-use crate::clock::Millis;
 use crate::money::MICROCENTS_PER_CENT;
-use crate::plans::PlanSettings;
-use crate::plans::decide::{FundAsk, Funding, Refusal, decide};
-use crate::plans::view::PlanSeen;
+use crate::money::plans::PlanSettings;
+use crate::money::plans::decide::{FundAsk, Funding, Refusal, decide};
+use crate::money::plans::view::PlanSeen;
+use crate::runtime::clock::Millis;
 use crate::store::StoreError;
 use crate::store::ledger::HoldOutcome;
 

@@ -149,9 +149,9 @@ fn a_lease_takes_at_most_an_eighth_of_the_balance_and_none_with_a_plan_or_below_
     assert_eq!(p.outcomes[0], Ok(OpOutcome::Lease(None)), "15 cents is under the minimum of 16");
     assert!(p.new_holds.is_empty() && p.workspaces.is_empty());
     let mut with_plan = snap(100_000);
-    let terms = crate::plans::PlanTerms {
-        tier: crate::plans::Tier::Starter,
-        status: crate::plans::Status::Active,
+    let terms = crate::money::plans::PlanTerms {
+        tier: crate::money::plans::Tier::Starter,
+        status: crate::money::plans::Status::Active,
         started_at: 0,
         cancel_at: None,
         grace_until: None,
@@ -160,7 +160,7 @@ fn a_lease_takes_at_most_an_eighth_of_the_balance_and_none_with_a_plan_or_below_
         pending_tier: None,
         pending_effective_at: None,
     };
-    let record = crate::plans::PlanRecord { terms, counters: crate::plans::Counters::starting(0) };
+    let record = crate::money::plans::PlanRecord { terms, counters: crate::money::plans::Counters::starting(0) };
     with_plan.plans.insert("w".into(), record);
     let p = plan(&[grant("L", 200, 16)], with_plan);
     assert_eq!(p.outcomes[0], Ok(OpOutcome::Lease(None)), "a plan's decision needs the ledger every time");

@@ -28,9 +28,9 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use crate::clock::Millis;
 use crate::identity::lifecycle::KeyOpError;
 use crate::identity::{KeyRecord, Workspace};
+use crate::runtime::clock::Millis;
 
 /// A store failure: nothing was changed.
 #[derive(Debug, Clone, PartialEq, Eq)]

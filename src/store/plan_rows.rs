@@ -1,7 +1,7 @@
 //! A `plans` row as both backends read and write it: one column list, one mapping.
 
-use crate::clock::Millis;
-use crate::plans::{Counters, PlanRecord, PlanTerms, Status, Tier};
+use crate::money::plans::{Counters, PlanRecord, PlanTerms, Status, Tier};
+use crate::runtime::clock::Millis;
 
 /// The terms columns, in the order [`read_plan`] expects them.
 pub const TERMS_COLUMNS: &str = "tier, status, started_at, cancel_at, grace_until, credits_enabled, cap_cents, \

@@ -12,9 +12,9 @@ use tokio_postgres::Row;
 use super::postgres_pool::ko;
 pub use super::postgres_pool::{CALL_TIMEOUT, PostgresStore};
 use super::{CopyAudit, IdentityStore, KeyPatch, POSTGRES_MIGRATIONS, RotateOpts, StoreError, Successor};
-use crate::clock::Millis;
 use crate::identity::lifecycle::{self, KeyOpError};
 use crate::identity::{KeyRecord, KeyScope, PlanBrief, RateTier, Workspace};
+use crate::runtime::clock::Millis;
 
 const KEY_COLUMNS: &str = "id, workspace_id, name, scope, digest, format_version, encrypted_copy, created_by, \
      created_at, expires_at, revoked_at, grace_until, rotated_from, rotation_root, credits_only, \
@@ -136,7 +136,7 @@ impl IdentityStore for PostgresStore {
                     tx.batch_execute(sql).await?;
                     tx.execute(
                         "INSERT INTO schema_migrations (version, name, applied_at) VALUES ($1, $2, $3)",
-                        &[version, name, &crate::clock::now_ms()],
+                        &[version, name, &crate::runtime::clock::now_ms()],
                     )
                     .await?;
                 }
@@ -285,7 +285,7 @@ impl IdentityStore for PostgresStore {
         self.run(move |mut c| async move {
             let tx = c.transaction().await.map_err(ko)?;
             let current = get_key(&tx, &id).await.map_err(ko)?.ok_or(KeyOpError::NotFound)?;
-            lifecycle::check_expiry_change(&current, p.expires_at, crate::clock::now_ms())?;
+            lifecycle::check_expiry_change(&current, p.expires_at, crate::runtime::clock::now_ms())?;
             if let Some(v) = p.monthly_spend_limit_cents {
                 tx.execute("UPDATE api_keys SET monthly_spend_limit_cents = $2 WHERE id = $1", &[&id, &v])
                     .await

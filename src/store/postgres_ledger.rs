@@ -8,8 +8,8 @@ use super::ledger::{Balance, LedgerEntry, LedgerStore, LiveTopUp, expiring_credi
 use super::ledger_batch::{LedgerWrites, apply_one};
 use super::ledger_ops::{LedgerOp, OpResult};
 use super::postgres::PostgresStore;
-use crate::clock::Millis;
-use crate::plans::{PlanRecord, PlanTerms};
+use crate::money::plans::{PlanRecord, PlanTerms};
+use crate::runtime::clock::Millis;
 use async_trait::async_trait;
 
 #[async_trait]

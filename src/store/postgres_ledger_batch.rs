@@ -20,8 +20,8 @@ use super::ledger_lease::{LeaseRow, balance_and_leases};
 use super::ledger_ops::{HoldRow, LedgerOp, Money, OpResult, Plan, Snapshot, plan};
 use super::plan_rows::{all_columns, counter_values, read_plan};
 use super::postgres::PostgresStore;
-use crate::clock::Millis;
-use crate::plans::decide::Funding;
+use crate::money::plans::decide::Funding;
+use crate::runtime::clock::Millis;
 
 /// The batch's workspaces: those its ops name and those of its hold rows, as ONE array, so the
 /// primary key finds them. Written as `id = ANY($1) OR id IN (SELECT ...)`, PostgreSQL

@@ -5,8 +5,8 @@
 use super::StoreError;
 use super::plan_rows::{COUNTER_COLUMNS, PlanRow, TERMS_COLUMNS, all_columns, counter_values, read_plan, term_values};
 use super::postgres::PostgresStore;
-use crate::clock::Millis;
-use crate::plans::{Counters, PlanRecord, PlanTerms};
+use crate::money::plans::{Counters, PlanRecord, PlanTerms};
+use crate::runtime::clock::Millis;
 
 impl PlanRow for tokio_postgres::Row {
     fn text(&self, i: usize) -> Result<Option<String>, String> {

@@ -287,7 +287,7 @@ mod tests {
         use crate::store::ledger::LedgerStore;
         let url =
             std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
-        let db = format!("tollgate_t_writer_{}_{}", std::process::id(), crate::clock::now_ms());
+        let db = format!("tollgate_t_writer_{}_{}", std::process::id(), crate::runtime::clock::now_ms());
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         rt.block_on(async {
             let server = PostgresStore::connect(&url)
@@ -300,7 +300,7 @@ mod tests {
             store.migrate().await.unwrap();
             assert_eq!(store.writer.status().size, 0, "nothing opened the writer's connections yet");
             let ledger = crate::store::ledger_batch::BatchedLedger::new(store.clone()).unwrap();
-            assert!(!ledger.release_hold("no-such-request", crate::clock::now_ms()).await.unwrap());
+            assert!(!ledger.release_hold("no-such-request", crate::runtime::clock::now_ms()).await.unwrap());
             assert_eq!(store.writer.status().size, 1, "the batch ran on the writer's own connection");
         });
     }

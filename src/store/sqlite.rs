@@ -10,9 +10,9 @@ use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 use super::sqlite_keys::{KEY_COLUMNS, get_key, insert_key, key_from_row, scope_keys, ws_from_row};
 use super::{CopyAudit, IdentityStore, KeyPatch, RotateOpts, SQLITE_MIGRATIONS, StoreError, Successor};
-use crate::clock::Millis;
 use crate::identity::lifecycle::{self, KeyOpError};
 use crate::identity::{KeyRecord, PlanBrief, Workspace};
+use crate::runtime::clock::Millis;
 
 /// SQLite virtual machine steps between two checks whether to give way (a few microseconds).
 const GIVE_WAY_STEPS: std::ffi::c_int = 1_000;
@@ -78,7 +78,7 @@ impl SqliteStore {
         conn.progress_handler(
             GIVE_WAY_STEPS,
             Some(|| {
-                crate::thread_policy::give_way();
+                crate::runtime::thread_policy::give_way();
                 false
             }),
         );
@@ -156,7 +156,7 @@ impl IdentityStore for SqliteStore {
                     tx.execute_batch(sql)?;
                     tx.execute(
                         "INSERT INTO schema_migrations (version, name, applied_at) VALUES (?1, ?2, ?3)",
-                        params![version, name, crate::clock::now_ms()],
+                        params![version, name, crate::runtime::clock::now_ms()],
                     )?;
                 }
             }
@@ -296,7 +296,7 @@ impl IdentityStore for SqliteStore {
         self.with(move |c| {
             let tx = c.transaction_with_behavior(TransactionBehavior::Immediate).map_err(ko)?;
             let current = get_key(&tx, &id).map_err(ko)?.ok_or(KeyOpError::NotFound)?;
-            lifecycle::check_expiry_change(&current, p.expires_at, crate::clock::now_ms())?;
+            lifecycle::check_expiry_change(&current, p.expires_at, crate::runtime::clock::now_ms())?;
             if let Some(v) = p.monthly_spend_limit_cents {
                 tx.execute("UPDATE api_keys SET monthly_spend_limit_cents = ?2 WHERE id = ?1", params![id, v])
                     .map_err(ko)?;

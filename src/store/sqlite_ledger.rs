@@ -12,8 +12,8 @@ use super::ledger::{Balance, LedgerEntry, LedgerStore, LiveTopUp, expiring_credi
 use super::ledger_batch::{LedgerWrites, apply_one};
 use super::ledger_ops::{LedgerOp, OpResult};
 use super::sqlite::SqliteStore;
-use crate::clock::Millis;
-use crate::plans::{PlanRecord, PlanTerms};
+use crate::money::plans::{PlanRecord, PlanTerms};
+use crate::runtime::clock::Millis;
 
 #[async_trait]
 impl LedgerStore for SqliteStore {

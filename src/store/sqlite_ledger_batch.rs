@@ -19,9 +19,9 @@ use super::ledger_ops::{HoldRow, LedgerOp, Money, OpResult, Plan, Snapshot, plan
 use super::sqlite::SqliteStore;
 use super::sqlite_plans::{plan_of, write_counters};
 use super::sqlite_rows::{Chunked, immediate, int, opt_int, opt_text, text};
-use crate::clock::Millis;
-use crate::plans::decide::Funding;
-use crate::thread_policy::give_way;
+use crate::money::plans::decide::Funding;
+use crate::runtime::clock::Millis;
+use crate::runtime::thread_policy::give_way;
 
 #[async_trait]
 impl LedgerWrites for SqliteStore {

@@ -8,8 +8,8 @@ use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use super::StoreError;
 use super::plan_rows::{COUNTER_COLUMNS, PlanRow, all_columns, counter_values, read_plan, term_values};
 use super::sqlite::SqliteStore;
-use crate::clock::Millis;
-use crate::plans::{Counters, PlanRecord, PlanTerms};
+use crate::money::plans::{Counters, PlanRecord, PlanTerms};
+use crate::runtime::clock::Millis;
 
 impl PlanRow for rusqlite::Row<'_> {
     fn text(&self, i: usize) -> Result<Option<String>, String> {

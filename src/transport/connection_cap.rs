@@ -29,8 +29,8 @@ use pingora::protocols::{Peek, Shutdown, Stream};
 use pingora::server::ShutdownWatch;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 
-use crate::envelope::{self, Envelope};
-use crate::error::{ErrorKind, GatewayError};
+use crate::http::envelope::{self, Envelope};
+use crate::http::error::{ErrorKind, GatewayError};
 
 const BUSY: u8 = 0;
 const IDLE: u8 = 1;
@@ -88,7 +88,7 @@ impl Connections {
         // Accepted and silent is idle: a client that opens connections and sends nothing is
         // the first to make room.
         self.set_idle(&conn);
-        crate::metrics::client_connections(1);
+        crate::observe::metrics::client_connections(1);
         Ok(TrackedStream { inner, conn, registry: self.clone() })
     }
 
@@ -102,7 +102,7 @@ impl Connections {
                 if let Some(w) = lock(&conn.waker).take() {
                     w.wake();
                 }
-                crate::metrics::connection_shed("closed_idle");
+                crate::observe::metrics::connection_shed("closed_idle");
                 return true;
             }
         }
@@ -130,19 +130,19 @@ impl Connections {
             lock(&self.idle).remove(&conn.seq.load(Ordering::Relaxed));
         }
         self.open.fetch_sub(1, Ordering::AcqRel);
-        crate::metrics::client_connections(-1);
+        crate::observe::metrics::client_connections(-1);
     }
 
     /// Answer a connection over the cap with the envelope, then let it go: the client's
     /// remaining bytes are read (briefly) so that it sees the answer rather than a reset.
     async fn refuse(&self, mut stream: Stream) {
-        crate::metrics::connection_shed("refused");
+        crate::observe::metrics::connection_shed("refused");
         let err = GatewayError::new(
             ErrorKind::HostedAdmissionCongested,
             "The gateway holds as many connections as it takes and none is idle; retry shortly. This is not a quota.",
         )
         .with_retry_after(1);
-        let request_id = crate::ctx::next_request_id();
+        let request_id = crate::proxy::ctx::next_request_id();
         let r = envelope::render(&err, Envelope::Chat, &request_id);
         let mut head = format!(
             "HTTP/1.1 {} Too Many Requests\r\ncontent-type: application/json\r\ncontent-length: {}\r\nx-request-id: {request_id}\r\nconnection: close\r\n",
@@ -201,7 +201,7 @@ impl<A: ServerApp + Send + Sync + 'static> ServerApp for ConnectionCap<A> {
     async fn process_new(self: &Arc<Self>, stream: Stream, shutdown: &ShutdownWatch) -> Option<Stream> {
         // The first connection runs on the request threads' runtime: the allocator's heap
         // collectors start there (`allocator::spawn_heap_collectors`).
-        self.collectors.call_once(|| crate::allocator::spawn_heap_collectors(8, Duration::from_secs(2)));
+        self.collectors.call_once(|| crate::runtime::allocator::spawn_heap_collectors(8, Duration::from_secs(2)));
         match self.connections.admit(stream) {
             Ok(tracked) => self.inner.process_new(Box::new(tracked), shutdown).await,
             Err(stream) => {
@@ -237,7 +237,7 @@ fn tracked(stream: &Stream) -> Option<&TrackedStream> {
     if let Some(t) = any.downcast_ref::<TrackedStream>() {
         return Some(t);
     }
-    any.downcast_ref::<crate::body_replay::PrefixedStream>()
+    any.downcast_ref::<crate::transport::body_replay::PrefixedStream>()
         .and_then(|p| p.inner().as_any().downcast_ref::<TrackedStream>())
 }
 

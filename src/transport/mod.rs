@@ -1,6 +1,11 @@
-//! The client side of the connection, where the gateway helps Pingora's proxy loop.
+//! The client side of the connection: who the client is behind load balancers, how many
+//! connections are open, and where the gateway helps Pingora's proxy loop (each such piece is
+//! headed by the Pingora limitation it exists for and when to drop it).
 
+pub mod body_replay;
+pub mod client_address;
 pub mod connection_cap;
+pub mod held_output;
 
 /// A socket wrapper's identity and digests are those of the stream it wraps (`self.inner`):
 /// Pingora reads the TLS state, timings and socket address of a connection through them.

@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use tollgate::config::{self, Config};
 use tollgate::identity::keys::KeySecrets;
-use tollgate::identity_service::Identity;
-use tollgate::identity_service::cache::KeyCache;
+use tollgate::identity::service::Identity;
+use tollgate::identity::service::cache::KeyCache;
 use tollgate_plugins::Services;
 
 pub const USAGE: &str = "usage:
@@ -52,7 +52,7 @@ fn no_more(rest: &[String]) -> Result<(), String> {
 
 /// Open the stores and services the config names (migrating when configured to).
 pub fn open_services(config: &Config, force_migrate: bool) -> Result<Services, String> {
-    let redis = tollgate::limits::shared_connection(&config.gateway.limits.store);
+    let redis = tollgate::state::limits::shared_connection(&config.gateway.limits.store);
     check_redis_tls(&config.gateway.limits.store)?;
     let Some(id) = &config.gateway.identity else {
         return Ok(Services { redis, ..Services::default() });
@@ -78,14 +78,14 @@ pub fn open_services(config: &Config, force_migrate: bool) -> Result<Services, S
 /// A `rediss://` limiter store is tried once at start: a certificate the configured CA does
 /// not verify is a configuration mistake, refused with the field to fix. Redis being down is
 /// an outage the gateway starts through (it connects on first use).
-fn check_redis_tls(store: &tollgate::limits::LimiterConfig) -> Result<(), String> {
-    let tollgate::limits::LimiterConfig::Redis { url, options } = store else { return Ok(()) };
+fn check_redis_tls(store: &tollgate::state::limits::LimiterConfig) -> Result<(), String> {
+    let tollgate::state::limits::LimiterConfig::Redis { url, options } = store else { return Ok(()) };
     if !url.starts_with("rediss://") {
         return Ok(());
     }
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
     let timeout = options.timeout.max(std::time::Duration::from_secs(2));
-    let probe = tollgate::redis_conn::LazyRedis::open_tls(url, timeout, options.tls.as_deref())?;
+    let probe = tollgate::state::redis_conn::LazyRedis::open_tls(url, timeout, options.tls.as_deref())?;
     match rt.block_on(probe.ping()) {
         Ok(()) => Ok(()),
         Err(e) if e.to_ascii_lowercase().contains("certificate") => Err(format!(

@@ -5,7 +5,7 @@
 //!
 //! - `--mode pass`: `upstream_peer` and nothing else; Pingora streams the request through.
 //! - `--mode replay`: also reads the whole request body in `request_filter` and forwards it
-//!   through tollgate's body replay (`tollgate::body_replay`), unchanged: what a gateway that
+//!   through tollgate's body replay (`tollgate::transport::body_replay`), unchanged: what a gateway that
 //!   routes on the body's `model` pays on Pingora 0.9 (pingora notes, section 2). tollgate
 //!   pays it only on a connection's first request and on bodies over 64 KiB (decision 192).
 //!
@@ -14,13 +14,13 @@ use async_trait::async_trait;
 use bytes::BytesMut;
 use pingora::prelude::*;
 use pingora::server::configuration::ServerConf;
-use tollgate::body_replay::replace_request_body;
-use tollgate::held_output::OutputHold;
+use tollgate::transport::body_replay::replace_request_body;
+use tollgate::transport::held_output::OutputHold;
 
 /// The same allocator as the `tollgate` binary (decisions 137 and 201), so the floor differs
 /// from the gateway only by the gateway's work.
 #[global_allocator]
-static ALLOCATOR: tollgate::allocator::Allocator = tollgate::allocator::Allocator;
+static ALLOCATOR: tollgate::runtime::allocator::Allocator = tollgate::runtime::allocator::Allocator;
 
 struct Floor {
     upstream: String,

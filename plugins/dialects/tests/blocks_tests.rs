@@ -4,7 +4,7 @@ use serde_json::{Value, json};
 
 use super::support::*;
 use crate::dialects::{ModelCaps, Purpose, to_chat_with};
-use tollgate::error::{ErrorKind, GatewayError};
+use tollgate::http::error::{ErrorKind, GatewayError};
 
 const PNG: &str = "iVBORw0KGgo=";
 

@@ -6,7 +6,7 @@ use super::support::*;
 use crate::dialects::{
     ChatTranslation, ModelCaps, Purpose, WARN_EFFORT_CLAMPED, WARN_THINKING_NOT_DISABLED, to_chat, to_chat_with,
 };
-use tollgate::error::ErrorKind;
+use tollgate::http::error::ErrorKind;
 
 fn base() -> Value {
     json!({ "model": "m1", "max_tokens": 100, "messages": [{ "role": "user", "content": "hi" }] })

@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 use super::support::*;
 use crate::dialects::{ResponsesStream, render_json};
 use crate::shared::answer::AnswerTranslator;
-use tollgate::error::{ErrorKind, GatewayError};
+use tollgate::http::error::{ErrorKind, GatewayError};
 
 fn chat_to_response(chat: &Value) -> Value {
     whole(&ResponsesStream::new(chat["model"].as_str().unwrap_or("")), chat)

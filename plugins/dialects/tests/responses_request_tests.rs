@@ -4,7 +4,7 @@ use serde_json::{Value, json};
 
 use super::support::*;
 use crate::dialects::{ChatTranslation, ModelCaps, responses_to_chat, responses_to_chat_with};
-use tollgate::error::{ErrorKind, GatewayError};
+use tollgate::http::error::{ErrorKind, GatewayError};
 
 fn run(body: Value, caps: &ModelCaps) -> Result<ChatTranslation, GatewayError> {
     responses_to_chat_with(&body, caps)

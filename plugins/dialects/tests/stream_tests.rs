@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 use super::support::*;
 use crate::dialects::{MessagesStream, ping, sign_thinking};
 use crate::shared::answer::AnswerTranslator;
-use tollgate::error::{ErrorKind, GatewayError};
+use tollgate::http::error::{ErrorKind, GatewayError};
 
 fn translate(sse: &[u8]) -> Vec<(String, Value)> {
     let mut s = MessagesStream::new("m1", KEY);
@@ -298,8 +298,8 @@ proptest! {
 
 #[test]
 fn the_chat_plugins_own_frames_translate() {
-    use tollgate::envelope::{Envelope, sse_error_frame};
-    use tollgate::usage::{UsageBasis, UsageFigures, render_chat_usage};
+    use tollgate::http::envelope::{Envelope, sse_error_frame};
+    use tollgate::money::usage::{UsageBasis, UsageFigures, render_chat_usage};
     let figures = UsageFigures {
         prompt_tokens: 50,
         completion_tokens: 9,

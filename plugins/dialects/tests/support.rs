@@ -9,10 +9,10 @@ use serde_json::{Value, json};
 use crate::dialects::{Effort, ModelCaps};
 use crate::shared::answer::{AnswerTranslator, AnswerView, Form, PricedUsage, pieces};
 use tollgate::config::ModelEntry;
-use tollgate::error::{ErrorKind, GatewayError};
+use tollgate::http::error::{ErrorKind, GatewayError};
+use tollgate::http::sse::{SseFramer, data_payload};
 use tollgate::money::Microcents;
-use tollgate::sse::{SseFramer, data_payload};
-use tollgate::usage::{UsageBasis, UsageFigures};
+use tollgate::money::usage::{UsageBasis, UsageFigures};
 
 pub const KEY: &[u8] = b"test-signing-key";
 

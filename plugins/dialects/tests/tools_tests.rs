@@ -4,7 +4,7 @@ use serde_json::{Value, json};
 
 use super::support::*;
 use crate::dialects::{ModelCaps, Purpose, to_chat_with};
-use tollgate::error::ErrorKind;
+use tollgate::http::error::ErrorKind;
 
 fn weather() -> Value {
     json!({ "name": "get_weather", "description": "Weather by city",

@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
 use tollgate::config::Config;
-use tollgate::error::GatewayError;
+use tollgate::http::error::GatewayError;
 
 pub fn config() -> &'static Arc<Config> {
     static CONFIG: OnceLock<Arc<Config>> = OnceLock::new();

@@ -7,14 +7,14 @@ mod common;
 
 use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
-use tollgate::ctx::{Placement, RequestCtx};
+use tollgate::proxy::ctx::{Placement, RequestCtx};
 use tollgate_plugins::dialects::{MessagesStream, ResponsesStream};
 use tollgate_plugins::shared::answer::{AnswerTranslator, Translation};
 
 fn ctx(translator: Option<Box<dyn AnswerTranslator>>) -> RequestCtx {
     let config = common::config();
     let mut cx = RequestCtx::new(config.clone());
-    cx.route = Some(tollgate::routes::Route::ChatCompletions);
+    cx.route = Some(tollgate::http::routes::Route::ChatCompletions);
     if let (Some(model), Some(pool)) = (config.catalog.get("fuzz-model"), config.pools.get("fuzz-model")) {
         cx.placement = Some(Placement::new(model.clone(), pool.clone()));
     }

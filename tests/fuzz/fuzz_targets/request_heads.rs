@@ -1,4 +1,4 @@
-//! The body replay (`src/body_replay.rs`) on any request head: header sets, `Connection`
+//! The body replay (`src/transport/body_replay.rs`) on any request head: header sets, `Connection`
 //! options, HTTP/1.0 and 1.1, `Expect`, chunked and `Content-Length` framing, pipelined bytes.
 //! Whatever the client sent, a head Pingora accepts is rebuilt without a panic, and after the
 //! rebuild the session reads: the same request line, the client's keepalive choice, and the
@@ -8,8 +8,8 @@
 use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
 use pingora::protocols::http::ServerSession;
-use tollgate::body_replay::replace_request_body;
-use tollgate::held_output::OutputHold;
+use tollgate::transport::body_replay::replace_request_body;
+use tollgate::transport::held_output::OutputHold;
 
 /// Body bytes read from `s`, at most 64 KiB.
 async fn read_body(s: &mut ServerSession) -> Option<Vec<u8>> {

@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tollgate::sse::{SseFramer, data_payload};
+use tollgate::http::sse::{SseFramer, data_payload};
 
 fuzz_target!(|data: &[u8]| {
     let Some((&cut, bytes)) = data.split_first() else { return };

@@ -1,0 +1,528 @@
+//! Usage and cost: the hosted Usage object built from what the replica reported (or, for a
+//! stream cut short, from what was delivered), priced in integer microcents.
+//!
+//! 1 USD = 100,000,000 microcents; prices are microcents per million tokens (see
+//! `config::Pricing`). The dollar `cost` is rendered from microcents as a fixed eight-decimal
+//! number, never computed in floating point.
+
+use serde_json::Value;
+
+use crate::config::{ModelEntry, Pricing};
+use crate::money::Microcents;
+use crate::runtime::clock::Millis;
+
+/// Where the counts came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UsageBasis {
+    /// The replica's usage report.
+    ProviderReported,
+    /// Counted from delivered frames because no usage report arrived (clarification 13).
+    DeliveredFrames,
+    /// A forwarded answer without a usage report: the request's input estimate (decision 153).
+    RequestEstimate,
+}
+
+/// Who paid for a response when it was not credits (the usage's `service.paid_from`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PaidFrom {
+    Plan,
+    Standby,
+}
+
+impl PaidFrom {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PaidFrom::Plan => "plan",
+            PaidFrom::Standby => "standby",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<PaidFrom> {
+        match s {
+            "plan" => Some(PaidFrom::Plan),
+            "standby" => Some(PaidFrom::Standby),
+            _ => None,
+        }
+    }
+}
+
+/// The billing figures of one response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UsageFigures {
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    pub total_tokens: u64,
+    /// Input tokens billed at the cached rate (0 when the model has no active cached tier).
+    pub cached_tokens: u64,
+    pub cost: Microcents,
+    pub basis: UsageBasis,
+    /// When a plan or Standby paid: who, and the usage value at per-token rates (`cost` is 0).
+    pub paid: Option<(PaidFrom, Microcents)>,
+}
+
+impl UsageFigures {
+    /// The figures as the client sees them when `from` paid: cost 0, the value kept apart.
+    pub fn paid_by(mut self, from: Option<PaidFrom>) -> Self {
+        if let Some(from) = from {
+            self.paid = Some((from, self.cost));
+            self.cost = Microcents::ZERO;
+        }
+        self
+    }
+
+    /// The usage value at per-token rates (the cost, or what a plan metered).
+    pub fn value(&self) -> Microcents {
+        self.paid.map_or(self.cost, |(_, v)| v)
+    }
+}
+
+/// Cost in microcents, rounded half up to a whole microcent.
+pub fn cost_microcents(pricing: Option<&Pricing>, prompt: u64, cached: u64, completion: u64) -> Microcents {
+    let Some(p) = pricing else { return Microcents::ZERO };
+    let cached = cached.min(prompt);
+    let uncached = u128::from(prompt - cached);
+    let cached_rate = u128::from(p.cached_input.unwrap_or(p.input));
+    let scaled = uncached * u128::from(p.input)
+        + u128::from(cached) * cached_rate
+        + u128::from(completion) * u128::from(p.output);
+    let micro = (scaled + 500_000) / 1_000_000;
+    Microcents(u64::try_from(micro).unwrap_or(u64::MAX))
+}
+
+/// Figures from a replica's `usage` object, priced as at `priced_at` (the request's arrival);
+/// `None` when it is not one.
+pub fn from_provider(usage: &Value, model: &ModelEntry, priced_at: Millis) -> Option<UsageFigures> {
+    let prompt = usage.get("prompt_tokens")?.as_u64()?;
+    let completion = usage.get("completion_tokens").and_then(Value::as_u64).unwrap_or(0);
+    let total = usage.get("total_tokens").and_then(Value::as_u64).unwrap_or(prompt + completion);
+    let reported_cached = usage.pointer("/prompt_tokens_details/cached_tokens").and_then(Value::as_u64).unwrap_or(0);
+    Some(figures(model, priced_at, prompt, reported_cached, completion, total, UsageBasis::ProviderReported))
+}
+
+/// `from_provider` read straight from the report's text: the usual report (an object of
+/// distinct members) without building a `Value`, anything else through `from_provider`, so
+/// both read every report alike.
+pub fn from_provider_text(
+    usage: &str,
+    model: &ModelEntry,
+    priced_at: Millis,
+    ceilings: Ceilings,
+) -> Option<UsageFigures> {
+    let reported = match reported_counts(usage) {
+        Some(counts) => {
+            let (prompt, cached, completion, total) = counts?;
+            figures(model, priced_at, prompt, cached, completion, total, UsageBasis::ProviderReported)
+        }
+        None => from_provider(&serde_json::from_str(usage).ok()?, model, priced_at)?,
+    };
+    Some(ceilings.apply(reported, model, priced_at))
+}
+
+/// The most a usage report is believed for one request (`None`: no bound known).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Ceilings {
+    pub prompt: Option<u64>,
+    pub completion: Option<u64>,
+}
+
+impl Ceilings {
+    /// `f` with its counts held to the ceilings, priced again when one was above.
+    pub fn apply(self, f: UsageFigures, model: &ModelEntry, priced_at: Millis) -> UsageFigures {
+        let prompt = self.prompt.map_or(f.prompt_tokens, |c| f.prompt_tokens.min(c));
+        let completion = self.completion.map_or(f.completion_tokens, |c| f.completion_tokens.min(c));
+        if (prompt, completion) == (f.prompt_tokens, f.completion_tokens) {
+            return f;
+        }
+        let total = prompt.saturating_add(completion);
+        figures(model, priced_at, prompt, f.cached_tokens.min(prompt), completion, total, f.basis)
+    }
+}
+
+/// (prompt, cached, completion, total) of a report, `Some(None)` when it names no prompt
+/// count; `None` when it needs the general reading (not an object, a repeated member).
+fn reported_counts(usage: &str) -> Option<Option<(u64, u64, u64, u64)>> {
+    use serde_json::value::RawValue;
+    #[derive(serde::Deserialize)]
+    struct Report<'a> {
+        #[serde(borrow)]
+        prompt_tokens: Option<&'a RawValue>,
+        #[serde(borrow)]
+        completion_tokens: Option<&'a RawValue>,
+        #[serde(borrow)]
+        total_tokens: Option<&'a RawValue>,
+        #[serde(borrow)]
+        prompt_tokens_details: Option<&'a RawValue>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Details<'a> {
+        #[serde(borrow)]
+        cached_tokens: Option<&'a RawValue>,
+    }
+    // What `Value::as_u64` accepts: an integer's text; a fraction, an exponent, a string or
+    // a sign (`-0` too) is not a count.
+    let count = |raw: Option<&RawValue>| raw.and_then(|r| r.get().parse::<u64>().ok());
+    // A derived struct also reads an array (fields by position), and borrowed raw members
+    // skip `Value`'s nesting limit: such reports take the general reading.
+    if !usage.trim_start().starts_with('{') || deeper_than(usage, 100) {
+        return None;
+    }
+    let report: Report<'_> = serde_json::from_str(usage).ok()?;
+    let cached = match report.prompt_tokens_details {
+        Some(d) if d.get().starts_with('{') => count(serde_json::from_str::<Details<'_>>(d.get()).ok()?.cached_tokens),
+        _ => None,
+    };
+    let Some(prompt) = count(report.prompt_tokens) else { return Some(None) };
+    let completion = count(report.completion_tokens).unwrap_or(0);
+    let total = count(report.total_tokens).unwrap_or(prompt + completion);
+    Some(Some((prompt, cached.unwrap_or(0), completion, total)))
+}
+
+/// Whether JSON `text` nests arrays and objects deeper than `limit`.
+fn deeper_than(text: &str, limit: usize) -> bool {
+    // Each level opens with `{` or `[`, so text with no more of those than `limit` cannot go
+    // deeper (ones inside strings only send it on to the scan). The count is one vectorized
+    // pass over the usual short report; the scan is a branch per byte.
+    let openers = text.bytes().filter(|b| matches!(b, b'{' | b'[')).count();
+    openers > limit && nesting(text) > limit
+}
+
+/// The deepest nesting of arrays and objects in JSON `text` (strings skipped).
+fn nesting(text: &str) -> usize {
+    let (mut depth, mut deepest, mut in_string, mut escaped) = (0usize, 0usize, false, false);
+    for b in text.bytes() {
+        match (in_string, escaped, b) {
+            (true, true, _) => escaped = false,
+            (true, false, b'\\') => escaped = true,
+            (true, false, b'"') => in_string = false,
+            (true, false, _) => {}
+            (false, _, b'"') => in_string = true,
+            (false, _, b'{' | b'[') => {
+                depth += 1;
+                deepest = deepest.max(depth);
+            }
+            (false, _, b'}' | b']') => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    deepest
+}
+
+/// Price counts for `model` as at `priced_at`. Cached tokens count only where the model has an
+/// active cached tier on an isolated cache; otherwise they are billed (and reported) as
+/// uncached.
+pub fn figures(
+    model: &ModelEntry,
+    priced_at: Millis,
+    prompt: u64,
+    reported_cached: u64,
+    completion: u64,
+    total: u64,
+    basis: UsageBasis,
+) -> UsageFigures {
+    let pricing = model.pricing_at(priced_at);
+    let cached_tier = pricing.as_ref().is_some_and(|p| p.cached_input.is_some());
+    let cached = if cached_tier { reported_cached.min(prompt) } else { 0 };
+    // Spec, Usage object rules: a response with no billable output settles at zero (its
+    // prompt is not charged either).
+    let cost =
+        if completion == 0 { Microcents::ZERO } else { cost_microcents(pricing.as_ref(), prompt, cached, completion) };
+    UsageFigures {
+        prompt_tokens: prompt,
+        completion_tokens: completion,
+        total_tokens: total,
+        cached_tokens: cached,
+        cost,
+        basis,
+        paid: None,
+    }
+}
+
+/// Figures of a forwarded answer (embeddings, rerank, audio, images; decision 153): its
+/// `usage` read with the names replicas use (`prompt_tokens` or `input_tokens`,
+/// `completion_tokens` or `output_tokens`, else `total_tokens` as input), or, without one,
+/// `input_estimate` input tokens. The input is charged even without output tokens: for these
+/// routes the answer is the output (the chat rule "no billable output settles at zero" is
+/// about generated text).
+pub fn from_forwarded(
+    model: &ModelEntry,
+    priced_at: Millis,
+    usage: Option<&Value>,
+    input_estimate: u64,
+) -> UsageFigures {
+    let count = |names: &[&str]| usage.and_then(|u| names.iter().find_map(|n| u.get(*n)?.as_u64()));
+    let completion = count(&["completion_tokens", "output_tokens"]);
+    let prompt = count(&["prompt_tokens", "input_tokens"])
+        .or_else(|| count(&["total_tokens"]).map(|t| t.saturating_sub(completion.unwrap_or(0))));
+    let (prompt, completion, basis) = match (prompt, completion) {
+        (None, None) => (input_estimate, 0, UsageBasis::RequestEstimate),
+        (p, c) => (p.unwrap_or(0), c.unwrap_or(0), UsageBasis::ProviderReported),
+    };
+    // A token is at least a byte of the request (the estimate is a quarter of its bytes): a
+    // report of more input than that, plus a template's share, is not believed (decision 180).
+    let prompt = prompt.min(input_estimate.saturating_mul(4).saturating_add(1024));
+    let pricing = model.pricing_at(priced_at);
+    UsageFigures {
+        prompt_tokens: prompt,
+        completion_tokens: completion,
+        total_tokens: prompt.saturating_add(completion),
+        cached_tokens: 0,
+        cost: cost_microcents(pricing.as_ref(), prompt, 0, completion),
+        basis,
+        paid: None,
+    }
+}
+
+/// Usage of a response for which no usage report arrived but output was delivered (a stream
+/// cut short, clarification 13): the prompt estimate and the delivered output. `None` when
+/// nothing was delivered (nothing is billed).
+pub fn from_delivered(
+    model: &ModelEntry,
+    priced_at: Millis,
+    prompt_estimate: u64,
+    delivered_tokens: u64,
+) -> Option<UsageFigures> {
+    (delivered_tokens > 0).then(|| {
+        figures(
+            model,
+            priced_at,
+            prompt_estimate,
+            0,
+            delivered_tokens,
+            prompt_estimate + delivered_tokens,
+            UsageBasis::DeliveredFrames,
+        )
+    })
+}
+
+/// A stream whose client left (or stopped reading) is billed for the output its connection
+/// took, not for what the replica produced or the gateway still held (clarifications 13 and
+/// 19): the delivered count falls to the tokens of the `written` body bytes, and a usage
+/// report the client never got whole keeps its prompt but bills that many completion tokens.
+pub fn to_written(cx: &mut crate::proxy::ctx::RequestCtx, written: u64) {
+    let took = cx.response.written.tokens(written);
+    if took >= cx.response.delivered_tokens {
+        return;
+    }
+    cx.response.delivered_tokens = took;
+    let (Some(reported), Some(model)) = (cx.usage, cx.model()) else { return };
+    let completion = took.min(reported.completion_tokens);
+    let f = figures(
+        model,
+        cx.arrived_ms,
+        reported.prompt_tokens,
+        reported.cached_tokens,
+        completion,
+        reported.prompt_tokens + completion,
+        UsageBasis::DeliveredFrames,
+    );
+    cx.usage = Some(f.paid_by(cx.paid_from));
+}
+
+/// `microcents` as dollars with exactly eight decimals, e.g. `0.00001234`.
+pub fn dollars(microcents: u64) -> String {
+    Microcents(microcents).dollars()
+}
+
+/// The chat-dialect Usage object as JSON text. `no_answer` adds
+/// `service.output_token_accounting` (only when every choice lacks a final answer).
+pub fn render_chat_usage(u: &UsageFigures, no_answer: bool) -> String {
+    // Written piece by piece rather than through `format!`: this runs for every answer.
+    let mut out = String::with_capacity(320);
+    let mut n = itoa::Buffer::new();
+    out.push_str("{\"prompt_tokens\":");
+    out.push_str(n.format(u.prompt_tokens));
+    out.push_str(",\"completion_tokens\":");
+    out.push_str(n.format(u.completion_tokens));
+    out.push_str(",\"total_tokens\":");
+    out.push_str(n.format(u.total_tokens));
+    out.push_str(",\"prompt_tokens_details\":{\"cached_tokens\":");
+    out.push_str(n.format(u.cached_tokens));
+    out.push_str("},\"cost\":");
+    u.cost.write_dollars(&mut out);
+    out.push_str(",\"service\":{\"cost_microcents\":");
+    out.push_str(n.format(u.cost.0));
+    out.push_str(",\"cached_input_tokens\":");
+    out.push_str(n.format(u.cached_tokens));
+    if let Some((from, value)) = u.paid {
+        out.push_str(",\"plan_value_microcents\":");
+        out.push_str(n.format(value.0));
+        out.push_str(",\"paid_from\":\"");
+        out.push_str(from.as_str());
+        out.push('"');
+    }
+    if no_answer {
+        out.push_str(",\"output_token_accounting\":{\"visible_answer_tokens\":0,\"non_answer_completion_tokens\":");
+        out.push_str(n.format(u.completion_tokens));
+        out.push_str(concat!(
+            ",\"sources\":{\"visible_answer_tokens\":\"proxy_classified\",",
+            "\"non_answer_completion_tokens\":\"provider_reported\"}}"
+        ));
+    }
+    out.push_str("}}");
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    proptest::proptest! {
+        /// The opener count only skips the scan where the scan would say "not deeper".
+        #[test]
+        fn deeper_than_agrees_with_the_scan(
+            text in "[{}\\[\\]\"\\\\a,:]{0,300}",
+            limit in 0usize..120,
+        ) {
+            proptest::prop_assert_eq!(deeper_than(&text, limit), nesting(&text) > limit);
+        }
+    }
+
+    fn pricing(input: u64, output: u64, cached: Option<u64>) -> Pricing {
+        Pricing { input, output, cached_input: cached }
+    }
+
+    #[test]
+    fn cost_uses_uncached_cached_and_output_rates() {
+        // $0.10 / $0.30 / cached $0.05 per Mtok, in microcents per Mtok.
+        let p = pricing(10_000_000, 30_000_000, Some(5_000_000));
+        // 1000 prompt (400 cached), 100 completion:
+        // 600*10 + 400*5 + 100*30 = 6000 + 2000 + 3000 = 11000 microcents.
+        assert_eq!(cost_microcents(Some(&p), 1000, 400, 100), Microcents(11_000));
+        // No cached tier: cached tokens billed at the input rate.
+        let q = pricing(10_000_000, 30_000_000, None);
+        assert_eq!(cost_microcents(Some(&q), 1000, 400, 100), Microcents(13_000));
+        assert_eq!(cost_microcents(None, 1000, 0, 100), Microcents(0));
+    }
+
+    #[test]
+    fn sub_microcent_costs_round_half_up() {
+        let p = pricing(150_000, 0, None); // $0.0015 per Mtok = 0.15 microcents per token
+        assert_eq!(cost_microcents(Some(&p), 3, 0, 0), Microcents(0)); // 0.45
+        assert_eq!(cost_microcents(Some(&p), 4, 0, 0), Microcents(1)); // 0.6
+        assert_eq!(cost_microcents(Some(&p), 10, 0, 0), Microcents(2)); // 1.5
+    }
+
+    #[test]
+    fn a_usage_report_read_from_its_text_prices_as_its_value_does() {
+        let dir = std::env::temp_dir().join(format!("tollgate-usage-{}", uuid::Uuid::new_v4().simple()));
+        let _ = std::fs::create_dir_all(&dir);
+        let models = "models:\n  - id: m\n    supported_endpoints: [chat_completions]\n    pricing: { input: 0.10, output: 0.30 }\n    cached_input_price: 0.05\n    cache_isolation: isolated\n";
+        let _ = std::fs::write(dir.join("tollgate.yaml"), "threads: 1\n");
+        let _ = std::fs::write(dir.join("models.yaml"), models);
+        let _ = std::fs::write(dir.join("upstreams.yaml"), "pools: {}\n");
+        let config = crate::config::load(&dir.join("tollgate.yaml"));
+        let _ = std::fs::remove_dir_all(&dir);
+        let model = match config.map(|c| c.catalog.models.into_iter().next()) {
+            Ok(Some(m)) => m,
+            other => panic!("fixture catalog: {:?}", other.err()),
+        };
+        assert!(model.pricing_at(0).is_some_and(|p| p.cached_input.is_some()), "a priced model with a cached tier");
+        let reports = [
+            r#"{"prompt_tokens":100,"completion_tokens":20,"total_tokens":120}"#,
+            r#"{"prompt_tokens":100,"completion_tokens":20,"prompt_tokens_details":{"cached_tokens":40}}"#,
+            r#"{"prompt_tokens":100,"completion_tokens":20,"prompt_tokens_details":{"cached_tokens":400}}"#,
+            r#"{"prompt_tokens":100,"completion_tokens":0}"#,
+            r#"{"prompt_tokens":100}"#,
+            r#"{"completion_tokens":20}"#,
+            r#"{"prompt_tokens":"100","completion_tokens":20}"#,
+            r#"{"prompt_tokens":100.0,"completion_tokens":20}"#,
+            r#"{"prompt_tokens":1e2,"completion_tokens":20}"#,
+            r#"{"prompt_tokens":-0,"completion_tokens":20}"#,
+            r#"{"prompt_tokens":-5,"completion_tokens":20}"#,
+            r#"{"prompt_tokens":18446744073709551616,"completion_tokens":20}"#,
+            r#"{"prompt_tokens":100,"completion_tokens":null,"total_tokens":7}"#,
+            r#"{"prompt_tokens":100,"completion_tokens":{"a":1},"total_tokens":[1]}"#,
+            r#"{"prompt_tokens":100,"completion_tokens":20,"prompt_tokens_details":null}"#,
+            r#"{"prompt_tokens":100,"completion_tokens":20,"prompt_tokens_details":5}"#,
+            r#"{"prompt_tokens":100,"completion_tokens":20,"prompt_tokens_details":{"cached_tokens":1,"cached_tokens":30}}"#,
+            r#"{"prompt_tokens":1,"prompt_tokens":100,"completion_tokens":20}"#,
+            r#"{ "prompt_tokens" : 100 , "completion_tokens" : 20 , "extra": {"x": [1, 2]} }"#,
+            r#"[100, 20]"#,
+            r#"[100, 20, 120, null]"#,
+            r#"  {"prompt_tokens":100,"completion_tokens":20,"s":"{[\"}"}"#,
+            r#"7"#,
+            r#"null"#,
+        ];
+        let deep =
+            format!(r#"{{"prompt_tokens":100,"completion_tokens":20,"x":{}1{}}}"#, "[".repeat(130), "]".repeat(130));
+        let reports = reports.iter().map(|r| r.to_string()).chain([deep]);
+        for r in reports {
+            let r = r.as_str();
+            // The general reading: a `Value` (too deep a report is none), then its members.
+            let general = serde_json::from_str::<Value>(r)
+                .ok()
+                .and_then(|value| from_provider(&value, &model, 0))
+                .map(|f| (f.prompt_tokens, f.cached_tokens, f.completion_tokens, f.total_tokens, f.cost));
+            let text = from_provider_text(r, &model, 0, Ceilings::default())
+                .map(|f| (f.prompt_tokens, f.cached_tokens, f.completion_tokens, f.total_tokens, f.cost));
+            assert_eq!(text, general, "{r}");
+        }
+        assert!(
+            from_provider_text(r#"{"prompt_tokens":100,"completion_tokens":20}"#, &model, 0, Ceilings::default())
+                .is_some()
+        );
+        // A report above what the request allowed is believed only up to it (decision 180).
+        let bounded = Ceilings { prompt: Some(1_000), completion: Some(50) };
+        let f = from_provider_text(r#"{"prompt_tokens":100,"completion_tokens":1000000000000}"#, &model, 0, bounded);
+        let f = f.unwrap_or_else(|| panic!("priced"));
+        assert_eq!((f.prompt_tokens, f.completion_tokens, f.total_tokens), (100, 50, 150));
+        let honest =
+            from_provider_text(r#"{"prompt_tokens":100,"completion_tokens":50}"#, &model, 0, Ceilings::default());
+        assert_eq!(Some(f.cost), honest.map(|h| h.cost), "priced as the ceiling's count");
+        let f = from_provider_text(
+            r#"{"prompt_tokens":900000,"completion_tokens":5,"prompt_tokens_details":{"cached_tokens":900000}}"#,
+            &model,
+            0,
+            bounded,
+        );
+        assert_eq!(f.map(|f| (f.prompt_tokens, f.cached_tokens)), Some((1_000, 1_000)));
+        // A forwarded answer's input is at most a token per byte of the request, plus 1,024.
+        let claimed: Value = serde_json::json!({"prompt_tokens": 1_000_000_000_000u64});
+        assert_eq!(from_forwarded(&model, 0, Some(&claimed), 100).prompt_tokens, 1_424);
+        let honest: Value = serde_json::json!({"prompt_tokens": 90});
+        assert_eq!(from_forwarded(&model, 0, Some(&honest), 100).prompt_tokens, 90);
+    }
+
+    #[test]
+    fn dollars_have_eight_decimals() {
+        assert_eq!(dollars(0), "0.00000000");
+        assert_eq!(dollars(1_234), "0.00001234");
+        assert_eq!(dollars(250_000_001), "2.50000001");
+    }
+
+    #[test]
+    fn usage_object_is_valid_json_with_every_field() {
+        let u = UsageFigures {
+            prompt_tokens: 10,
+            completion_tokens: 5,
+            total_tokens: 15,
+            cached_tokens: 4,
+            cost: Microcents(1_234),
+            basis: UsageBasis::ProviderReported,
+            paid: None,
+        };
+        let v: Value = serde_json::from_str(&render_chat_usage(&u, true)).unwrap_or_default();
+        assert_eq!(v["prompt_tokens_details"]["cached_tokens"], 4);
+        assert_eq!(v["service"]["cached_input_tokens"], 4);
+        assert_eq!(v["service"]["cost_microcents"], 1234);
+        assert_eq!(v["cost"].as_f64(), Some(0.00001234));
+        assert_eq!(v["service"]["output_token_accounting"]["non_answer_completion_tokens"], 5);
+        let plain: Value = serde_json::from_str(&render_chat_usage(&u, false)).unwrap_or_default();
+        assert!(plain["service"].get("output_token_accounting").is_none());
+        // The exact text clients get: member order included.
+        let paid = UsageFigures { cost: Microcents(1_200_000_000), ..u }.paid_by(Some(PaidFrom::Plan));
+        assert_eq!(
+            render_chat_usage(&paid, true),
+            concat!(
+                r#"{"prompt_tokens":10,"completion_tokens":5,"total_tokens":15,"#,
+                r#""prompt_tokens_details":{"cached_tokens":4},"cost":0.00000000,"#,
+                r#""service":{"cost_microcents":0,"cached_input_tokens":4,"#,
+                r#""plan_value_microcents":1200000000,"paid_from":"plan","#,
+                r#""output_token_accounting":{"visible_answer_tokens":0,"non_answer_completion_tokens":5,"#,
+                r#""sources":{"visible_answer_tokens":"proxy_classified","non_answer_completion_tokens":"provider_reported"}}}}"#
+            )
+        );
+        assert_eq!(Microcents(1_200_000_007).dollars(), "12.00000007");
+        assert_eq!(Microcents(0).dollars(), "0.00000000");
+    }
+}
