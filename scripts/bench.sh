@@ -19,13 +19,12 @@
 #   BENCH_C1_CLIENT=probe   the one-connection run's client: probe (tollgate-bench-probe, one
 #                           request at a time, each latency exact) or wrk (wrk's own tail
 #                           at one connection is larger than what is measured: see
-#                           docs/perf-notes.md, twenty-second session)
+#                           docs/perf-notes.md)
 #   BENCH_PACED_CONNECTIONS=5  connections of the paced run (each waits 1000*C/RATE ms
 #                           before every request)
 #   BENCH_PACED_CLIENT=wrk  the paced run's client: wrk, or probe (tollgate-bench-probe, one
 #                           thread per connection, each latency exact); at five paced
-#                           connections the two measured the same (docs/perf-notes.md,
-#                           twenty-third session)
+#                           connections the two measured the same (docs/perf-notes.md)
 #   BENCH_PORT_BASE=19310   mock = base, nginx = base+1, gateway = base+2, its admin = base+3;
 #                           the extra gateways base+4..base+19 (see below)
 #   BENCH_PROXY_CPU=0 BENCH_BACKEND_CPU=1   cores for (gateway, nginx) and (mock, wrk)
@@ -65,6 +64,13 @@
 #                           (/mock/otlp/v1/traces, which reads and counts each export); the
 #                           report gives the exports and bytes the sink took. Compare a run
 #                           without it, one at 0.01 and one at 1
+#   BENCH_H2=0              1: also run both cases over HTTP/2 with prior knowledge (h2load,
+#                           from Debian's nghttp2-client): nginx on an `http2` listener
+#                           (base+22) and, with BENCH_FULL, the full-chain gateways with
+#                           `client: { h2c: true }` (a peek at each new connection; their
+#                           HTTP/1.1 runs are otherwise unchanged); cases json16-h2, sse64-h2
+#   BENCH_H2_CONNECTIONS=4 BENCH_H2_STREAMS=8   h2load connections and streams on each
+#                           (4 x 8: the 32 requests in flight of the HTTP/1.1 runs)
 #   BENCH_FLOOR=1           0: leave out the Pingora floor (two bare Pingora proxies from
 #                           tollgate-bench-floor, ports base+20 and base+21, see below)
 #   BENCH_BIN_DIR=          directory holding tollgate and tollgate-mock-replica to use
@@ -172,6 +178,10 @@ DATABASE_URL=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}
 PG_STATS_WAIT=${BENCH_PG_STATS_WAIT:-11}
 BIN_DIR=${BENCH_BIN_DIR:-}
 FLOOR=${BENCH_FLOOR:-1}
+H2=${BENCH_H2:-0}
+H2_CONNS=${BENCH_H2_CONNECTIONS:-4}
+H2_STREAMS=${BENCH_H2_STREAMS:-8}
+NGINX_H2_PORT=$((PORT_BASE + 22))
 FLOOR_TARGETS=()
 if [[ $FLOOR == 1 ]]; then FLOOR_TARGETS=(pingora pingora-replay); fi
 # The rate-limit, billing and full-chain comparisons: name, listen port, admin port of each
@@ -457,6 +467,7 @@ wait_listening gateway "$GW_PID" "$GW_PORT"
 
 mkdir -p "$WORK/nginx"
 sed -e "s|@PREFIX@|$WORK/nginx|g" -e "s|@LISTEN@|127.0.0.1:$NGINX_PORT|g" \
+    -e "s|@LISTEN_H2@|127.0.0.1:$NGINX_H2_PORT|g" \
     -e "s|@UPSTREAM@|127.0.0.1:$MOCK_PORT|g" "$HELPERS/nginx.conf.template" >"$WORK/nginx/nginx.conf"
 cp "$WORK/nginx/nginx.conf" "$OUT"/
 log "nginx on 127.0.0.1:$NGINX_PORT (1 worker, core $PROXY_CPU)"
@@ -579,6 +590,7 @@ EOC
                     printf 'tracing:\n  otlp_endpoint: http://127.0.0.1:%s/mock/otlp/v1/traces\n  sample_ratio: %s\n' \
                         "$MOCK_PORT" "$TRACING"
                 fi
+                if [[ $H2 == 1 ]]; then printf 'client:\n  h2c: true\n'; fi
                 printf 'billing:\n  topup_url: https://billing.example.com/top-up\n'
                 full_chain_plugins_yaml
                 ;;
@@ -894,9 +906,21 @@ RESULTS=()
 # run CASE TARGET CONNS DELAY_MS : one warm-up and one measured wrk run; appends
 # "round case target rps p50_us p99_us proxy_us mock_us errors requests proxy_sched_us
 # other_pct steal_pct" to RESULTS.
+# h2_summary RAW SECONDS: wrk_post.lua's summary line from h2load's report in RAW. h2load
+# gives no percentiles, so p50/p99 are "-" (the HTTP/2 rows are read for CPU per request);
+# err_status counts the answers other than 2xx/3xx, err_read the streams that errored.
+h2_summary() {
+    awk -v secs="$2" '
+        /^requests:/ { done = $6; ok = $8; errored = $12; timeout = $14 }
+        /^status codes:/ { bad = $7 + $9 }
+        END { printf "BENCH requests=%d duration_us=%d p50_us=- p99_us=- err_connect=0 err_read=%d err_write=0 err_status=%d err_timeout=%d\n",
+            done, secs * 1e6, errored, bad, timeout }' "$1"
+}
+
 run() {
     local case=$1 target=$2 conns=$3 delay=$4 port body tokens name
     port=$(port_of "$target")
+    if [[ $case == *-h2 && $target == nginx ]]; then port=$NGINX_H2_PORT; fi
     if [[ $case == sse* ]]; then body=$WORK/body-sse.json tokens=64; else body=$WORK/body-json.json tokens=16; fi
     name=$case-$target
     local -a pids
@@ -911,12 +935,24 @@ run() {
         wrk=("$PROBE_BIN" "-c$conns" "http://127.0.0.1:$port/v1/chat/completions")
         client="tollgate-bench-probe -c$conns"
     fi
-    prefix_for "$BACKEND_CPU"
-    wrk=("${PREFIX[@]}" "${wrk[@]}")
     local key=""
     if [[ $target == gw-* ]]; then key=$(key_of "$target"); fi
+    # HTTP/2 with prior knowledge: h2load, its summary turned into wrk's line (h2_summary).
+    local h2=0
+    if [[ $case == *-h2 ]]; then
+        h2=1
+        wrk=(h2load "-c$H2_CONNS" "-m$H2_STREAMS" -d "$body" -H 'content-type: application/json'
+            -H "x-mock-tokens: $tokens")
+        if [[ -n $key ]]; then wrk+=(-H "authorization: Bearer $key"); fi
+        wrk+=("http://127.0.0.1:$port/v1/chat/completions" -D)
+        client="h2load -c$H2_CONNS -m$H2_STREAMS"
+    fi
+    prefix_for "$BACKEND_CPU"
+    wrk=("${PREFIX[@]}" "${wrk[@]}")
     export BENCH_BODY_FILE=$body BENCH_TOKENS=$tokens BENCH_DELAY_MS=$delay BENCH_API_KEY=$key
-    if [[ $WARMUP -gt 0 ]]; then "${wrk[@]}" "-d${WARMUP}s" >/dev/null; fi
+    if [[ $WARMUP -gt 0 ]]; then
+        if [[ $h2 == 1 ]]; then "${wrk[@]}" "$WARMUP" >/dev/null; else "${wrk[@]}" "-d${WARMUP}s" >/dev/null; fi
+    fi
     local -a servers
     mapfile -t servers < <(echo "$MOCK_PID"; echo "$GW_PID"; nginx_pids
         if [[ ${#LT_PID[@]} -gt 0 ]]; then printf '%s\n' "${LT_PID[@]}"; fi)
@@ -956,7 +992,12 @@ run() {
     log "$name: $client for ${DURATION}s$pacing"
     local raw=$OUT/wrk-$name.txt
     if [[ $ROUNDS -gt 1 ]]; then raw=$OUT/wrk-$name.round$ROUND.txt; fi
-    "${wrk[@]}" "-d${DURATION}s" >"$raw" 2>&1 || die "wrk failed: $(tail -5 "$raw")"
+    if [[ $h2 == 1 ]]; then
+        "${wrk[@]}" "$DURATION" >"$raw" 2>&1 || die "h2load failed: $(tail -5 "$raw")"
+        h2_summary "$raw" "$DURATION" >>"$raw"
+    else
+        "${wrk[@]}" "-d${DURATION}s" >"$raw" 2>&1 || die "wrk failed: $(tail -5 "$raw")"
+    fi
     if [[ $HAVE_SCHEDSTAT == 1 ]]; then n1=$(cpu_ns "${pids[@]}"); fi
     p1=$(cpu_ticks "${pids[@]}")
     m1=$(cpu_ticks "$MOCK_PID")
@@ -1100,11 +1141,33 @@ if [[ ${#MEASURED_TARGETS[@]} -gt 0 ]]; then
         if is_full "$t"; then SSE_TARGETS+=("$t"); fi
     done
 fi
+# HTTP/2 (BENCH_H2): the nginx hop and the full chain, each checked once over HTTP/2 first.
+H2_TARGETS=()
+if [[ $H2 == 1 ]]; then
+    command -v h2load >/dev/null || apt_install nghttp2-client
+    command -v h2load >/dev/null || die "BENCH_H2 needs h2load (Debian: nghttp2-client)"
+    H2_TARGETS=(nginx)
+    for t in "${MEASURED_TARGETS[@]}"; do if is_full "$t"; then H2_TARGETS+=("$t"); fi; done
+    for t in "${H2_TARGETS[@]}"; do
+        p=$(port_of "$t")
+        if [[ $t == nginx ]]; then p=$NGINX_H2_PORT; fi
+        auth=()
+        if [[ $t == gw-* ]]; then auth=(-H "authorization: Bearer $(key_of "$t")"); fi
+        code=$(curl -sS --http2-prior-knowledge -o "$WORK/check-$t-h2.out" -w '%{http_code} %{http_version}' \
+            --max-time 10 -H 'content-type: application/json' "${auth[@]}" -H 'x-mock-tokens: 64' \
+            --data-binary "@$WORK/body-sse.json" "http://127.0.0.1:$p/v1/chat/completions") || die "$t over HTTP/2: request failed"
+        [[ $code == "200 2" ]] && grep -q '^data: \[DONE\]' "$WORK/check-$t-h2.out" ||
+            die "$t over HTTP/2: $code $(head -c 300 "$WORK/check-$t-h2.out")"
+    done
+    log "HTTP/2 with prior knowledge answers on: ${H2_TARGETS[*]}"
+fi
 PACED_DELAY=$(awk -v c="$PACED_CONNS" -v r="$RATE" 'BEGIN{d=c*1000/r; printf "%d", (d<1?1:d)}')
 for ROUND in $(seq "$ROUNDS"); do
     if [[ $ROUNDS -gt 1 ]]; then log "round $ROUND of $ROUNDS"; fi
     for t in "${JSON_TARGETS[@]}"; do run json16 "$t" "$CONNS" 0; done
     for t in "${SSE_TARGETS[@]}"; do run sse64 "$t" "$CONNS" 0; done
+    for t in "${H2_TARGETS[@]}"; do run json16-h2 "$t" 0 0; done
+    for t in "${H2_TARGETS[@]}"; do run sse64-h2 "$t" 0 0; done
     for t in "${JSON_TARGETS[@]}"; do run "json16@${RATE}rps" "$t" "$PACED_CONNS" "$PACED_DELAY"; done
     if [[ $C1 == 1 ]]; then
         for t in "${JSON_TARGETS[@]}"; do run "json16@c1" "$t" 1 0; done
@@ -1150,7 +1213,7 @@ fi
 printf '%s\n' "${RESULTS[@]}" >"$OUT/results.tsv"
 report() {
     awk -v frames="$SSE_FRAMES" -v rounds="$ROUNDS" -v rate="$RATE" '
-    function ms(us) { return sprintf("%.3f", us / 1000) }
+    function ms(us) { return (us == "-") ? "-" : sprintf("%.3f", us / 1000) }
     function plus(us) { return sprintf("%+.3f", us / 1000) }
     # median of column `col` over the rounds of (c, t); "-" when not measured
     function med(c, t, col,    n, i, j, x, a) {
@@ -1191,8 +1254,9 @@ report() {
                 rps = med(c, t, 4); p50 = med(c, t, 5); p99 = med(c, t, 6)
                 cpu[c, t] = med(c, t, 7); mock = med(c, t, 8); sched[c, t] = med(c, t, 11)
                 P50[c, t] = p50; P99[c, t] = p99
-                a50 = (t == "direct") ? "-" : plus(p50 - P50[c, "direct"])
-                a99 = (t == "direct") ? "-" : plus(p99 - P99[c, "direct"])
+                # HTTP/2 rows have no percentiles (h2load) and no direct run.
+                a50 = (t == "direct" || p50 == "-" || !((c, "direct") in cnt)) ? "-" : plus(p50 - P50[c, "direct"])
+                a99 = (t == "direct" || p99 == "-" || !((c, "direct") in cnt)) ? "-" : plus(p99 - P99[c, "direct"])
                 cpus = (cpu[c, t] == "-") ? "-" : sprintf("%.1f", cpu[c, t])
                 scheds = (sched[c, t] == "-") ? "-" : sprintf("%.1f", sched[c, t])
                 printf fmt, c, t, sprintf("%.0f", rps), ms(p50), ms(p99), a50, a99, cpus, scheds,

@@ -331,12 +331,24 @@ fn connect_with_rcvbuf(port: u16, rcvbuf: i32) -> TcpStream {
 /// `chunk` bytes at a time with `pause` between reads through a receive buffer of `rcvbuf`
 /// bytes: the gateway (its log is checked by the caller), everything read, and how long it took.
 fn read_slowly(tokens: u32, rcvbuf: i32, chunk: usize, pause: Duration) -> (Mock, Gateway, String, Duration) {
+    read_slowly_within(tokens, rcvbuf, chunk, pause, 300.0)
+}
+
+/// [`read_slowly`] with a response budget of `response_seconds`.
+fn read_slowly_within(
+    tokens: u32,
+    rcvbuf: i32,
+    chunk: usize,
+    pause: Duration,
+    response_seconds: f64,
+) -> (Mock, Gateway, String, Duration) {
     let mock = Mock::start();
     let gw = Gateway::start_with(
         &mock,
         Opts {
             extra_yaml: "client:\n  stalled_reader_seconds: 3\n".into(),
-            response_seconds: 300.0,
+            response_seconds,
+            first_token_seconds: response_seconds.min(30.0),
             ..Opts::default()
         },
     );
@@ -389,6 +401,37 @@ async fn a_client_reading_2_kb_a_second_gets_its_whole_stream() {
     assert_eq!(text.matches("\"content\":\"tok").count(), 200, "every token arrived");
     assert!(took > Duration::from_secs(6), "slower than twice the stall limit ({took:?})");
     assert!(!gw.log().contains("client_gone"), "{}", gw.log());
+}
+
+/// Clarification 19: a reader that keeps up is served for as long as the response budget
+/// runs, not beyond it. A 20 MB stream read at 2 KB a second would take 2.7 hours, far past
+/// the 740 s budget; such a stream ends at the budget with the timeout error frame (which the
+/// slow client still reads) and is billed for what its connection took. Here the budget is
+/// 10 s and the replica sends 20,000 tokens (about 3 MB) at once.
+#[tokio::test]
+async fn a_2_kb_a_second_reader_of_a_stream_longer_than_the_budget_is_told_at_the_budget() {
+    let (_mock, gw, text, took) = read_slowly_within(20_000, 2 * 1024, 2048, Duration::from_secs(1), 10.0);
+    assert!(!text.contains("data: [DONE]"), "a stream past its budget has no [DONE]");
+    assert!(
+        text.contains("hosted_inference_response_timeout"),
+        "no timeout error frame after {} bytes in {took:?}: {}",
+        text.len(),
+        gw.log()
+    );
+    assert!(took >= Duration::from_secs(10), "ended before the budget ({took:?})");
+    assert!(!gw.log().contains("client_gone"), "the reader was never cut as stalled: {}", gw.log());
+    let read = text.matches("\"content\":\"tok").count() as i64;
+    let ledger = gw.settled_ledger();
+    let cost: i64 = ledger["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"] == "settlement")
+        .filter_map(|e| e["cost_microcents"].as_i64())
+        .sum();
+    // chat-model's output price is $0.30 a million: 30 microcents a token. Billed for what the
+    // connection took: at least what the client read, far less than the 20,000 produced.
+    assert!(cost >= read * 30 && cost < 20_000 * 30 / 4, "billed {cost} microcents for {read} tokens read: {ledger}");
 }
 
 /// Finding 3: a client that stops reading is ended after the stall limit, billed for what its

@@ -2,7 +2,7 @@
 //! latency recorded exactly. The load bench's one-connection case (`json16@c1`) runs it
 //! instead of wrk: at one connection wrk's own tail set the p99 for every target alike (a bare
 //! Pingora proxy 0.28–1.42 ms, where a C client of this design measured 0.20–0.23 ms;
-//! `docs/perf-notes.md`, twenty-second session). With `-c` and `BENCH_DELAY_MS` it runs the
+//! `docs/perf-notes.md`). With `-c` and `BENCH_DELAY_MS` it runs the
 //! paced case the same way (one thread per connection, each waiting before every request).
 //!
 //! Usage mirrors wrk's, with `wrk_post.lua`'s environment:
