@@ -26,7 +26,7 @@ fn bench(c: &mut Criterion) {
         cx.placement = Some(tollgate::proxy::ctx::Placement::new(model, pool));
     }
     cx.response.first_token_after = Some(Duration::from_millis(40));
-    cx.usage = Some(UsageFigures {
+    cx.usage.report(UsageFigures {
         prompt_tokens: 120,
         completion_tokens: 64,
         total_tokens: 184,

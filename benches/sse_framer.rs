@@ -82,7 +82,7 @@ fn stream_ctx(config: &Arc<Config>, include_usage: bool) -> RequestCtx {
     }
     assert!(cx.placement.is_some(), "{MODEL_ID} not configured");
     cx.stream = true;
-    cx.ext.insert(tollgate_plugins::shared::ChatRequest { include_usage, output_ceiling: None });
+    cx.chat_request.include_usage = include_usage;
     cx.response.streaming = true;
     cx.response.upstream_status = Some(200);
     // Dropped by the bench, not by a shutdown: keep Drop quiet.
@@ -150,7 +150,7 @@ fn bench_stream_phase(c: &mut Criterion) {
 
     // Sanity: the model is renamed on every frame and the stream ends cleanly.
     let (cx, _) = run_stream(&frames, stream_ctx(&config, true));
-    assert!(cx.failure.is_none() && cx.response.saw_done && cx.usage.is_some());
+    assert!(cx.failure.is_none() && cx.response.saw_done && cx.usage.figures().is_some());
     assert_eq!(cx.response.delivered_tokens, CONTENT_FRAMES as u64);
     let mut probe = stream_ctx(&config, false);
     let mut one = Some(frames[0].clone());

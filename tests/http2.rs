@@ -178,3 +178,87 @@ fn an_idle_http2_connection_is_closed() {
     assert!(closed < Duration::from_secs(30), "closed at its idle timeout (2 s): {closed:?}");
     assert_eq!(read.get(3), Some(&4), "the server's SETTINGS came first: {read:?}");
 }
+
+/// The connection cap (decision 216) takes an HTTP/2 connection as idle once none of its
+/// streams is in progress: at the cap it makes room as an idle HTTP/1.1 connection does, and
+/// the frames it still exchanges (flow control, pings) do not make it busy. Here the cap is
+/// two: A is an HTTP/2 connection after one answer, B an HTTP/1.1 stream whose replica is
+/// silent; C, the third, closes A and is served.
+#[tokio::test]
+async fn an_http2_connection_with_no_stream_in_progress_makes_room_at_the_cap() {
+    use std::io::Write;
+    let mock = Mock::start();
+    let gw = Gateway::start_with(
+        &mock,
+        Opts { extra_yaml: "client:\n  h2c: true\n  max_connections: 2\n".into(), ..Opts::default() },
+    );
+    let a = h2c_client();
+    let r = a.get(gw.url("/v1/models")).bearer_auth(&gw.key).send().await.unwrap();
+    assert_eq!((r.version(), r.status().as_u16()), (reqwest::Version::HTTP_2, 200));
+    r.text().await.unwrap();
+    let body = chat_body("chat-model", true).to_string();
+    let mut b = std::net::TcpStream::connect(("127.0.0.1", gw.port)).unwrap();
+    write!(
+        b,
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer {}\r\nx-mock-ttft-ms: 60000\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        gw.key,
+        body.len()
+    )
+    .unwrap();
+    // The gateway marks A idle when it logged A's answer and B busy when B's bytes arrive.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let key = gw.key.clone();
+    let request = format!("GET /v1/models HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer {key}\r\nConnection: close\r\n\r\n");
+    let answer = gw.raw(request.as_bytes(), Duration::from_secs(10));
+    assert!(answer.starts_with("HTTP/1.1 200"), "the third connection was not served: {answer}");
+    let metrics = gw.metrics().await;
+    assert!(
+        metrics.lines().any(|l| l.starts_with("tollgate_client_connections_shed_total{action=\"closed_idle\"} 1")),
+        "the idle HTTP/2 connection was not the one closed: {metrics}"
+    );
+    drop(b);
+}
+
+/// A client that goes away with streams in flight (as a load generator does at the end of its
+/// run: the connection closes under them) has left; its requests are not the gateway's
+/// failures: none is counted as `internal_error`, and the ledger keeps no hold.
+#[tokio::test]
+async fn streams_cut_by_the_clients_connection_closing_are_clients_leaving_not_internal_errors() {
+    let mock = Mock::start();
+    let gw = h2c_gateway(&mock);
+    for stream in [true, false] {
+        let client = h2c_client();
+        let sends = (0..20).map(|_| {
+            let mut body = chat_body("stream-model", stream);
+            body["max_tokens"] = json!(4000);
+            client
+                .post(gw.url("/v1/chat/completions"))
+                .header("authorization", gw.bearer())
+                .header("x-mock-tokens", "2000")
+                .header("x-mock-token-delay-ms", "5")
+                .json(&body)
+                .send()
+        });
+        // Every request is in flight (streams answering, whole answers being generated),
+        // then the client and its connection go.
+        let all = futures::future::join_all(sends);
+        let _ = tokio::time::timeout(Duration::from_millis(800), all).await;
+        drop(client);
+    }
+    let mut metrics = String::new();
+    for _ in 0..100 {
+        metrics = gw.metrics().await;
+        let logged: f64 = metrics
+            .lines()
+            .filter(|l| l.starts_with("tollgate_requests_total{") && l.contains("route=\"chat_completions\""))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum();
+        if logged >= 40.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(!metrics.contains("code=\"internal_error\""), "a client leaving is not an internal error: {metrics}");
+    let ledger = gw.settled_ledger();
+    assert_eq!(ledger["held_cents"], 0, "every hold closed: {ledger}");
+}

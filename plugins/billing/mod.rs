@@ -141,7 +141,7 @@ impl Billing {
         let ceiling = if forwarded::is_forwarded(cx.route) {
             forwarded::output_ceiling(cx.route, cx.model().map(|m| &**m), DEFAULT_OUTPUT_CEILING)
         } else {
-            crate::shared::ChatRequest::of(cx)
+            cx.chat_request
                 .output_ceiling
                 .or(cx.model().and_then(|m| m.max_output_tokens))
                 .unwrap_or(DEFAULT_OUTPUT_CEILING)
@@ -235,7 +235,7 @@ impl Plugin for Billing {
             credits_only: p.credits_only,
             key_limit_reached: key_limit.is_some(),
             covered: funding::covered(cx.route),
-            standby_pressure: cx.ext.get::<crate::shared::ModelLoad>().is_some_and(|l| l.busy),
+            standby_pressure: cx.model_busy,
             standby_closed: match (cx.model(), cx.pool()) {
                 (Some(m), Some(pool)) => standby::capacity(m, pool) == 0,
                 _ => false,
@@ -365,7 +365,9 @@ impl Plugin for Billing {
             // chat pipeline's (decision 153).
             let answer = std::mem::take(f);
             if let Some(m) = cx.model() {
-                cx.usage = answer.figures(m, cx.arrived_ms, cx.prompt_estimate).map(|u| u.paid_by(cx.paid_from));
+                if let Some(u) = answer.figures(m, cx.arrived_ms, cx.prompt_estimate) {
+                    cx.usage.report(u.paid_by(cx.paid_from));
+                }
             }
         }
         Ok(())
@@ -375,11 +377,11 @@ impl Plugin for Billing {
         standby::StandbyGate::release(cx).await;
         let Some(p) = cx.principal.as_ref() else { return };
         let held = cx.ext.get::<Hold>().copied();
-        let cost = cx.usage.map(|u| u.cost).unwrap_or_default();
+        let cost = cx.usage.figures().map(|u| u.cost).unwrap_or_default();
         // A plan-paid request costs 0 but meters its value: settle it too.
-        let value = cx.usage.map(|u| u.value()).unwrap_or_default();
+        let value = cx.usage.figures().map(|u| u.value()).unwrap_or_default();
         let now = now_ms();
-        let action = match (cx.usage.is_some() && value > Microcents::ZERO, held) {
+        let action = match (cx.usage.figures().is_some() && value > Microcents::ZERO, held) {
             // Something billable was delivered: settle (releases the hold in the same step).
             (true, _) => {
                 let (_, _, month) = utc_month_bounds(now);

@@ -81,7 +81,7 @@ pub fn output_status(finish_reason: &str) -> Value {
 /// Account for one body or chunk and plan its edits. `None`: a place to edit could not be
 /// located (the text is then treated as malformed); nothing in `cx` is trusted after it.
 pub fn account<'t>(view: &AnswerView<'t>, form: Form, cx: &mut RequestCtx, edits: &mut Edits<'t>) -> Option<()> {
-    crate::shared::answer::AnswerFacts::note(&mut cx.ext, view);
+    crate::shared::answer::note_facts(&mut cx.answer_facts, view);
     if let (Some(model), Some(json)) = (view.model.0, renamed_model(view, cx)) {
         edits.replace_value(model, json)?;
     }
@@ -148,7 +148,7 @@ pub fn delivered(cx: &RequestCtx) -> Option<tollgate::money::usage::UsageFigures
 /// window. A replica claiming more is not billed for it (decision 180).
 pub fn priced(usage: &serde_json::value::RawValue, cx: &RequestCtx) -> Option<tollgate::money::usage::UsageFigures> {
     let model = cx.model()?;
-    let output = cx.ext.get::<crate::shared::ChatRequest>().and_then(|r| r.output_ceiling).or(model.max_output_tokens);
+    let output = cx.chat_request.output_ceiling.or(model.max_output_tokens);
     let ceilings =
         tollgate::money::usage::Ceilings { prompt: model.context_window, completion: output.or(model.context_window) };
     tollgate::money::usage::from_provider_text(usage.get(), model, cx.arrived_ms, ceilings)

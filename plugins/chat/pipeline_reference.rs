@@ -92,7 +92,7 @@ pub fn body(raw: &[u8], cx: &mut RequestCtx) -> Result<Value, ()> {
     cx.response.delivered_text_bytes = text_bytes as u64;
     Ok(match figures {
         Some(f) => {
-            cx.usage = Some(f);
+            cx.usage.report(f);
             with_usage(obj, &usage::render_chat_usage(&f, no_answer))
         }
         None => v,
@@ -161,8 +161,8 @@ pub fn frame(frame: &[u8], data: &[u8], cx: &mut RequestCtx, out: &mut BytesMut)
             cx.model().and_then(|m| usage::from_provider(&u, m, cx.arrived_ms)).map(|f| f.paid_by(cx.paid_from));
         let no_answer = !cx.response.answered.is_empty() && cx.response.answered.iter().all(|a| !a);
         if let Some(f) = figures {
-            cx.usage = Some(f);
-            if crate::shared::ChatRequest::of(cx).include_usage || (no_answer && choices_empty) {
+            cx.usage.report(f);
+            if cx.chat_request.include_usage || (no_answer && choices_empty) {
                 return emit(&with_usage(obj, &usage::render_chat_usage(&f, no_answer)), out);
             }
         }

@@ -60,7 +60,7 @@ fn ctx() -> RequestCtx {
 fn state(cx: &RequestCtx) -> String {
     format!(
         "{:?} {:?} {} {} {} {} {:?}",
-        cx.usage,
+        cx.usage.figures(),
         cx.response.answered,
         cx.response.delivered_tokens,
         cx.response.delivered_text_bytes,
@@ -137,7 +137,7 @@ fn bodies_match_the_reference() {
 
 fn run(frames: &[String], pipeline: bool) -> (Vec<Value>, String) {
     let mut cx = ctx();
-    cx.ext.insert(crate::shared::ChatRequest { include_usage: true, output_ceiling: None });
+    cx.chat_request.include_usage = true;
     let mut outs = Vec::new();
     for f in frames {
         let frame = Bytes::from(f.clone());
@@ -198,7 +198,7 @@ fn the_usage_frame_goes_out_only_with_done() {
     );
     let stream = |frames: &[&str], eos: bool| {
         let mut cx = ctx();
-        cx.ext.insert(crate::shared::ChatRequest { include_usage: true, output_ceiling: None });
+        cx.chat_request.include_usage = true;
         let mut body = Some(Bytes::from(frames.concat()));
         super::stream::on_chunk(&mut body, eos, &mut cx);
         String::from_utf8(body.map(|b| b.to_vec()).unwrap_or_default()).unwrap()
@@ -264,7 +264,7 @@ fn a_translator_gets_the_answer_typed() {
     assert!(text.contains(r#""thinking":"hm""#) && text.contains(r#""text":"Hi""#), "{text}");
     assert!(text.contains(r#""usage":{"cache_creation_input_tokens":0,"cache_read_input_tokens":0,"input_tokens":7,"output_tokens":2}"#), "{text}");
     assert!(!text.contains("comment") && !text.contains("chat.completion"), "{text}");
-    assert_eq!(cx.usage.map(|u| u.completion_tokens), Some(2));
+    assert_eq!(cx.usage.figures().map(|u| u.completion_tokens), Some(2));
     assert_eq!((cx.response.delivered_tokens, cx.response.saw_done), (2, true));
 
     // A malformed frame ends it with the translator's error event, once.
@@ -291,7 +291,7 @@ fn a_translator_gets_the_whole_answer() {
     assert_eq!(v["output"][0]["content"][0]["text"], "Yes");
     // $0.10 / $0.30 per Mtok: 1000 * 10 + 100 * 30 = 13,000 microcents.
     assert_eq!(v["usage"]["service"]["cost_microcents"], 13_000);
-    assert_eq!(cx.usage.map(|u| u.cost.0), Some(13_000));
+    assert_eq!(cx.usage.figures().map(|u| u.cost.0), Some(13_000));
 }
 
 fn translated(which: u8) -> RequestCtx {

@@ -31,7 +31,7 @@ fn positive_int(body: &Map<String, Value>, field: &str) -> Result<Option<u64>, G
     }
 }
 
-/// Validate the chat request, set `cx.stream` and the `ChatRequest` facts the later phases
+/// Validate the chat request, set `cx.stream` and the `cx.chat_request` facts the later phases
 /// read, and return the body for the replica.
 pub fn rewrite(cx: &mut RequestCtx) -> Result<Bytes, GatewayError> {
     let Some(Value::Object(body)) = cx.body.take() else {
@@ -116,6 +116,6 @@ pub fn rewrite(cx: &mut RequestCtx) -> Result<Bytes, GatewayError> {
         Some(c) => Some(max_completion_tokens.or(max_tokens).map_or(c, |v| v.min(c))),
         None => max_completion_tokens.or(max_tokens),
     };
-    cx.ext.insert(crate::shared::ChatRequest { include_usage, output_ceiling });
+    cx.chat_request = tollgate::proxy::ctx::ChatRequestFacts { include_usage, output_ceiling };
     Ok(Bytes::from(bytes))
 }

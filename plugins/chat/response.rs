@@ -40,11 +40,13 @@ pub fn rewrite(raw: &[u8], cx: &mut RequestCtx) -> Result<Vec<u8>, GatewayError>
     let mut edits = Edits::new(raw);
     account(&view, Form::Body, cx, &mut edits).ok_or_else(malformed)?;
     let translating = cx.ext.get::<Translation>().is_some();
-    let mut figures = view.usage.value().and_then(|u| priced(u, cx));
-    if figures.is_none() && translating {
-        figures = delivered(cx); // a dialect's usage shows what will be billed
+    let reported = view.usage.value().and_then(|u| priced(u, cx));
+    if let Some(f) = reported {
+        cx.usage.report(f);
     }
-    cx.usage = figures;
+    // Without a report, a dialect's usage shows what will be billed (what the core's
+    // completion counts from the delivered output).
+    let figures = reported.or_else(|| if translating { delivered(cx) } else { None });
     let no_answer = no_answer(cx);
     if let Some(t) = cx.ext.get::<Translation>() {
         let usage = figures.map(|figures| PricedUsage { figures, no_answer });

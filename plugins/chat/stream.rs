@@ -75,9 +75,9 @@ pub(super) fn on_frame(frame: &[u8], cx: &mut RequestCtx, out: &mut BytesMut) {
     };
     if data.trim_ascii() == b"[DONE]" {
         cx.response.saw_done = true;
-        // Without a usage report, a dialect's final usage shows what will be billed.
-        let unreported = if translating && cx.usage.is_none() { delivered(cx) } else { None };
-        cx.usage = cx.usage.or(unreported);
+        // Without a usage report, a dialect's final usage shows what will be billed: what the
+        // core's completion counts from the delivered output.
+        let unreported = if translating && cx.usage.figures().is_none() { delivered(cx) } else { None };
         let no_answer = no_answer(cx);
         match cx.ext.get_mut::<Translation>() {
             Some(t) => {
@@ -112,8 +112,8 @@ pub(super) fn on_frame(frame: &[u8], cx: &mut RequestCtx, out: &mut BytesMut) {
         return malformed(cx, out);
     }
     let figures = usage_report.and_then(|u| priced(u, cx));
-    if figures.is_some() {
-        cx.usage = figures;
+    if let Some(f) = figures {
+        cx.usage.report(f);
     }
     let no_answer = no_answer(cx);
     if let Some(t) = cx.ext.get_mut::<Translation>() {
@@ -125,7 +125,7 @@ pub(super) fn on_frame(frame: &[u8], cx: &mut RequestCtx, out: &mut BytesMut) {
     }
     let choices_empty = view.choices.as_ref().is_none_or(Vec::is_empty);
     if let Some(u) = usage_report {
-        let asked = crate::shared::ChatRequest::of(cx).include_usage;
+        let asked = cx.chat_request.include_usage;
         let planned = match figures {
             Some(f) if asked || (no_answer && choices_empty) => {
                 edits.replace_value(u, usage::render_chat_usage(&f, no_answer).into_bytes())

@@ -18,7 +18,7 @@ use pingora::http::ResponseHeader;
 use pingora::proxy::Session;
 use sha2::{Digest, Sha256};
 
-use crate::shared::answer::{AnswerFacts, Translation};
+use crate::shared::answer::Translation;
 use record::{MAX_STORED_BODY, Receipt, Record, StoredUsage};
 use tollgate::http::error::{ErrorKind, GatewayError};
 use tollgate::proxy::ctx::RequestCtx;
@@ -184,11 +184,11 @@ impl Idempotency {
             });
         }
         // A stream that delivered nothing and billed nothing releases the key.
-        let billed = cx.usage.is_some_and(|u| u.value().0 > 0);
+        let billed = cx.usage.figures().is_some_and(|u| u.value().0 > 0);
         if !ok || (cx.response.delivered_tokens == 0 && !billed) {
             return None;
         }
-        let facts = cx.ext.get::<AnswerFacts>();
+        let facts = cx.answer_facts.as_ref();
         let no_answer = !cx.response.answered.is_empty() && cx.response.answered.iter().all(|a| !a);
         Some(Record {
             fp: held.fp.clone(),
@@ -203,7 +203,7 @@ impl Idempotency {
                 model: cx.model().map(|m| m.id.clone()).unwrap_or_default(),
                 finish_reason: facts.and_then(|f| f.finish_reason.clone()),
                 completed: cx.response.saw_done && cx.failure.is_none(),
-                usage: cx.usage.map(|u| StoredUsage::of(&u, no_answer)),
+                usage: cx.usage.figures().map(|u| StoredUsage::of(&u, no_answer)),
             }),
             funding: record::funding_of(&cx.response_headers),
             request_id: Some(cx.request_id.clone()),
@@ -258,7 +258,7 @@ impl Plugin for Idempotency {
             }
             Begin::Started => {
                 let renewer = self.renewer(key.clone(), lock);
-                cx.ext.insert(AnswerFacts::default());
+                cx.answer_facts = Some(Default::default());
                 cx.ext.insert(Held {
                     key,
                     fp,

@@ -165,7 +165,7 @@ impl Limits {
         }
         let shared_scope = if f.shared_declared { Scope::SharedModel } else { Scope::Capacity };
         gate(shared_scope, shared_key, f.shared_concurrency);
-        let ceiling = crate::shared::ChatRequest::of(cx).output_ceiling;
+        let ceiling = cx.chat_request.output_ceiling;
         let tokens = cx.prompt_estimate.saturating_add(ceiling.unwrap_or(0));
         let shared_index = gates.len() - 1;
         let check = Check {
@@ -190,7 +190,7 @@ impl Limits {
                 }
                 if let Some(&n) = gates_in_use.get(shared_index) {
                     self.busy.record(&model.id, n, now);
-                    cx.ext.insert(crate::shared::ModelLoad { busy: n >= f.busy_at });
+                    cx.model_busy = n >= f.busy_at;
                 }
                 cx.ext.insert(Admission(lease.map(|l| self.keeper.hold(l))));
                 Ok(())

@@ -349,28 +349,16 @@ pub trait AnswerTranslator: Send + Sync {
 /// In `cx.ext`: the translator of a request a dialect put on the chat path.
 pub struct Translation(pub Box<dyn AnswerTranslator>);
 
-/// In `cx.ext` when a later phase asked for them (an idempotency receipt): what the answer
-/// said about itself, filled by the chat path as it reads the answer.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct AnswerFacts {
-    pub id: Option<String>,
-    pub created: Option<i64>,
-    /// The finish reason of the choice with index 0.
-    pub finish_reason: Option<String>,
-}
-
-impl AnswerFacts {
-    /// Note what `view` says, if facts were asked for.
-    pub fn note(ext: &mut tollgate::proxy::ctx::Extensions, view: &AnswerView<'_>) {
-        let Some(facts) = ext.get_mut::<AnswerFacts>() else { return };
-        if facts.id.is_none() {
-            let meta = view.meta();
-            facts.id = meta.id.map(Cow::into_owned);
-            facts.created = meta.created;
-        }
-        let first = view.choices.iter().flatten().find(|c| c.index.as_u64().unwrap_or(0) == 0);
-        if let Some(f) = first.and_then(|c| c.finish_reason.as_str()) {
-            facts.finish_reason = Some(f.into_owned());
-        }
+/// Note in `facts` what `view` says about the answer, if a later phase asked for them.
+pub fn note_facts(facts: &mut Option<tollgate::proxy::ctx::AnswerFacts>, view: &AnswerView<'_>) {
+    let Some(facts) = facts.as_mut() else { return };
+    if facts.id.is_none() {
+        let meta = view.meta();
+        facts.id = meta.id.map(Cow::into_owned);
+        facts.created = meta.created;
+    }
+    let first = view.choices.iter().flatten().find(|c| c.index.as_u64().unwrap_or(0) == 0);
+    if let Some(f) = first.and_then(|c| c.finish_reason.as_str()) {
+        facts.finish_reason = Some(f.into_owned());
     }
 }

@@ -4,6 +4,7 @@
 //! debit rule exists once.
 
 pub mod plans;
+pub mod request_usage;
 pub mod usage;
 
 /// Microcents in one cent.

@@ -294,30 +294,6 @@ pub fn from_delivered(
     })
 }
 
-/// A stream whose client left (or stopped reading) is billed for the output its connection
-/// took, not for what the replica produced or the gateway still held (clarifications 13 and
-/// 19): the delivered count falls to the tokens of the `written` body bytes, and a usage
-/// report the client never got whole keeps its prompt but bills that many completion tokens.
-pub fn to_written(cx: &mut crate::proxy::ctx::RequestCtx, written: u64) {
-    let took = cx.response.written.tokens(written);
-    if took >= cx.response.delivered_tokens {
-        return;
-    }
-    cx.response.delivered_tokens = took;
-    let (Some(reported), Some(model)) = (cx.usage, cx.model()) else { return };
-    let completion = took.min(reported.completion_tokens);
-    let f = figures(
-        model,
-        cx.arrived_ms,
-        reported.prompt_tokens,
-        reported.cached_tokens,
-        completion,
-        reported.prompt_tokens + completion,
-        UsageBasis::DeliveredFrames,
-    );
-    cx.usage = Some(f.paid_by(cx.paid_from));
-}
-
 /// `microcents` as dollars with exactly eight decimals, e.g. `0.00001234`.
 pub fn dollars(microcents: u64) -> String {
     Microcents(microcents).dollars()

@@ -95,7 +95,7 @@ pub struct Line<'a> {
 /// The JSON access line of a finished request.
 pub fn json_line(cx: &RequestCtx, status: u16, path: &str, bytes_in: Option<u64>, bytes_out: usize) -> String {
     let p = cx.placement.as_ref();
-    let usage = cx.usage;
+    let usage = cx.usage.figures();
     let millis = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
     let line = Line {
         time: jiff::Timestamp::now().to_string(),

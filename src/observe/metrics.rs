@@ -189,7 +189,7 @@ fn route_name(route: Option<Route>) -> &'static str {
 
 /// Who paid, as a label.
 pub fn funding_of(cx: &RequestCtx) -> &'static str {
-    match (cx.paid_from, cx.usage) {
+    match (cx.paid_from, cx.usage.figures()) {
         (Some(p), _) => p.as_str(),
         (None, Some(u)) if u.cost.0 > 0 => "credits",
         _ => "none",
@@ -207,13 +207,13 @@ pub fn record(cx: &RequestCtx, status: u16, elapsed: Duration) {
     m.duration.with_label_values(&[route, model]).observe(elapsed.as_secs_f64());
     if let Some(first) = cx.response.first_token_after {
         m.ttft.with_label_values(&[model]).observe(first.as_secs_f64());
-        let completion = cx.usage.map_or(0, |u| u.completion_tokens);
+        let completion = cx.usage.figures().map_or(0, |u| u.completion_tokens);
         if completion > 1 {
             let per = elapsed.saturating_sub(first).as_secs_f64() / (completion - 1) as f64;
             m.tpot.with_label_values(&[model]).observe(per);
         }
     }
-    if let Some(u) = cx.usage {
+    if let Some(u) = cx.usage.figures() {
         let funding = funding_of(cx);
         for (kind, n) in [("prompt", u.prompt_tokens), ("cached", u.cached_tokens), ("completion", u.completion_tokens)]
         {

@@ -13,7 +13,7 @@ use crate::http::envelope::Envelope;
 use crate::http::error::GatewayError;
 use crate::http::routes::Route;
 use crate::http::sse::SseFramer;
-use crate::money::usage::UsageFigures;
+use crate::money::request_usage::RequestUsage;
 use crate::proxy::placement::Slot;
 
 /// What the replica's response has shown so far (filled by the response phases).
@@ -166,7 +166,18 @@ pub struct RequestCtx {
     pub stream: bool,
     /// Prompt tokens as estimated before generation (used when no usage report arrives).
     pub prompt_estimate: u64,
-    /// Plugin state by type (a plugin's own struct; the core never looks inside).
+    /// What the chat serving path decided about the request, for the phases after it (written
+    /// by `chat_completions` in its request phase; read by the chat response phases, admission
+    /// and the billing hold). Default off the chat path.
+    pub chat_request: ChatRequestFacts,
+    /// The model was busy at admission: its shared in-flight count at the busy threshold of
+    /// clarification 5 (written by `limits`; `billing` then refuses Standby, decision 103).
+    pub model_busy: bool,
+    /// What the answer said about itself, filled by the chat path as it reads the answer once
+    /// a later phase asked for it by setting `Some` (the idempotency receipt).
+    pub answer_facts: Option<AnswerFacts>,
+    /// A plugin's own state by type (data one plugin keeps for its later phases; what plugins
+    /// share is a typed field above). The core never looks inside.
     pub ext: Extensions,
     /// Headers added to the client response (e.g. `X-Service-Output-Clamped`).
     pub response_headers: Vec<(&'static str, String)>,
@@ -191,8 +202,9 @@ pub struct RequestCtx {
     /// the retry decision: a request that got no byte may go elsewhere).
     pub upstream_header_seen: bool,
     pub response: ResponseState,
-    /// Usage of the response as delivered: counts and cost (for billing in `logging`).
-    pub usage: Option<UsageFigures>,
+    /// Usage of the response: reported by whoever reads the answer, completed once by the
+    /// core before the log hooks (`money::request_usage`).
+    pub usage: RequestUsage,
     /// A coding plan or Standby pays for this request (decided at admission): its usage
     /// shows cost 0 with the plan value and `paid_from`.
     pub paid_from: Option<crate::money::usage::PaidFrom>,
@@ -280,6 +292,9 @@ impl RequestCtx {
             placement: None,
             stream: false,
             prompt_estimate: 0,
+            chat_request: ChatRequestFacts::default(),
+            model_busy: false,
+            answer_facts: None,
             ext: Extensions::default(),
             response_headers: Vec::new(),
             failure: None,
@@ -291,7 +306,7 @@ impl RequestCtx {
             first_token_seen: false,
             upstream_header_seen: false,
             response: ResponseState::default(),
-            usage: None,
+            usage: RequestUsage::default(),
             paid_from: None,
             client_gone: false,
             logged: false,
@@ -312,6 +327,24 @@ impl Drop for RequestCtx {
             );
         }
     }
+}
+
+/// What the chat serving path decided about a request (see `RequestCtx::chat_request`).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ChatRequestFacts {
+    /// The client asked for `stream_options.include_usage: true`.
+    pub include_usage: bool,
+    /// Output tokens the request may generate (`max_tokens` after clamping), when given.
+    pub output_ceiling: Option<u64>,
+}
+
+/// What a replica's answer said about itself (see `RequestCtx::answer_facts`).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct AnswerFacts {
+    pub id: Option<String>,
+    pub created: Option<i64>,
+    /// The finish reason of the choice with index 0.
+    pub finish_reason: Option<String>,
 }
 
 #[cfg(test)]

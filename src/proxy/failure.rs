@@ -248,7 +248,7 @@ fn access_line(s: &Session, cx: &RequestCtx, status: u16) -> String {
         cx.failure.as_ref().map(|f| f.kind.code()).unwrap_or("-"),
         cx.model().map(|m| m.id.as_str()).unwrap_or("-"),
         cx.started.elapsed().as_millis(),
-        cx.usage,
+        cx.usage.figures(),
         placed.unwrap_or_default(),
         cx.client_ip.map_or_else(|| "-".to_string(), |ip| ip.to_string()),
         if cx.client_gone { " client_gone" } else { "" },

@@ -196,7 +196,7 @@ impl ProxyHttp for Gateway {
         if let pingora::protocols::http::ServerSession::H1(h1) = &mut *s.downstream_session {
             h1.set_pipelining_enabled(true);
         }
-        crate::transport::connection_cap::mark_busy(s.downstream_session.stream());
+        crate::transport::connection_cap::mark_busy(&s.downstream_session);
         let outcome = match AssertUnwindSafe(self.handle(s, cx)).catch_unwind().await {
             Ok(outcome) => outcome,
             Err(p) => Err(panicked("request", &*p, &cx.request_id)),
@@ -480,27 +480,31 @@ impl ProxyHttp for Gateway {
         if e.is_some_and(|e| e.esource() == &ErrorSource::Downstream) {
             cx.client_gone = true;
         }
+        // A stream whose client left (or stopped reading) delivered what its connection took,
+        // not what the replica produced or the gateway still held (clarification 19).
+        let mut cut_short = false;
         if cx.client_gone && cx.response.streaming {
-            crate::money::usage::to_written(cx, s.body_bytes_sent() as u64);
+            let took = cx.response.written.tokens(s.body_bytes_sent() as u64);
+            cut_short = took < cx.response.delivered_tokens;
+            cx.response.delivered_tokens = cx.response.delivered_tokens.min(took);
         }
         // The settlement input is complete before any plugin's log hook runs (so the order of
-        // the log hooks carries no meaning): a response that reported no usage is counted
-        // from what was delivered.
-        if cx.usage.is_none() {
-            if let Some(model) = cx.model() {
-                cx.usage = crate::money::usage::from_delivered(
-                    model,
-                    cx.arrived_ms,
-                    cx.prompt_estimate,
-                    cx.response.delivered_tokens,
-                )
-                .map(|f| f.paid_by(cx.paid_from));
-            }
+        // the log hooks carries no meaning).
+        if let Some(model) = cx.model() {
+            let completion = crate::money::request_usage::Completion {
+                model,
+                priced_at: cx.arrived_ms,
+                prompt_estimate: cx.prompt_estimate,
+                delivered_tokens: cx.response.delivered_tokens,
+                cut_short,
+                paid_from: cx.paid_from,
+            };
+            cx.usage.complete(&completion);
         }
         self.chain.on_log(cx).await; // each hook's panic is caught and logged there
         cx.logged = true;
         crate::observe::metrics::record(cx, status, cx.started.elapsed());
-        crate::transport::connection_cap::mark_idle(s.downstream_session.stream());
+        crate::transport::connection_cap::mark_idle(&s.downstream_session);
         failure::access_log(s, cx, status, self.settings.access_log_json);
         if let Some(traces) = &self.traces {
             traces.finish(cx, status);

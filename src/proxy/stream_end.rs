@@ -34,12 +34,17 @@ pub(super) fn after_chunk(eos: bool, delivering: bool, cx: &mut RequestCtx) -> R
     Ok(())
 }
 
-/// The client closed or reset its connection, or stopped reading (a write to it timed out):
-/// nothing more can be written to it.
+/// The client closed or reset its connection, or stopped reading (a write to it timed out),
+/// or on HTTP/2 reset its stream or dropped the connection under it (`H2Error`): nothing more
+/// can be written to it.
 pub(super) fn client_left(e: &Error) -> bool {
     e.esource() == &ErrorSource::Downstream
         && matches!(
             e.etype(),
-            ErrorType::ConnectionClosed | ErrorType::ReadError | ErrorType::WriteError | ErrorType::WriteTimedout
+            ErrorType::ConnectionClosed
+                | ErrorType::ReadError
+                | ErrorType::WriteError
+                | ErrorType::WriteTimedout
+                | ErrorType::H2Error
         )
 }

@@ -11,21 +11,24 @@
 //! Idle means no request in progress: a connection becomes busy when bytes of a request arrive
 //! (or the proxy starts a request) and idle again when the proxy logged its answer
 //! ([`mark_idle`]). An idle connection is closed by ending its pending read: Pingora sees the
-//! client close, as after a keep-alive timeout. An HTTP/2 connection is busy from its first
-//! bytes until it closes (its sessions have no socket to mark; one without a stream closes
-//! after the idle timeout, decision 219): only HTTP/1 connections are closed to make room.
+//! client close, as after a keep-alive timeout. An HTTP/2 connection (known by the client's
+//! preface) is busy from its preface while any of its streams is in progress, and idle once
+//! the last one was logged; its reads (flow-control and ping frames) do not make it busy.
+//! Its sessions have no socket of their own, so they find their connection by the socket
+//! digest they share with it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, LazyLock, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use pingora::apps::ServerApp;
-use pingora::protocols::{Peek, Shutdown, Stream};
+use pingora::protocols::http::ServerSession;
+use pingora::protocols::{GetSocketDigest, Peek, Shutdown, Stream};
 use pingora::server::ShutdownWatch;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 
@@ -40,6 +43,13 @@ const CLOSED: u8 = 2;
 /// answer instead of a reset) at once; past this they are closed at once.
 const MAX_LINGERING: usize = 256;
 const LINGER: Duration = Duration::from_secs(1);
+
+/// What every HTTP/2 client sends first (RFC 9113, section 3.4).
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+const NOT_H2: usize = usize::MAX;
+
+/// The HTTP/2 connections open, by the address of the socket digest their sessions share.
+static H2_CONNECTIONS: LazyLock<Mutex<HashMap<usize, (Arc<Conn>, Arc<Connections>)>>> = LazyLock::new(Default::default);
 
 /// The node's client connections: how many are open, and the idle ones by idle age.
 pub struct Connections {
@@ -59,6 +69,9 @@ struct Conn {
     seq: AtomicU64,
     /// The pending read to wake when it is closed (kept only while idle).
     waker: Mutex<Option<Waker>>,
+    /// An HTTP/2 connection: busy while `streams` is above zero.
+    h2: AtomicBool,
+    streams: AtomicU32,
 }
 
 impl Connections {
@@ -84,12 +97,18 @@ impl Connections {
             self.open.fetch_sub(1, Ordering::AcqRel);
             return Err(inner);
         }
-        let conn = Arc::new(Conn { state: AtomicU8::new(BUSY), seq: AtomicU64::new(0), waker: Mutex::new(None) });
+        let conn = Arc::new(Conn {
+            state: AtomicU8::new(BUSY),
+            seq: AtomicU64::new(0),
+            waker: Mutex::new(None),
+            h2: AtomicBool::new(false),
+            streams: AtomicU32::new(0),
+        });
         // Accepted and silent is idle: a client that opens connections and sends nothing is
         // the first to make room.
         self.set_idle(&conn);
         crate::observe::metrics::client_connections(1);
-        Ok(TrackedStream { inner, conn, registry: self.clone() })
+        Ok(TrackedStream { inner, conn, registry: self.clone(), preface_seen: 0, h2_key: None })
     }
 
     /// Close the connection idle the longest; false when none is.
@@ -216,19 +235,36 @@ impl<A: ServerApp + Send + Sync + 'static> ServerApp for ConnectionCap<A> {
     }
 }
 
-/// The proxy logged its answer on this session's connection: it is idle until its next
-/// request. (Sessions over a stream this module did not wrap are left alone.)
-pub fn mark_idle(stream: Option<&Stream>) {
-    if let Some(t) = stream.and_then(tracked) {
+/// The proxy logged its answer on this session's connection: an HTTP/1 connection is idle
+/// until its next request, an HTTP/2 one once none of its streams is in progress. (Sessions
+/// over a stream this module did not wrap are left alone.)
+pub fn mark_idle(session: &ServerSession) {
+    if let Some(t) = session.stream().and_then(tracked) {
         t.registry.set_idle(&t.conn);
+    } else if let Some((conn, registry)) = h2_connection(session) {
+        // Never below zero: a session Pingora logged without running the request filter.
+        let was = conn.streams.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+        if was == Ok(1) {
+            registry.set_idle(&conn);
+        }
     }
 }
 
-/// A request started on this session's connection (pipelined requests bring no new bytes).
-pub fn mark_busy(stream: Option<&Stream>) {
-    if let Some(t) = stream.and_then(tracked) {
+/// A request started on this session's connection (pipelined requests bring no new bytes;
+/// an HTTP/2 stream is one more in progress).
+pub fn mark_busy(session: &ServerSession) {
+    if let Some(t) = session.stream().and_then(tracked) {
         t.registry.set_busy(&t.conn);
+    } else if let Some((conn, registry)) = h2_connection(session) {
+        conn.streams.fetch_add(1, Ordering::AcqRel);
+        registry.set_busy(&conn);
     }
+}
+
+/// The HTTP/2 connection an HTTP/2 session runs on.
+fn h2_connection(session: &ServerSession) -> Option<(Arc<Conn>, Arc<Connections>)> {
+    let digest = session.digest()?.socket_digest.as_ref()?;
+    lock(&H2_CONNECTIONS).get(&(Arc::as_ptr(digest) as usize)).cloned()
 }
 
 /// The tracked socket under `stream`, through the wrappers that the gateway puts over it.
@@ -247,10 +283,28 @@ pub struct TrackedStream {
     inner: Stream,
     conn: Arc<Conn>,
     registry: Arc<Connections>,
+    /// How many of its first bytes matched the HTTP/2 preface so far; `NOT_H2` once one did not.
+    preface_seen: usize,
+    /// Its key in `H2_CONNECTIONS` while it is an HTTP/2 connection.
+    h2_key: Option<usize>,
+}
+
+impl TrackedStream {
+    /// The client spoke HTTP/2: its sessions mark it busy and idle by their streams.
+    fn became_h2(&mut self) {
+        let Some(digest) = GetSocketDigest::get_socket_digest(&*self.inner) else { return };
+        let key = Arc::as_ptr(&digest) as usize;
+        self.conn.h2.store(true, Ordering::Release);
+        lock(&H2_CONNECTIONS).insert(key, (self.conn.clone(), self.registry.clone()));
+        self.h2_key = Some(key);
+    }
 }
 
 impl Drop for TrackedStream {
     fn drop(&mut self) {
+        if let Some(key) = self.h2_key {
+            lock(&H2_CONNECTIONS).remove(&key);
+        }
         self.registry.release(&self.conn);
     }
 }
@@ -278,6 +332,18 @@ impl AsyncRead for TrackedStream {
         let before = buf.filled().len();
         let polled = Pin::new(&mut this.inner).poll_read(cx, buf);
         if matches!(polled, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            if this.preface_seen < H2_PREFACE.len() {
+                // The preface may arrive over several reads (a client trickling bytes).
+                let rest = &H2_PREFACE[this.preface_seen..];
+                let got = &buf.filled()[before..];
+                let n = got.len().min(rest.len());
+                this.preface_seen = if got[..n] == rest[..n] { this.preface_seen + n } else { NOT_H2 };
+                if this.preface_seen == H2_PREFACE.len() {
+                    this.became_h2();
+                }
+            } else if this.conn.h2.load(Ordering::Acquire) {
+                return polled; // an HTTP/2 connection is busy by its streams, not its frames
+            }
             this.registry.set_busy(&this.conn);
         }
         polled

@@ -77,7 +77,7 @@ impl Exporter {
         if let Some(model) = cx.model() {
             attrs.push(KeyValue::new("gen_ai.request.model", model.id.clone()));
         }
-        if let Some(u) = cx.usage {
+        if let Some(u) = cx.usage.figures() {
             attrs.push(KeyValue::new("gen_ai.usage.input_tokens", i64::try_from(u.prompt_tokens).unwrap_or(i64::MAX)));
             attrs.push(KeyValue::new(
                 "gen_ai.usage.output_tokens",
