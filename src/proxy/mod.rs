@@ -499,7 +499,9 @@ impl ProxyHttp for Gateway {
                 cut_short,
                 paid_from: cx.paid_from,
             };
-            cx.usage.complete(&completion);
+            let mut usage = cx.usage; // `model` borrows the context
+            usage.complete(&completion);
+            cx.usage = usage;
         }
         self.chain.on_log(cx).await; // each hook's panic is caught and logged there
         cx.logged = true;

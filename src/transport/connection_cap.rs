@@ -48,8 +48,11 @@ const LINGER: Duration = Duration::from_secs(1);
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 const NOT_H2: usize = usize::MAX;
 
+/// An HTTP/2 connection and the registry that counts it.
+type H2Connection = (Arc<Conn>, Arc<Connections>);
+
 /// The HTTP/2 connections open, by the address of the socket digest their sessions share.
-static H2_CONNECTIONS: LazyLock<Mutex<HashMap<usize, (Arc<Conn>, Arc<Connections>)>>> = LazyLock::new(Default::default);
+static H2_CONNECTIONS: LazyLock<Mutex<HashMap<usize, H2Connection>>> = LazyLock::new(Default::default);
 
 /// The node's client connections: how many are open, and the idle ones by idle age.
 pub struct Connections {
@@ -262,7 +265,7 @@ pub fn mark_busy(session: &ServerSession) {
 }
 
 /// The HTTP/2 connection an HTTP/2 session runs on.
-fn h2_connection(session: &ServerSession) -> Option<(Arc<Conn>, Arc<Connections>)> {
+fn h2_connection(session: &ServerSession) -> Option<H2Connection> {
     let digest = session.digest()?.socket_digest.as_ref()?;
     lock(&H2_CONNECTIONS).get(&(Arc::as_ptr(digest) as usize)).cloned()
 }
