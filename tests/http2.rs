@@ -208,7 +208,8 @@ async fn an_http2_connection_with_no_stream_in_progress_makes_room_at_the_cap() 
     // The gateway marks A idle when it logged A's answer and B busy when B's bytes arrive.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let key = gw.key.clone();
-    let request = format!("GET /v1/models HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer {key}\r\nConnection: close\r\n\r\n");
+    let request =
+        format!("GET /v1/models HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer {key}\r\nConnection: close\r\n\r\n");
     let answer = gw.raw(request.as_bytes(), Duration::from_secs(10));
     assert!(answer.starts_with("HTTP/1.1 200"), "the third connection was not served: {answer}");
     let metrics = gw.metrics().await;
