@@ -228,8 +228,9 @@ run() {
     fi
     if [[ $TOOL == callgrind ]]; then
         out=$OUTDIR/callgrind.$CASE.$count
+        # shellcheck disable=SC2086 # PROFILE_CALLGRIND_ARGS: extra callgrind options, word-split
         env RUST_LOG=warn TMPDIR="$WORK/gw" valgrind --tool=callgrind --callgrind-out-file="$out" \
-            "${cmd[@]}" >"$WORK/gw.$count.log" 2>&1 &
+            ${PROFILE_CALLGRIND_ARGS:-} "${cmd[@]}" >"$WORK/gw.$count.log" 2>&1 &
     else
         out=$OUTDIR/strace.$CASE.$count
         env RUST_LOG=warn TMPDIR="$WORK/gw" strace -f -c -o "$out" \

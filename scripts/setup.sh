@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what building and testing tollgate needs on a fresh Debian machine with Rust:
-# cmake (pingora's zlib-ng build), curl (the HTTP/2 tests call it), and a Python venv with the
+# cmake (pingora's zlib-ng build), curl (the HTTP/2 tests call it), valgrind (the performance
+# guard counts instructions under callgrind), and a Python venv with the
 # official `openai` and `anthropic` clients for the client tests. Safe to run again; it only installs what is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -8,6 +9,7 @@ cd "$(dirname "$0")/.."
 need_apt=()
 command -v cmake >/dev/null 2>&1 || need_apt+=(cmake)
 command -v curl >/dev/null 2>&1 || need_apt+=(curl)
+command -v valgrind >/dev/null 2>&1 || need_apt+=(valgrind)
 command -v python3 >/dev/null 2>&1 || need_apt+=(python3 python3-venv)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing ${need_apt[*]}"

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The test command (README, CI): formatting, lints with warnings denied, every Rust test
 # (unit, integration against the real binaries and the mock replica, store suites against
-# SQLite and the real PostgreSQL), the config check of conf/, and the official `openai`
-# Python client against a running gateway.
+# SQLite and the real PostgreSQL), the config check of conf/, the official `openai`
+# Python client against a running gateway, the Debian package, the request-head fuzz target,
+# and the performance guard (instructions per request of the full chain, `dist` build).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -32,3 +33,5 @@ echo "== the Debian package: built, installed with dpkg -i, started, answering, 
 scripts/deb_check.sh --bin target/debug/tollgate
 echo "== fuzz: the request-head target for 30 s (tests/fuzz, libFuzzer; issue 49)"
 FUZZ_TARGETS=request_heads FUZZ_DEV=1 tests/fuzz/run.sh 30
+echo "== performance guard: instructions per request of the full chain against benches/instructions.txt"
+scripts/perf_guard.sh
