@@ -25,6 +25,7 @@
 #   --idem MODE off (default); chain: the `idempotency` plugin joins the chain, requests carry
 #               no key; key: the plugin, and each request a fresh `Idempotency-Key` (the
 #               in-process record store): the difference is what a key costs
+#   PROFILE_CALLGRIND_ARGS  extra callgrind options (scripts/perf_guard.sh: --separate-threads=yes)
 #
 # The gateway runs with the config scripts/bench.sh writes (one model pool on a mock
 # replica, only the `chat_completions` plugin, no identity, threads: 1) under valgrind
@@ -50,7 +51,7 @@ while [[ $# -gt 0 ]]; do
     --idem) IDEM=$2; shift 2 ;;
     --chain) CHAIN=$2; shift 2 ;;
     --floor) FLOOR=$2; shift 2 ;;
-    -h | --help) sed -n '2,37p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,38p' "$0"; exit 0 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
     esac
 done
