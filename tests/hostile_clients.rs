@@ -421,14 +421,7 @@ async fn a_2_kb_a_second_reader_of_a_stream_longer_than_the_budget_is_told_at_th
     assert!(took >= Duration::from_secs(10), "ended before the budget ({took:?})");
     assert!(!gw.log().contains("client_gone"), "the reader was never cut as stalled: {}", gw.log());
     let read = text.matches("\"content\":\"tok").count() as i64;
-    let ledger = gw.settled_ledger();
-    let cost: i64 = ledger["entries"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|e| e["kind"] == "settlement")
-        .filter_map(|e| e["cost_microcents"].as_i64())
-        .sum();
+    let (ledger, cost) = settled_cost(&gw);
     // chat-model's output price is $0.30 a million: 30 microcents a token. Billed for what the
     // connection took: at least what the client read, far less than the 20,000 produced.
     assert!(cost >= read * 30 && cost < 20_000 * 30 / 4, "billed {cost} microcents for {read} tokens read: {ledger}");
@@ -459,20 +452,26 @@ async fn a_client_that_stops_reading_is_ended_billed_for_what_it_took_and_its_sl
     }
     assert!(ended.elapsed() >= Duration::from_secs(2), "not before the stall limit");
     // Billed for what its connection took: a fraction of what the replica produced.
-    let ledger = gw.settled_ledger();
-    let cost: i64 = ledger["entries"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|e| e["kind"] == "settlement")
-        .filter_map(|e| e["cost_microcents"].as_i64())
-        .sum();
+    let (ledger, cost) = settled_cost(&gw);
     let full = 200_000 * 30; // 200,000 output tokens at $0.30 a million, in microcents
     assert!(cost > 0 && cost < full / 2, "billed {cost} microcents, the whole stream is {full}: {ledger}");
     // The slot is free: the workspace's one slot takes the next request.
     let r = gw.post("/v1/chat/completions", &common::chat_body("chat-model", false), &[]).await;
     assert_eq!(r.status, 200, "{}", r.text);
     drop(c);
+}
+
+/// The settled ledger of `gw`'s workspace and the cost of its settlements, in microcents.
+fn settled_cost(gw: &Gateway) -> (serde_json::Value, i64) {
+    let ledger = gw.settled_ledger();
+    let cost = ledger["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"] == "settlement")
+        .filter_map(|e| e["cost_microcents"].as_i64())
+        .sum();
+    (ledger, cost)
 }
 
 /// A GET of `/v1/models` on `c`, kept alive; its whole answer (`Content-Length` framed).
