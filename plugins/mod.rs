@@ -3,6 +3,8 @@
 //! Each plugin is a small module with one job. `conf/tollgate.yaml` lists the enabled ones;
 //! the chain runs them by priority (higher first), which follows the spec's layers.
 
+#![forbid(unsafe_code)]
+
 pub mod auth;
 pub mod billing;
 pub mod chat;

@@ -18,6 +18,10 @@
 //! - `observe`: metrics, access log, traces.
 //! - `runtime`: allocator, background threads, clock, graceful stop.
 
+// Unsafe code is allowed only in the modules that call the OS or the allocator (marked where
+// they are declared).
+#![deny(unsafe_code)]
+
 pub mod admin;
 pub mod config;
 pub mod http;

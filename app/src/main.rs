@@ -2,6 +2,8 @@
 //! This crate is the composition root: it opens the stores, builds the plugin chain from
 //! config (`tollgate_plugins::build`) and hands both to the core's proxy.
 
+#![deny(unsafe_code)]
+
 mod cli;
 mod server;
 

@@ -12,21 +12,9 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use hyper::body::{Body, Frame, SizeHint};
 
+use crate::knobs::Abort;
 use crate::sse::SseStream;
 use crate::state::InFlight;
-
-/// Returned as a body (or service) error to make hyper drop the connection
-/// without finishing the response: that is how the abort knob is played.
-#[derive(Debug)]
-pub struct Abort;
-
-impl std::fmt::Display for Abort {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("mock abort requested")
-    }
-}
-
-impl std::error::Error for Abort {}
 
 pub struct MockBody {
     kind: Kind,

@@ -182,3 +182,16 @@ mod tests {
         assert!(Knobs::parse(&headers(&[("x-mock-split", "0")])).is_err());
     }
 }
+
+/// Returned as a body (or service) error to make hyper drop the connection
+/// without finishing the response: that is how the abort knob is played.
+#[derive(Debug)]
+pub struct Abort;
+
+impl std::fmt::Display for Abort {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("mock abort requested")
+    }
+}
+
+impl std::error::Error for Abort {}

@@ -11,6 +11,8 @@
 //! On startup it prints `listening on ADDR` (one line, flushed) so a test
 //! that bound port 0 can learn the port, then serves until killed.
 
+#![forbid(unsafe_code)]
+
 mod body;
 mod cli;
 mod completion;

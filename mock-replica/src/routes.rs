@@ -15,10 +15,10 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use serde_json::{Value, json};
 
-use crate::body::{Abort, MockBody};
+use crate::body::MockBody;
 use crate::completion::{Completion, unix_now};
 use crate::json::error_body;
-use crate::knobs::{AfterDone, Knobs};
+use crate::knobs::{Abort, AfterDone, Knobs};
 use crate::request::ChatRequest;
 use crate::sse::SseStream;
 use crate::state::State;

@@ -16,10 +16,9 @@ use bytes::{BufMut, Bytes, BytesMut};
 use hyper::body::Frame;
 use tokio::time::Sleep;
 
-use crate::body::Abort;
 use crate::completion::{Completion, TOOL_ARGUMENTS_JSON, TOOL_CALL_ID, Usage, push_token, push_usage};
 use crate::json::{push_opt_str, push_str, push_u64};
-use crate::knobs::{AfterDone, Knobs};
+use crate::knobs::{Abort, AfterDone, Knobs};
 
 pub struct SseStream {
     /// `data: {"id":..,"object":"chat.completion.chunk",..,"choices":[`,

@@ -16,8 +16,8 @@ impl Finish {
     }
 
     /// The ledger op of one attempt.
-    pub(super) fn op(&self) -> tollgate::store::ledger_ops::LedgerOp {
-        use tollgate::store::ledger_ops::LedgerOp;
+    pub(super) fn op(&self) -> tollgate::store::ledger::ops::LedgerOp {
+        use tollgate::store::ledger::ops::LedgerOp;
         match self {
             Finish::Settle(s) => LedgerOp::Settle(s.clone()),
             Finish::Release(rid) => LedgerOp::Release { request_id: rid.clone(), now: now_ms() },
@@ -25,7 +25,7 @@ impl Finish {
     }
 
     /// Whether the op's outcome recorded it.
-    pub(super) fn outcome(&self, r: tollgate::store::ledger_ops::OpResult) -> Result<(), tollgate::store::StoreError> {
+    pub(super) fn outcome(&self, r: tollgate::store::ledger::ops::OpResult) -> Result<(), tollgate::store::StoreError> {
         match self {
             Finish::Settle(_) => tollgate::store::ledger::settle_outcome(r).map(|_| ()),
             Finish::Release(_) => tollgate::store::ledger::release_outcome(r).map(|_| ()),

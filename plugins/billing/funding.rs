@@ -8,9 +8,14 @@ use tollgate::money::plans::decide::{Funding, Refusal, limiting_window};
 use tollgate::money::plans::view::{PlanSeen, credits_json, fixes, funding_headers};
 use tollgate::money::plans::{DAY_MS, Status};
 use tollgate::money::usage::PaidFrom;
+use tollgate::money::{MICROCENTS_PER_CENT, Microcents};
 use tollgate::proxy::ctx::RequestCtx;
+use tollgate::runtime::clock::utc_month_bounds;
 use tollgate::runtime::clock::{Millis, iso};
-use tollgate::store::ledger_ops::FundRefusal;
+use tollgate::store::ledger::ops::FundRefusal;
+
+use super::refusals::store_down;
+use super::{Billing, DEFAULT_OUTPUT_CEILING, forwarded};
 
 /// The covered operation categories (spec "What the service does" item 4): `chat` (chat
 /// completions, messages, Responses), `embeddings` and `rerank`. Images and audio stay
@@ -151,6 +156,67 @@ fn insufficient(balance: i64, hold: i64, topup_url: &str, plan: Option<&PlanSeen
         .with_field("required_cents", hold)
         .with_field("current_balance_cents", balance)
         .with_field("topup_url", topup_url.to_string())
+}
+
+impl Billing {
+    /// A balance refusal names the balance `GET /v1/credits` shows (the spec: "same as the
+    /// balance endpoint"): read as that read does, unused leases added back (decision 190);
+    /// when it cannot be read, the balance the ledger refused against. With it, how many
+    /// cents unused leases (of any instance) keep.
+    pub(super) async fn as_shown(&self, r: FundRefusal, workspace_id: &str) -> (FundRefusal, i64) {
+        match r {
+            FundRefusal::Insufficient { balance_cents } => {
+                match self.ledger.balance_and_unused_leases(workspace_id).await {
+                    Ok(Some((stored, leased))) => {
+                        let shown = stored.with_lease_unused(leased);
+                        (FundRefusal::Insufficient { balance_cents: shown.balance_cents }, leased)
+                    }
+                    _ => (FundRefusal::Insufficient { balance_cents }, 0),
+                }
+            }
+            other => (other, 0),
+        }
+    }
+
+    /// The most the request may cost (clarification 12): its value in microcents, and the
+    /// credit hold in whole cents (rounded up: the hold must cover the cost).
+    pub(super) fn estimate(cx: &RequestCtx) -> (Microcents, i64) {
+        let Some(pricing) = cx.model().and_then(|m| m.pricing_at(cx.arrived_ms)) else { return (Microcents::ZERO, 0) };
+        let ceiling = if forwarded::is_forwarded(cx.route) {
+            forwarded::output_ceiling(cx.route, cx.model().map(|m| &**m), DEFAULT_OUTPUT_CEILING)
+        } else {
+            cx.chat_request
+                .output_ceiling
+                .or(cx.model().and_then(|m| m.max_output_tokens))
+                .unwrap_or(DEFAULT_OUTPUT_CEILING)
+        };
+        let value = tollgate::money::usage::cost_microcents(Some(&pricing), cx.prompt_estimate, 0, ceiling);
+        (value, value.ceil_cents().0)
+    }
+
+    /// The key's monthly spending limit, when it is reached: the refusal pay-as-you-go
+    /// requests get (on a serving plan it only blocks credits after limits).
+    pub(super) async fn key_limit(
+        &self,
+        p: &tollgate::identity::Principal,
+        now: Millis,
+    ) -> Result<Option<GatewayError>, GatewayError> {
+        let Some(limit) = p.monthly_spend_limit_cents else { return Ok(None) };
+        let (_, next_month, month) = utc_month_bounds(now);
+        let spent = self.ledger.key_month_spend(&p.key_id, &month).await.map_err(store_down)?;
+        if spent < limit.saturating_mul(MICROCENTS_PER_CENT) {
+            return Ok(None);
+        }
+        Ok(Some(
+            GatewayError::new(
+                ErrorKind::SpendLimitReached,
+                "This key reached its monthly spending limit; it resets at the start of the next UTC month.",
+            )
+            .with_field("limit_cents", limit)
+            .with_field("spent_cents", spent / MICROCENTS_PER_CENT)
+            .with_field("resets_at", iso(next_month)),
+        ))
+    }
 }
 
 #[cfg(test)]

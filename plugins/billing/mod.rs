@@ -3,6 +3,7 @@
 //! coding plan, else pay-as-you-go credits), settlement of the delivered usage in the log
 //! phase (exactly once, per request id), and the reads `GET /v1/credits` and `GET /v1/usage`.
 
+mod credits_read;
 mod finish;
 mod forwarded;
 mod funding;
@@ -12,7 +13,7 @@ mod usage_read;
 
 use finish::Finish;
 use forwarded::Forwarded;
-use refusals::{hold_failed, ledger_shed, store_down, with_free_window};
+use refusals::{hold_failed, ledger_shed, with_free_window};
 
 use std::sync::Arc;
 
@@ -23,14 +24,14 @@ use serde_json::json;
 
 use tollgate::http::error::{ErrorKind, GatewayError};
 use tollgate::http::routes::Route;
+use tollgate::money::Microcents;
 use tollgate::money::plans::PlanSettings;
 use tollgate::money::plans::decide::{FundAsk, Funding, Refusal};
-use tollgate::money::{MICROCENTS_PER_CENT, Microcents};
 use tollgate::proxy::ctx::RequestCtx;
 use tollgate::proxy::plugin::{Flow, Plugin};
-use tollgate::runtime::clock::{Millis, iso, now_ms, utc_month_bounds};
+use tollgate::runtime::clock::{Millis, now_ms, utc_month_bounds};
+use tollgate::store::ledger::ops::{FundOp, FundRefusal};
 use tollgate::store::ledger::{LedgerStore, Settlement};
-use tollgate::store::ledger_ops::{FundOp, FundRefusal};
 
 pub const BILLING_PRIORITY: i16 = 100;
 /// Output ceiling used for the hold when neither the request nor the model gives one (C12).
@@ -82,99 +83,6 @@ impl Billing {
     }
 }
 
-impl Billing {
-    /// A balance refusal names the balance `GET /v1/credits` shows (the spec: "same as the
-    /// balance endpoint"): read as that read does, unused leases added back (decision 190);
-    /// when it cannot be read, the balance the ledger refused against. With it, how many
-    /// cents unused leases (of any instance) keep.
-    async fn as_shown(&self, r: FundRefusal, workspace_id: &str) -> (FundRefusal, i64) {
-        match r {
-            FundRefusal::Insufficient { balance_cents } => {
-                match self.ledger.balance_and_unused_leases(workspace_id).await {
-                    Ok(Some((stored, leased))) => {
-                        let shown = stored.with_lease_unused(leased);
-                        (FundRefusal::Insufficient { balance_cents: shown.balance_cents }, leased)
-                    }
-                    _ => (FundRefusal::Insufficient { balance_cents }, 0),
-                }
-            }
-            other => (other, 0),
-        }
-    }
-
-    async fn credits(&self, s: &mut Session, cx: &mut RequestCtx) -> Result<(), GatewayError> {
-        let principal = cx.principal.clone().ok_or_else(|| GatewayError::internal("no principal"))?;
-        let now = now_ms();
-        let (month_start, _, _) = utc_month_bounds(now);
-        // Unused leases are counted as held by the store but no request holds them
-        // (`ledger_lease.rs`): shown as balance, as before leases.
-        let balance = self.ledger.balance_shown(&principal.workspace_id).await.map_err(store_down)?;
-        let balance = balance.ok_or_else(|| GatewayError::internal("workspace without a ledger row"))?;
-        let spent = self.ledger.spent_since(&principal.workspace_id, month_start).await.map_err(store_down)?;
-        let body = json!({
-            "object": "credits",
-            "workspace_id": principal.workspace_id,
-            "balance_cents": balance.balance_cents,
-            "held_cents": balance.held_cents,
-            "available_cents": balance.balance_cents.max(0),
-            "currency": "usd",
-            "period": { "start": iso(month_start), "spent_cents": spent },
-            "spend_cap": { "limit_cents": null, "hard": false, "used_cents": null, "remaining_cents": null, "gates_inference": false },
-            "plan_tier": principal.tier().as_str(),
-            "as_of": iso(now),
-        });
-        tollgate::http::responder::json(
-            s,
-            cx,
-            200,
-            Bytes::from(body.to_string()),
-            &[("cache-control", "no-store".into())],
-        )
-        .await
-        .map_err(|e| GatewayError::internal(format!("write failed: {e}")))
-    }
-
-    /// The most the request may cost (clarification 12): its value in microcents, and the
-    /// credit hold in whole cents (rounded up: the hold must cover the cost).
-    fn estimate(cx: &RequestCtx) -> (Microcents, i64) {
-        let Some(pricing) = cx.model().and_then(|m| m.pricing_at(cx.arrived_ms)) else { return (Microcents::ZERO, 0) };
-        let ceiling = if forwarded::is_forwarded(cx.route) {
-            forwarded::output_ceiling(cx.route, cx.model().map(|m| &**m), DEFAULT_OUTPUT_CEILING)
-        } else {
-            cx.chat_request
-                .output_ceiling
-                .or(cx.model().and_then(|m| m.max_output_tokens))
-                .unwrap_or(DEFAULT_OUTPUT_CEILING)
-        };
-        let value = tollgate::money::usage::cost_microcents(Some(&pricing), cx.prompt_estimate, 0, ceiling);
-        (value, value.ceil_cents().0)
-    }
-
-    /// The key's monthly spending limit, when it is reached: the refusal pay-as-you-go
-    /// requests get (on a serving plan it only blocks credits after limits).
-    async fn key_limit(
-        &self,
-        p: &tollgate::identity::Principal,
-        now: Millis,
-    ) -> Result<Option<GatewayError>, GatewayError> {
-        let Some(limit) = p.monthly_spend_limit_cents else { return Ok(None) };
-        let (_, next_month, month) = utc_month_bounds(now);
-        let spent = self.ledger.key_month_spend(&p.key_id, &month).await.map_err(store_down)?;
-        if spent < limit.saturating_mul(MICROCENTS_PER_CENT) {
-            return Ok(None);
-        }
-        Ok(Some(
-            GatewayError::new(
-                ErrorKind::SpendLimitReached,
-                "This key reached its monthly spending limit; it resets at the start of the next UTC month.",
-            )
-            .with_field("limit_cents", limit)
-            .with_field("spent_cents", spent / MICROCENTS_PER_CENT)
-            .with_field("resets_at", iso(next_month)),
-        ))
-    }
-}
-
 #[async_trait]
 impl Plugin for Billing {
     fn name(&self) -> &'static str {
@@ -187,7 +95,7 @@ impl Plugin for Billing {
 
     async fn on_request_headers(&self, s: &mut Session, cx: &mut RequestCtx) -> Result<Flow, GatewayError> {
         if cx.route == Some(Route::Credits) && cx.principal.is_some() {
-            self.credits(s, cx).await?;
+            credits_read::read(self, s, cx).await?;
             return Ok(Flow::Handled);
         }
         if cx.route == Some(Route::Usage) && cx.principal.is_some() {
@@ -413,7 +321,7 @@ impl Plugin for Billing {
         let op = action.op();
         // A graceful stop waits until the ledger recorded it (decision 166).
         let pending = tollgate::runtime::drain::left_behind();
-        let done = Box::new(move |r: tollgate::store::ledger_ops::OpResult| match action.outcome(r) {
+        let done = Box::new(move |r: tollgate::store::ledger::ops::OpResult| match action.outcome(r) {
             Ok(()) => {
                 drop(pending);
                 if had_hold {

@@ -21,7 +21,7 @@ pub async fn snapshot(b: &Billing, s: &mut Session, cx: &mut RequestCtx) -> Resu
     let principal = cx.principal.clone().ok_or_else(|| GatewayError::internal("no principal"))?;
     let ws = &principal.workspace_id;
     let now = now_ms();
-    // Unused leases are balance no request holds yet (`ledger_lease.rs`).
+    // Unused leases are balance no request holds yet (`ledger/lease.rs`).
     let (plan, balance) = tokio::try_join!(b.ledger.plan(ws), b.ledger.balance_shown(ws)).map_err(store_down)?;
     let balance_cents = balance.map_or(0, |m| m.balance_cents);
     let current = plan.map(|mut record| {

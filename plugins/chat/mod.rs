@@ -4,7 +4,7 @@
 //! output, answered choices), priced from the replica's usage (`tollgate::money::usage`), then
 //! either edited in place for the chat dialect (`edits.rs`: reasoning on `reasoning`,
 //! `service.output_status`, the hosted Usage object with cost) or handed as typed pieces to
-//! the translator a dialect registered (`shared::answer::Translation`).
+//! the translator a dialect registered (`RequestCtx::answer_translator`).
 
 mod account;
 mod capability;
@@ -49,7 +49,7 @@ pub const CHAT_PRIORITY: i16 = 200;
 
 /// The chat serving path: chat completions, and the dialects a plugin translated onto it.
 fn is_chat(cx: &RequestCtx) -> bool {
-    cx.route == Some(Route::ChatCompletions) || cx.ext.get::<crate::shared::answer::Translation>().is_some()
+    cx.route == Some(Route::ChatCompletions) || cx.answer_translator.is_some()
 }
 
 #[async_trait]
@@ -93,9 +93,9 @@ impl Plugin for ChatCompletions {
         if !is_chat(cx) || !cx.response.streaming {
             return None;
         }
-        let t = cx.ext.get_mut::<crate::shared::answer::Translation>()?;
+        let t = cx.answer_translator.as_mut()?;
         let mut out = bytes::BytesMut::new();
-        t.0.on_failure(err, &cx.request_id, &mut out);
+        t.on_failure(err, &cx.request_id, &mut out);
         Some(out.freeze())
     }
 

@@ -10,7 +10,6 @@ use serde_json::Value;
 use super::pipeline_reference as reference;
 use super::response::rewrite;
 use super::stream::on_frame;
-use crate::shared::answer::Translation;
 use tollgate::config::Config;
 use tollgate::http::sse::data_payload;
 use tollgate::proxy::ctx::RequestCtx;
@@ -235,7 +234,7 @@ fn malformed_frames_end_the_stream_once() {
 #[test]
 fn a_translator_gets_the_answer_typed() {
     let mut cx = ctx();
-    cx.ext.insert(Translation(Box::new(crate::dialects::MessagesStream::new("llama-3.1-8b-instruct", b"k"))));
+    cx.answer_translator = Some(Box::new(crate::dialects::MessagesStream::new("llama-3.1-8b-instruct", b"k")));
     let head = format!(r#"data: {{"id":"chatcmpl-z","object":"chat.completion.chunk","created":1,"model":"{UP}","#);
     let sse = format!(
         ": comment\n\n{head}\"choices\":[{{\"index\":0,\"delta\":{{\"reasoning_content\":\"hm\"}}}}]}}\n\n\
@@ -269,7 +268,7 @@ fn a_translator_gets_the_answer_typed() {
 
     // A malformed frame ends it with the translator's error event, once.
     let mut cx = ctx();
-    cx.ext.insert(Translation(Box::new(crate::dialects::ResponsesStream::new("m"))));
+    cx.answer_translator = Some(Box::new(crate::dialects::ResponsesStream::new("m")));
     let mut body = Some(Bytes::from_static(b"data: {\"choices\":{}}\n\n"));
     super::stream::on_chunk(&mut body, true, &mut cx);
     let text = String::from_utf8(body.unwrap().to_vec()).unwrap();
@@ -281,7 +280,7 @@ fn a_translator_gets_the_answer_typed() {
 #[test]
 fn a_translator_gets_the_whole_answer() {
     let mut cx = ctx();
-    cx.ext.insert(Translation(Box::new(crate::dialects::ResponsesStream::new("llama-3.1-8b-instruct"))));
+    cx.answer_translator = Some(Box::new(crate::dialects::ResponsesStream::new("llama-3.1-8b-instruct")));
     let body = format!(
         r#"{{"id":"chatcmpl-w","created":5,"model":"{UP}","choices":[{{"index":0,"message":{{"content":"Yes"}},"finish_reason":"stop"}}],"usage":{{"prompt_tokens":1000,"completion_tokens":100,"total_tokens":1100}}}}"#
     );
@@ -297,8 +296,8 @@ fn a_translator_gets_the_whole_answer() {
 fn translated(which: u8) -> RequestCtx {
     let mut cx = ctx();
     match which {
-        1 => cx.ext.insert(Translation(Box::new(crate::dialects::MessagesStream::new("m", b"k")))),
-        2 => cx.ext.insert(Translation(Box::new(crate::dialects::ResponsesStream::new("m")))),
+        1 => cx.answer_translator = Some(Box::new(crate::dialects::MessagesStream::new("m", b"k"))),
+        2 => cx.answer_translator = Some(Box::new(crate::dialects::ResponsesStream::new("m"))),
         _ => {}
     }
     cx

@@ -13,7 +13,6 @@ use bytes::Bytes;
 use serde_json::{Map, Value};
 
 use super::{capability, context, effort, images, messages, schema, upstream_body};
-use crate::shared::answer::Translation;
 use crate::shared::prompt_tokens::count_prompt_tokens;
 use tollgate::http::error::{ErrorKind, GatewayError};
 use tollgate::proxy::ctx::RequestCtx;
@@ -96,7 +95,7 @@ pub fn rewrite(cx: &mut RequestCtx) -> Result<Bytes, GatewayError> {
     let clamped = context::fit(&mut body, model.context_window, prompt_tokens)?;
     changed.ceilings = clamped.is_some();
     // The client's own text, unless a dialect translated it into this body.
-    let client_text = cx.raw_body.as_deref().filter(|_| cx.ext.get::<Translation>().is_none());
+    let client_text = cx.raw_body.as_deref().filter(|_| cx.answer_translator.is_none());
     let upstream = pool.to_upstream();
     let bytes = match client_text.and_then(|t| upstream_body::from_client_text(t, &body, upstream, stream, changed)) {
         Some(b) => b,

@@ -7,7 +7,7 @@ use bytes::Bytes;
 
 use super::account::{account, delivered, no_answer, priced};
 use super::edits::Edits;
-use crate::shared::answer::{AnswerView, Form, PricedUsage, Translation, pieces};
+use crate::shared::answer::{AnswerView, Form, PricedUsage, pieces};
 use tollgate::http::error::{ErrorKind, GatewayError};
 use tollgate::money::usage;
 use tollgate::proxy::ctx::RequestCtx;
@@ -39,7 +39,7 @@ pub fn rewrite(raw: &[u8], cx: &mut RequestCtx) -> Result<Vec<u8>, GatewayError>
     }
     let mut edits = Edits::new(raw);
     account(&view, Form::Body, cx, &mut edits).ok_or_else(malformed)?;
-    let translating = cx.ext.get::<Translation>().is_some();
+    let translating = cx.answer_translator.is_some();
     let reported = view.usage.value().and_then(|u| priced(u, cx));
     if let Some(f) = reported {
         cx.usage.report(f);
@@ -48,9 +48,9 @@ pub fn rewrite(raw: &[u8], cx: &mut RequestCtx) -> Result<Vec<u8>, GatewayError>
     // completion counts from the delivered output).
     let figures = reported.or_else(|| if translating { delivered(cx) } else { None });
     let no_answer = no_answer(cx);
-    if let Some(t) = cx.ext.get::<Translation>() {
+    if let Some(t) = cx.answer_translator.as_ref() {
         let usage = figures.map(|figures| PricedUsage { figures, no_answer });
-        return Ok(t.0.whole(&view.meta(), &pieces(&view, Form::Body), usage));
+        return Ok(t.whole(&view.meta(), &pieces(&view, Form::Body), usage));
     }
     if let Some(u) = view.usage.0 {
         // Never synthesized: a report that is not a usage object is dropped.

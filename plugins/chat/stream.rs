@@ -10,7 +10,7 @@ use bytes::{Bytes, BytesMut};
 
 use super::account::{account, delivered, no_answer, priced};
 use super::edits::{Edits, one_line};
-use crate::shared::answer::{AnswerView, Form, PricedUsage, Translation, pieces};
+use crate::shared::answer::{AnswerView, Form, PricedUsage, pieces};
 use tollgate::http::envelope;
 use tollgate::http::error::{ErrorKind, GatewayError};
 use tollgate::http::sse::data_payload;
@@ -48,8 +48,8 @@ pub fn on_chunk(body: &mut Option<Bytes>, eos: bool, cx: &mut RequestCtx) {
 /// is forwarded (see `on_frame`), and no second one is written.
 fn end_with(cx: &mut RequestCtx, out: &mut BytesMut, kind: ErrorKind, message: &str) {
     let err = GatewayError::new(kind, message);
-    match cx.ext.get_mut::<Translation>() {
-        Some(t) => t.0.on_failure(&err, &cx.request_id, out),
+    match cx.answer_translator.as_mut() {
+        Some(t) => t.on_failure(&err, &cx.request_id, out),
         None => out.extend_from_slice(&envelope::sse_error_frame(&err, cx.envelope, &cx.request_id)),
     }
     cx.failure = Some(err);
@@ -66,7 +66,7 @@ pub(super) fn on_frame(frame: &[u8], cx: &mut RequestCtx, out: &mut BytesMut) {
     if cx.failure.is_some() || cx.response.saw_done {
         return; // the stream already ended (`[DONE]`, or an error frame): nothing follows it
     }
-    let translating = cx.ext.get::<Translation>().is_some();
+    let translating = cx.answer_translator.is_some();
     let Some(data) = data_payload(frame) else {
         if !translating {
             out.extend_from_slice(frame); // comments and bare fields pass through
@@ -79,12 +79,12 @@ pub(super) fn on_frame(frame: &[u8], cx: &mut RequestCtx, out: &mut BytesMut) {
         // core's completion counts from the delivered output.
         let unreported = if translating && cx.usage.figures().is_none() { delivered(cx) } else { None };
         let no_answer = no_answer(cx);
-        match cx.ext.get_mut::<Translation>() {
+        match cx.answer_translator.as_mut() {
             Some(t) => {
                 if let Some(figures) = unreported {
-                    t.0.on_usage(PricedUsage { figures, no_answer });
+                    t.on_usage(PricedUsage { figures, no_answer });
                 }
-                t.0.on_done(out);
+                t.on_done(out);
             }
             None => {
                 if let Some(usage_frame) = cx.response.usage_frame.take() {
@@ -116,10 +116,10 @@ pub(super) fn on_frame(frame: &[u8], cx: &mut RequestCtx, out: &mut BytesMut) {
         cx.usage.report(f);
     }
     let no_answer = no_answer(cx);
-    if let Some(t) = cx.ext.get_mut::<Translation>() {
-        t.0.on_chunk(&view.meta(), &pieces(&view, Form::Chunk), out);
+    if let Some(t) = cx.answer_translator.as_mut() {
+        t.on_chunk(&view.meta(), &pieces(&view, Form::Chunk), out);
         if let Some(figures) = figures {
-            t.0.on_usage(PricedUsage { figures, no_answer });
+            t.on_usage(PricedUsage { figures, no_answer });
         }
         return;
     }

@@ -1,7 +1,7 @@
 //! The messages dialect and the Responses adapter on the chat serving path: translate the
 //! request into a chat body before the chat plugin rewrites it for the replica, and register
 //! the translator the chat path feeds with the answer's typed pieces on the way back
-//! (`shared::answer::Translation`). `count_tokens` is answered here without a replica. The
+//! (`RequestCtx::answer_translator`). `count_tokens` is answered here without a replica. The
 //! translators themselves are in this folder.
 
 use async_trait::async_trait;
@@ -11,7 +11,7 @@ use pingora::proxy::Session;
 use serde_json::{Value, json};
 
 use super::{ChatTranslation, MessagesStream, Purpose, ResponsesStream, render_json, responses_to_chat, to_chat};
-use crate::shared::answer::{AnswerTranslator, Translation};
+use crate::shared::answer::AnswerTranslator;
 use crate::shared::prompt_tokens::count_prompt_tokens;
 use tollgate::http::error::GatewayError;
 use tollgate::http::routes::Route;
@@ -38,7 +38,7 @@ impl Dialects {
             cx.response_headers.push(("x-service-hint-warnings", t.warnings.join(", ")));
         }
         cx.body = Some(t.body);
-        cx.ext.insert(Translation(translator));
+        cx.answer_translator = Some(translator);
     }
 }
 
@@ -86,7 +86,7 @@ impl Plugin for Dialects {
     }
 
     fn on_response_header(&self, resp: &mut ResponseHeader, cx: &mut RequestCtx) -> Result<(), GatewayError> {
-        if cx.ext.get::<Translation>().is_some() {
+        if cx.answer_translator.is_some() {
             resp.remove_header("content-length");
             let ct = if cx.response.streaming { "text/event-stream" } else { "application/json" };
             let _ = resp.insert_header("content-type", ct);

@@ -18,7 +18,6 @@ use pingora::http::ResponseHeader;
 use pingora::proxy::Session;
 use sha2::{Digest, Sha256};
 
-use crate::shared::answer::Translation;
 use record::{MAX_STORED_BODY, Receipt, Record, StoredUsage};
 use tollgate::http::error::{ErrorKind, GatewayError};
 use tollgate::proxy::ctx::RequestCtx;
@@ -143,17 +142,17 @@ impl Idempotency {
         let usage = r.usage.as_ref().map(|u| u.priced());
         let streaming =
             cx.body.as_ref().and_then(|b| b.get("stream")).and_then(serde_json::Value::as_bool) == Some(true);
-        match cx.ext.get_mut::<Translation>() {
+        match cx.answer_translator.as_mut() {
             Some(t) if streaming => {
                 let mut out = bytes::BytesMut::new();
-                t.0.on_chunk(&r.meta(), &r.pieces(), &mut out);
+                t.on_chunk(&r.meta(), &r.pieces(), &mut out);
                 if let Some(u) = usage {
-                    t.0.on_usage(u);
+                    t.on_usage(u);
                 }
-                t.0.on_done(&mut out);
+                t.on_done(&mut out);
                 ("text/event-stream".into(), out.freeze())
             }
-            Some(t) => ("application/json".into(), Bytes::from(t.0.whole(&r.meta(), &r.pieces(), usage))),
+            Some(t) => ("application/json".into(), Bytes::from(t.whole(&r.meta(), &r.pieces(), usage))),
             None if streaming => ("text/event-stream".into(), r.chat_sse(status)),
             None => ("application/json".into(), Bytes::from(r.chat_json(status))),
         }

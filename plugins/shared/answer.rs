@@ -1,6 +1,6 @@
 //! A chat answer as the chat path reads it, once: the borrowed view of a completion body or
 //! a stream chunk (`AnswerView`), the pieces of its first choice a dialect turns into its own
-//! shape (`Piece`), and the contract of a dialect translator (`AnswerTranslator`).
+//! shape (`Piece`; the translator contract itself is the core's `http::answer`).
 //!
 //! The chat plugin parses each body or frame once into the view, does its accounting on it
 //! and, on a dialect route, hands the translator typed pieces and typed usage: no translator
@@ -10,14 +10,12 @@
 
 use std::borrow::Cow;
 
-use bytes::BytesMut;
 use serde::de::{self, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;
 
-use tollgate::http::error::GatewayError;
+pub use tollgate::http::answer::{AnswerTranslator, ChunkMeta, Piece, PricedUsage};
 use tollgate::http::json_raw;
-use tollgate::money::usage::UsageFigures;
 
 /// A member as raw JSON text: `None` when absent. Unlike `Option<&RawValue>`, a `null` value
 /// is kept (as the text `null`), so its place in the text is known.
@@ -249,33 +247,9 @@ impl<'a> ChoiceView<'a> {
     }
 }
 
-/// What a whole answer or chunk says about itself, for the dialect envelopes.
-#[derive(Debug, Default, Clone)]
-pub struct ChunkMeta<'a> {
-    pub id: Option<Cow<'a, str>>,
-    pub created: Option<i64>,
-}
-
 /// The finish reason of an idempotent replay's receipt whose original stream ended early
 /// without one (decision 186); the Responses dialect renders it `incomplete`.
 pub const INTERRUPTED: &str = "interrupted";
-
-/// Output of the first choice, in the order it applies. Empty strings are not output and
-/// give no piece.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Piece<'a> {
-    Reasoning(Cow<'a, str>),
-    Text(Cow<'a, str>),
-    /// A tool call (a stream: a fragment of one); `index` is the chat tool-call index.
-    Tool {
-        index: u64,
-        id: Option<Cow<'a, str>>,
-        name: Option<Cow<'a, str>>,
-        /// The arguments' JSON text (a stream: a fragment of it).
-        args: Option<Cow<'a, str>>,
-    },
-    Finish(Cow<'a, str>),
-}
 
 fn non_empty(s: Option<Cow<'_, str>>) -> Option<Cow<'_, str>> {
     s.filter(|s| !s.is_empty())
@@ -322,32 +296,6 @@ fn tool_pieces<'a>(calls: Field<'a>, out: &mut Vec<Piece<'a>>) {
         });
     }
 }
-
-/// Usage as the chat path priced it, for a translator.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PricedUsage {
-    pub figures: UsageFigures,
-    /// Every choice ended without answer content (adds `output_token_accounting`).
-    pub no_answer: bool,
-}
-
-/// A dialect's translation of the chat answer, fed by the chat path with typed pieces. A
-/// stream gets `on_chunk` per chunk, `on_usage` when the usage report arrives, then one of
-/// `on_done` or `on_failure`; a whole answer gets `whole`. Writes go to `out` as whole SSE
-/// events.
-pub trait AnswerTranslator: Send + Sync {
-    fn on_chunk(&mut self, meta: &ChunkMeta<'_>, pieces: &[Piece<'_>], out: &mut BytesMut);
-    fn on_usage(&mut self, usage: PricedUsage);
-    /// The chat stream's `[DONE]`.
-    fn on_done(&mut self, out: &mut BytesMut);
-    /// The stream ends with a failure; nothing follows.
-    fn on_failure(&mut self, err: &GatewayError, request_id: &str, out: &mut BytesMut);
-    /// A whole (non-streamed) answer as the dialect's body.
-    fn whole(&self, meta: &ChunkMeta<'_>, pieces: &[Piece<'_>], usage: Option<PricedUsage>) -> Vec<u8>;
-}
-
-/// In `cx.ext`: the translator of a request a dialect put on the chat path.
-pub struct Translation(pub Box<dyn AnswerTranslator>);
 
 /// Note in `facts` what `view` says about the answer, if a later phase asked for them.
 pub fn note_facts(facts: &mut Option<tollgate::proxy::ctx::AnswerFacts>, view: &AnswerView<'_>) {

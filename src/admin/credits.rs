@@ -6,7 +6,6 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 
 use super::fields::Fields;
-use super::handlers::store_err;
 use super::{AdminApp, AdminError, json_response};
 use crate::runtime::clock::{iso, now_ms};
 use crate::store::ledger::{Balance, LedgerStore};
@@ -27,7 +26,7 @@ fn ledger(app: &AdminApp) -> Result<&Arc<dyn LedgerStore>, AdminError> {
 
 pub(super) async fn signup_grant(app: &AdminApp, ws: &str) -> Result<(), AdminError> {
     if let Some(l) = &app.ledger {
-        l.top_up(ws, SIGNUP_GRANT_CENTS, "grant", None, now_ms()).await.map_err(store_err)?;
+        l.top_up(ws, SIGNUP_GRANT_CENTS, "grant", None, now_ms()).await.map_err(AdminError::store)?;
     }
     Ok(())
 }
@@ -35,13 +34,13 @@ pub(super) async fn signup_grant(app: &AdminApp, ws: &str) -> Result<(), AdminEr
 pub(super) async fn balance(app: &AdminApp, ws: &str) -> Result<Option<Balance>, AdminError> {
     match &app.ledger {
         // Unused leases are shown as balance, as the credits read shows them.
-        Some(l) => l.balance_shown(ws).await.map_err(store_err),
+        Some(l) => l.balance_shown(ws).await.map_err(AdminError::store),
         None => Ok(None),
     }
 }
 
 async fn existing(app: &AdminApp, ws: &str) -> Result<(), AdminError> {
-    match ledger(app)?.balance(ws).await.map_err(store_err)? {
+    match ledger(app)?.balance(ws).await.map_err(AdminError::store)? {
         Some(_) => Ok(()),
         None => Err(AdminError::not_found("workspace")),
     }
@@ -58,9 +57,9 @@ pub(super) async fn top_up(app: &AdminApp, ws: &str, body: &Value) -> Answer {
     existing(app, ws).await?;
     let now = now_ms();
     let expires_at = (source != "grant").then_some(now + TOPUP_LIFETIME_MS);
-    let (entry, stored) = ledger(app)?.top_up(ws, amount, source, expires_at, now).await.map_err(store_err)?;
+    let (entry, stored) = ledger(app)?.top_up(ws, amount, source, expires_at, now).await.map_err(AdminError::store)?;
     // As the credits read shows it (read again, so the unused leases are of the same moment).
-    let shown = ledger(app)?.balance_shown(ws).await.map_err(store_err)?;
+    let shown = ledger(app)?.balance_shown(ws).await.map_err(AdminError::store)?;
     let balance = shown.map_or(stored, |b| b.balance_cents);
     Ok(json_response(201, &json!({ "entry_id": entry, "balance_cents": balance })))
 }
@@ -68,7 +67,7 @@ pub(super) async fn top_up(app: &AdminApp, ws: &str, body: &Value) -> Answer {
 pub(super) async fn freeze(app: &AdminApp, ws: &str, body: &Value, on: bool) -> Answer {
     let f = Fields::new(body, &["reason"])?;
     let reason = f.one_of("reason", &["unpaid", "dispute"])?.unwrap_or("unpaid");
-    let changed = ledger(app)?.set_frozen(ws, on.then_some(reason)).await.map_err(store_err)?;
+    let changed = ledger(app)?.set_frozen(ws, on.then_some(reason)).await.map_err(AdminError::store)?;
     if !changed {
         return Err(AdminError::not_found("workspace"));
     }
@@ -88,16 +87,16 @@ pub(super) async fn ledger_listing(app: &AdminApp, ws: &str) -> Answer {
         let (stored, leased) = l
             .balance_and_unused_leases(ws)
             .await
-            .map_err(store_err)?
+            .map_err(AdminError::store)?
             .ok_or_else(|| AdminError::not_found("workspace"))?;
-        let derived = l.derived_balance(ws).await.map_err(store_err)?;
-        let again = l.balance(ws).await.map_err(store_err)?;
+        let derived = l.derived_balance(ws).await.map_err(AdminError::store)?;
+        let again = l.balance(ws).await.map_err(AdminError::store)?;
         if attempt >= 5 || (again == Some(stored) && derived == stored.balance_cents) {
             break (stored, leased, derived);
         }
     };
     let shown = stored.with_lease_unused(leased);
-    let entries = l.entries(ws, 500).await.map_err(store_err)?;
+    let entries = l.entries(ws, 500).await.map_err(AdminError::store)?;
     let entries: Vec<Value> = entries
         .iter()
         .map(|e| {

@@ -11,15 +11,9 @@ use crate::identity::lifecycle::{KeyOpError, MAX_LIVE_PER_SCOPE};
 use crate::identity::service::{CopyRole, Identity, NewKey};
 use crate::identity::{KeyRecord, KeyScope, RateTier, Workspace};
 use crate::runtime::clock::{iso, now_ms};
-use crate::store::{KeyPatch, RotateOpts, StoreError};
+use crate::store::{KeyPatch, RotateOpts};
 
 type Answer = Result<Response<Vec<u8>>, AdminError>;
-
-pub(super) fn store_err(e: StoreError) -> AdminError {
-    let mut err = AdminError::new(503, "store_unavailable", e.to_string());
-    err.retry_after = Some(2);
-    err
-}
 
 fn key_err(e: KeyOpError) -> AdminError {
     match e {
@@ -209,7 +203,7 @@ async fn create_workspace(app: &AdminApp, body: &Value) -> Answer {
     let name = f.str("name", 200)?.ok_or_else(|| AdminError::bad("name", "is required"))?;
     let tier =
         f.one_of("rate_tier", &["free", "core", "enterprise"])?.and_then(RateTier::parse).unwrap_or(RateTier::Free);
-    let ws = identity(app)?.create_workspace(name, tier).await.map_err(store_err)?;
+    let ws = identity(app)?.create_workspace(name, tier).await.map_err(AdminError::store)?;
     super::credits::signup_grant(app, &ws.id).await?;
     Ok(json_response(
         201,
@@ -218,7 +212,11 @@ async fn create_workspace(app: &AdminApp, body: &Value) -> Answer {
 }
 
 async fn get_workspace(app: &AdminApp, ws: &str) -> Answer {
-    let w = identity(app)?.workspace(ws).await.map_err(store_err)?.ok_or_else(|| AdminError::not_found("workspace"))?;
+    let w = identity(app)?
+        .workspace(ws)
+        .await
+        .map_err(AdminError::store)?
+        .ok_or_else(|| AdminError::not_found("workspace"))?;
     let mut body = workspace_json(&w);
     if let Some(b) = super::credits::balance(app, ws).await? {
         body["balance_cents"] = json!(b.balance_cents);
@@ -287,7 +285,7 @@ async fn create_key(app: &AdminApp, ws: &str, body: &Value) -> Answer {
 }
 
 async fn get_key(app: &AdminApp, id: &str) -> Answer {
-    let k = identity(app)?.key(id).await.map_err(store_err)?.ok_or_else(|| AdminError::not_found("key"))?;
+    let k = identity(app)?.key(id).await.map_err(AdminError::store)?.ok_or_else(|| AdminError::not_found("key"))?;
     Ok(json_response(200, &key_json(&k)))
 }
 
@@ -369,7 +367,7 @@ async fn model_pause(app: &AdminApp, model: &str, action: &str, body: &Value) ->
     };
     match &app.model_states {
         // Shared with every instance on the identity store, and kept across restarts.
-        Some(shared) => shared.set(model, until).await.map_err(store_err)?,
+        Some(shared) => shared.set(model, until).await.map_err(AdminError::store)?,
         // No identity store: this node alone, until it restarts.
         None => app.live.with_current(|config| {
             if let Some(entry) = config.catalog.get(model) {

@@ -55,6 +55,13 @@ impl AdminError {
         Self::new(400, "invalid_field", format!("`{field}`: {problem}"))
     }
 
+    /// 503 with a retry hint: the store could not answer.
+    pub fn store(e: crate::store::StoreError) -> Self {
+        let mut err = Self::new(503, "store_unavailable", e.to_string());
+        err.retry_after = Some(2);
+        err
+    }
+
     pub fn not_found(what: &str) -> Self {
         Self::new(404, "not_found", format!("no such {what}"))
     }

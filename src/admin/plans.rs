@@ -5,7 +5,6 @@
 use serde_json::{Value, json};
 
 use super::fields::Fields;
-use super::handlers::store_err;
 use super::{AdminApp, AdminError, json_response};
 use crate::money::plans::decide::windows;
 use crate::money::plans::{PlanRecord, PlanTerms, Status, Tier};
@@ -98,20 +97,23 @@ fn terms_of(body: &Value, now: Millis, existing: Option<&PlanTerms>) -> Result<P
 pub(super) async fn put(app: &AdminApp, ws: &str, body: &Value) -> Answer {
     let l = ledger(app)?;
     let now = now_ms();
-    let existing = l.plan(ws).await.map_err(store_err)?;
+    let existing = l.plan(ws).await.map_err(AdminError::store)?;
     let terms = terms_of(body, now, existing.as_ref().map(|p| &p.terms))?;
-    let rec =
-        l.set_plan(ws, &terms, now).await.map_err(store_err)?.ok_or_else(|| AdminError::not_found("workspace"))?;
+    let rec = l
+        .set_plan(ws, &terms, now)
+        .await
+        .map_err(AdminError::store)?
+        .ok_or_else(|| AdminError::not_found("workspace"))?;
     Ok(json_response(200, &plan_json(app, ws, rec, now)))
 }
 
 pub(super) async fn get(app: &AdminApp, ws: &str) -> Answer {
-    let rec = ledger(app)?.plan(ws).await.map_err(store_err)?.ok_or_else(|| AdminError::not_found("plan"))?;
+    let rec = ledger(app)?.plan(ws).await.map_err(AdminError::store)?.ok_or_else(|| AdminError::not_found("plan"))?;
     Ok(json_response(200, &plan_json(app, ws, rec, now_ms())))
 }
 
 pub(super) async fn delete(app: &AdminApp, ws: &str) -> Answer {
-    if !ledger(app)?.clear_plan(ws).await.map_err(store_err)? {
+    if !ledger(app)?.clear_plan(ws).await.map_err(AdminError::store)? {
         return Err(AdminError::not_found("plan"));
     }
     Ok(json_response(200, &json!({ "workspace_id": ws, "plan": null })))

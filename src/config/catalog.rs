@@ -2,15 +2,12 @@
 //! per model; what is not declared is absent from `GET /v1/models` (never zero, never null
 //! for unlimited), except the fields clarifications 2 and 3 publish on every model.
 
-use std::path::Path;
 use std::sync::{Arc, RwLock};
 
 use jiff::Timestamp;
 use serde_json::{Map, Value, json};
 
-use super::catalog_check::{RawCatalog, check_model};
 use super::chat_rules::ChatRules;
-use super::{ConfigProblem, GatewaySettings, Problems, parse_yaml};
 
 /// Prices as integers: microcents per million tokens (1 USD = 100,000,000 microcents), so
 /// money paths never touch floating point after the catalog is loaded.
@@ -122,7 +119,7 @@ impl ModelEntry {
 #[derive(Debug, Default)]
 pub struct Catalog {
     pub models: Vec<Arc<ModelEntry>>,
-    by_name: crate::runtime::fast_map::FastMap<String, usize>,
+    pub(super) by_name: crate::runtime::fast_map::FastMap<String, usize>,
 }
 
 impl Catalog {
@@ -130,30 +127,4 @@ impl Catalog {
     pub fn get(&self, name: &str) -> Option<&Arc<ModelEntry>> {
         self.by_name.get(name).map(|&i| &self.models[i])
     }
-}
-
-pub(super) fn load(file: &Path, settings: &GatewaySettings, out: &mut Vec<ConfigProblem>) -> Option<Catalog> {
-    let raw: RawCatalog = parse_yaml(file, out)?;
-    let before = out.len();
-    let mut p = Problems::new(file, out);
-    let loaded_at = Timestamp::now().as_second();
-    let models_dir = file.parent().unwrap_or(Path::new("."));
-    let mut catalog = Catalog::default();
-    for (i, m) in raw.models.into_iter().enumerate() {
-        let names: Vec<(String, String)> = std::iter::once((format!("models[{i}].id"), m.id.clone()))
-            .chain(m.aliases.iter().enumerate().map(|(j, a)| (format!("models[{i}].aliases[{j}]"), a.clone())))
-            .collect();
-        let entry = check_model(&mut p, i, m, settings, loaded_at, models_dir);
-        let idx = catalog.models.len();
-        for (path, name) in names {
-            if catalog.by_name.insert(name.clone(), idx).is_some() {
-                p.add(path, format!("`{name}` is already the id or alias of another model"));
-            }
-        }
-        catalog.models.push(Arc::new(entry));
-    }
-    if catalog.models.is_empty() {
-        p.add("models", "the catalog lists no model");
-    }
-    (out.len() == before).then_some(catalog)
 }

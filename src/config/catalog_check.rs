@@ -2,15 +2,15 @@
 //! declared model into a `ModelEntry`, each problem named by its dotted field path.
 
 use std::path::Path;
-use std::sync::RwLock;
+use std::sync::{Arc, RwLock};
 
 use jiff::Timestamp;
 use serde::Deserialize;
 use serde_json::{Map, json};
 
-use super::catalog::{ModelEntry, Pricing};
+use super::catalog::{Catalog, ModelEntry, Pricing};
 use super::chat_rules::{self, RawChatRules};
-use super::{GatewaySettings, Problems};
+use super::{ConfigProblem, GatewaySettings, Problems, parse_yaml};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -131,6 +131,33 @@ fn one_of(p: &mut Problems, path: &str, value: &str, allowed: &[&str]) {
     if !allowed.contains(&value) {
         p.add(path, format!("`{value}` is not one of {}", allowed.join(", ")));
     }
+}
+
+/// Read and check `models.yaml` (every problem is added to `out`).
+pub(super) fn load(file: &Path, settings: &GatewaySettings, out: &mut Vec<ConfigProblem>) -> Option<Catalog> {
+    let raw: RawCatalog = parse_yaml(file, out)?;
+    let before = out.len();
+    let mut p = Problems::new(file, out);
+    let loaded_at = Timestamp::now().as_second();
+    let models_dir = file.parent().unwrap_or(Path::new("."));
+    let mut catalog = Catalog::default();
+    for (i, m) in raw.models.into_iter().enumerate() {
+        let names: Vec<(String, String)> = std::iter::once((format!("models[{i}].id"), m.id.clone()))
+            .chain(m.aliases.iter().enumerate().map(|(j, a)| (format!("models[{i}].aliases[{j}]"), a.clone())))
+            .collect();
+        let entry = check_model(&mut p, i, m, settings, loaded_at, models_dir);
+        let idx = catalog.models.len();
+        for (path, name) in names {
+            if catalog.by_name.insert(name.clone(), idx).is_some() {
+                p.add(path, format!("`{name}` is already the id or alias of another model"));
+            }
+        }
+        catalog.models.push(Arc::new(entry));
+    }
+    if catalog.models.is_empty() {
+        p.add("models", "the catalog lists no model");
+    }
+    (out.len() == before).then_some(catalog)
 }
 
 pub(super) fn check_model(

@@ -67,7 +67,7 @@ impl std::fmt::Debug for Secret {
 
 /// Identity store and key secrets, checked.
 pub struct IdentitySettings {
-    pub store: crate::store::StoreConfig,
+    pub store: crate::store::settings::StoreConfig,
     pub migrate_on_start: bool,
     pub key_pepper: Vec<u8>,
     pub key_encryption_key: String,
@@ -106,15 +106,15 @@ pub(super) fn read_secret(p: &mut Problems, path: &str, base: &Path, s: &RawSecr
 
 pub(super) fn identity_settings(p: &mut Problems, base: &Path, raw: &RawIdentity) -> Option<IdentitySettings> {
     let store = match &raw.store {
-        RawStore::Sqlite { path } => crate::store::StoreConfig::Sqlite { path: sibling(base, path) },
+        RawStore::Sqlite { path } => crate::store::settings::StoreConfig::Sqlite { path: sibling(base, path) },
         RawStore::Postgres { url, url_env, call_timeout_ms, tls } => {
             let tls = tls.as_ref().and_then(|t| super::tls::store_tls(p, base, "identity.store.tls", t));
             let call_timeout = match call_timeout_ms {
-                None => crate::store::postgres::CALL_TIMEOUT,
+                None => crate::store::settings::CALL_TIMEOUT,
                 Some(ms) if (100..=600_000).contains(ms) => std::time::Duration::from_millis(*ms),
                 Some(_) => {
                     p.add("identity.store.call_timeout_ms", "must be 100..=600000");
-                    crate::store::postgres::CALL_TIMEOUT
+                    crate::store::settings::CALL_TIMEOUT
                 }
             };
             let url = match (url, url_env) {
@@ -131,7 +131,7 @@ pub(super) fn identity_settings(p: &mut Problems, base: &Path, raw: &RawIdentity
                     None
                 }
             }?;
-            crate::store::StoreConfig::Postgres { url, call_timeout, tls }
+            crate::store::settings::StoreConfig::Postgres { url, call_timeout, tls }
         }
     };
     let pepper = read_secret(p, "identity.key_pepper", base, &raw.key_pepper);

@@ -12,6 +12,7 @@ mod chat_rules;
 mod client;
 mod client_address;
 mod gateway;
+mod gateway_file;
 mod identity;
 mod limits;
 mod live;
@@ -22,6 +23,7 @@ mod tokenizer;
 mod tracing;
 mod unique;
 mod upstreams;
+mod upstreams_check;
 
 pub use catalog::{Catalog, ModelEntry, Pricing};
 pub use chat_rules::{ChatRules, SystemMessages};
@@ -173,9 +175,9 @@ fn load_operator_files(
     running: Option<&Config>,
     mut out: Vec<ConfigProblem>,
 ) -> Result<Config, ConfigErrors> {
-    let catalog = catalog::load(&gateway.models_file, &gateway, &mut out);
+    let catalog = catalog_check::load(&gateway.models_file, &gateway, &mut out);
     let pools = match &catalog {
-        Some(c) => upstreams::load(&gateway.upstreams_file, c, running.map(|r| &r.pools), &mut out),
+        Some(c) => upstreams_check::load(&gateway.upstreams_file, c, running.map(|r| &r.pools), &mut out),
         None => None,
     };
     match (catalog, pools) {

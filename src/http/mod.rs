@@ -2,6 +2,7 @@
 //! catalogue and its two envelopes, SSE framing, and the small text and JSON helpers the
 //! dialects share.
 
+pub mod answer;
 pub mod envelope;
 pub mod error;
 pub mod json_raw;

@@ -111,7 +111,7 @@ pub fn json_line(cx: &RequestCtx, status: u16, path: &str, bytes_in: Option<u64>
         workspace_id: cx.principal.as_ref().map(|p| p.workspace_id.as_str()),
         placement: p.filter(|p| p.placed).map(|p| p.affinity.map_or("load", |a| a.by.as_str())),
         spilled: p.is_some_and(|p| p.spilled),
-        funding: crate::observe::metrics::funding_of(cx),
+        funding: cx.funding_label(),
         prompt_tokens: usage.map(|u| u.prompt_tokens),
         cached_tokens: usage.map(|u| u.cached_tokens),
         completion_tokens: usage.map(|u| u.completion_tokens),

@@ -14,7 +14,7 @@ use prometheus::{
 
 use crate::config::Config;
 use crate::http::routes::Route;
-use crate::proxy::ctx::RequestCtx;
+use crate::money::usage::UsageFigures;
 
 struct Metrics {
     requests: IntCounterVec,
@@ -187,39 +187,42 @@ fn route_name(route: Option<Route>) -> &'static str {
     }
 }
 
-/// Who paid, as a label.
-pub fn funding_of(cx: &RequestCtx) -> &'static str {
-    match (cx.paid_from, cx.usage.figures()) {
-        (Some(p), _) => p.as_str(),
-        (None, Some(u)) if u.cost.0 > 0 => "credits",
-        _ => "none",
-    }
+/// A finished request, as the metrics see it (the proxy reads it off its context).
+pub struct Finished<'a> {
+    pub route: Option<Route>,
+    pub model: &'a str,
+    pub status: u16,
+    /// The error code, `-` when none.
+    pub code: &'a str,
+    pub elapsed: Duration,
+    pub first_token_after: Option<Duration>,
+    pub usage: Option<UsageFigures>,
+    /// Who paid, as a label.
+    pub funding: &'static str,
 }
 
 /// Record a finished request (the logging phase).
-pub fn record(cx: &RequestCtx, status: u16, elapsed: Duration) {
+pub fn record(f: &Finished) {
     let Some(m) = metrics() else { return };
-    let route = route_name(cx.route);
-    let model = cx.model().map_or("-", |m| m.id.as_str());
-    let code = cx.failure.as_ref().map_or("-", |f| f.kind.code());
-    let mut status_buf = itoa_buf(status);
-    m.requests.with_label_values(&[route, model, status_str(&mut status_buf), code]).inc();
-    m.duration.with_label_values(&[route, model]).observe(elapsed.as_secs_f64());
-    if let Some(first) = cx.response.first_token_after {
+    let route = route_name(f.route);
+    let model = f.model;
+    let mut status_buf = itoa_buf(f.status);
+    m.requests.with_label_values(&[route, model, status_str(&mut status_buf), f.code]).inc();
+    m.duration.with_label_values(&[route, model]).observe(f.elapsed.as_secs_f64());
+    if let Some(first) = f.first_token_after {
         m.ttft.with_label_values(&[model]).observe(first.as_secs_f64());
-        let completion = cx.usage.figures().map_or(0, |u| u.completion_tokens);
+        let completion = f.usage.map_or(0, |u| u.completion_tokens);
         if completion > 1 {
-            let per = elapsed.saturating_sub(first).as_secs_f64() / (completion - 1) as f64;
+            let per = f.elapsed.saturating_sub(first).as_secs_f64() / (completion - 1) as f64;
             m.tpot.with_label_values(&[model]).observe(per);
         }
     }
-    if let Some(u) = cx.usage.figures() {
-        let funding = funding_of(cx);
+    if let Some(u) = f.usage {
         for (kind, n) in [("prompt", u.prompt_tokens), ("cached", u.cached_tokens), ("completion", u.completion_tokens)]
         {
-            m.tokens.with_label_values(&[model, kind, funding]).inc_by(n);
+            m.tokens.with_label_values(&[model, kind, f.funding]).inc_by(n);
         }
-        m.cost.with_label_values(&[model, funding]).inc_by(u.cost.0);
+        m.cost.with_label_values(&[model, f.funding]).inc_by(u.cost.0);
     }
 }
 

@@ -176,6 +176,10 @@ pub struct RequestCtx {
     /// What the answer said about itself, filled by the chat path as it reads the answer once
     /// a later phase asked for it by setting `Some` (the idempotency receipt).
     pub answer_facts: Option<AnswerFacts>,
+    /// The translator of a request a dialect (messages, Responses) put on the chat path
+    /// (written by the dialect's request phase; fed by the chat path's response phases, and
+    /// by idempotency when it replays a receipt). `None`: the client reads chat completions.
+    pub answer_translator: Option<Box<dyn crate::http::answer::AnswerTranslator>>,
     /// A plugin's own state by type (data one plugin keeps for its later phases; what plugins
     /// share is a typed field above). The core never looks inside.
     pub ext: Extensions,
@@ -264,6 +268,29 @@ pub fn next_request_id() -> String {
 }
 
 impl RequestCtx {
+    /// Who paid, as a metrics and log label.
+    pub fn funding_label(&self) -> &'static str {
+        match (self.paid_from, self.usage.figures()) {
+            (Some(p), _) => p.as_str(),
+            (None, Some(u)) if u.cost.0 > 0 => "credits",
+            _ => "none",
+        }
+    }
+
+    /// The request as the metrics record it when it ends with `status`.
+    pub fn finished(&self, status: u16) -> crate::observe::metrics::Finished<'_> {
+        crate::observe::metrics::Finished {
+            route: self.route,
+            model: self.model().map_or("-", |m| m.id.as_str()),
+            status,
+            code: self.failure.as_ref().map_or("-", |f| f.kind.code()),
+            elapsed: self.started.elapsed(),
+            first_token_after: self.response.first_token_after,
+            usage: self.usage.figures(),
+            funding: self.funding_label(),
+        }
+    }
+
     /// The resolved model (`None` before resolution and on routes without one).
     pub fn model(&self) -> Option<&Arc<ModelEntry>> {
         self.placement.as_ref().map(|p| &p.model)
@@ -295,6 +322,7 @@ impl RequestCtx {
             chat_request: ChatRequestFacts::default(),
             model_busy: false,
             answer_facts: None,
+            answer_translator: None,
             ext: Extensions::default(),
             response_headers: Vec::new(),
             failure: None,

@@ -254,3 +254,26 @@ fn access_line(s: &Session, cx: &RequestCtx, status: u16) -> String {
         if cx.client_gone { " client_gone" } else { "" },
     )
 }
+
+/// The answer to a request Pingora refused before any phase ran (`refusal_response`).
+pub(super) fn refusal(status: u16) -> Option<(ResponseHeader, bytes::Bytes)> {
+    let err = if status == 405 {
+        GatewayError::new(ErrorKind::MethodNotAllowed, "This method is not served here.")
+    } else if status == 408 {
+        GatewayError::new(ErrorKind::RequestTimeout, "The request head did not arrive in time.")
+    } else {
+        GatewayError::invalid_request(
+            "request",
+            "The request is not valid HTTP/1.1 (its request line, headers or framing); nothing was done.",
+        )
+    };
+    let request_id = crate::proxy::ctx::next_request_id();
+    let r = envelope::render(&err, envelope::Envelope::Chat, &request_id);
+    let mut resp = ResponseHeader::build(r.status, Some(5)).ok()?;
+    resp.insert_header("content-type", "application/json").ok()?;
+    resp.insert_header("content-length", r.body.len()).ok()?;
+    resp.insert_header("x-request-id", request_id.as_str()).ok()?;
+    resp.insert_header("connection", "close").ok()?;
+    log::info!("{request_id} refused before routing: status={status}");
+    Some((resp, r.body))
+}

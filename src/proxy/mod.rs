@@ -19,7 +19,7 @@ use pingora::{Error, ErrorSource, ErrorType, Result};
 use crate::config::{GatewaySettings, LiveConfig};
 use crate::http::envelope;
 use crate::http::error::{ErrorKind, GatewayError};
-use crate::http::request::{self, read_json_body};
+use crate::http::request;
 use crate::http::responder;
 use crate::http::routes::Route;
 use crate::proxy::ctx::RequestCtx;
@@ -35,6 +35,7 @@ pub mod health;
 pub mod placement;
 pub mod placement_sim;
 pub mod plugin;
+mod request_phase;
 mod retry;
 mod stream_end;
 pub mod timers;
@@ -86,89 +87,6 @@ impl Gateway {
     pub fn with_traces(mut self, exporter: Arc<crate::observe::traces::Exporter>) -> Self {
         self.traces = Some(exporter);
         self
-    }
-
-    async fn handle(&self, s: &mut Session, cx: &mut RequestCtx) -> Result<Flow, GatewayError> {
-        // A socket the body replay wraps times its writes by their progress (a slow reader
-        // is not cut); another gets the same bound on each write (an HTTP/2 stream's write
-        // waits for window a piece at a time, so it too measures progress).
-        let wrapped = cx.carried_output.is_some();
-        let write_timeout = (!wrapped).then_some(self.settings.client.stalled_reader);
-        s.downstream_session.set_write_timeout(write_timeout);
-        request::echo_version(s, cx);
-        // HTTP/1.1 keeps a connection alive with no limit by default: bound its idle wait for
-        // the next request (issue 49).
-        if s.get_keepalive() == Some(0) {
-            s.set_keepalive(Some(self.settings.client.idle_timeout_seconds));
-        }
-        cx.client_ip = crate::transport::client_address::of_request(s, &self.settings.client_addressing);
-        if let Some(traces) = &self.traces {
-            let h = &s.req_header().headers;
-            let header = |name: &str| h.get(name).and_then(|v| v.to_str().ok());
-            cx.trace = Some(crate::observe::traces::RequestTrace::start(
-                header("traceparent"),
-                header("tracestate"),
-                traces.sample_ratio,
-            ));
-        }
-        let route = request::route(s, cx)?;
-        request::check_header_limits(s, &self.settings.client)?;
-        request::client_request_id(s, cx)?;
-        if self.chain.on_request_headers(s, cx).await? == Flow::Handled {
-            return Ok(Flow::Handled);
-        }
-        match route {
-            Route::ListModels => {
-                responder::models_list(s, cx, &self.chain).await?;
-                return Ok(Flow::Handled);
-            }
-            Route::GetModel => {
-                responder::model_get(s, cx, &self.chain).await?;
-                return Ok(Flow::Handled);
-            }
-            Route::Credits | Route::Usage => {
-                return Err(GatewayError::new(
-                    ErrorKind::DatastoreUnavailable,
-                    "This gateway has no store configured for this read.",
-                ));
-            }
-            _ => {}
-        }
-        let keepalive = s.get_keepalive();
-        let in_place = forward::prepare(s, cx);
-        let raw = read_json_body(s, cx).await?;
-        if route.is_forwarded() {
-            // No dialect estimates these: about four bytes a token of the body (a ceiling,
-            // JSON syntax included), read by admission and the hold (decision 153).
-            cx.prompt_estimate = u64::try_from(raw.len().div_ceil(4)).unwrap_or(u64::MAX);
-        }
-        cx.raw_body = Some(raw);
-        request::resolve_model(cx, route)?;
-        affinity::identify(&s.req_header().headers, cx);
-        crate::runtime::faults::panic_point("request");
-        let lookup = affinity::lookup(&*self.placements, cx);
-        let (flow, looked_up) = tokio::join!(self.chain.on_request(s, cx), lookup);
-        let rewritten = match flow? {
-            Flow::Handled => return Ok(Flow::Handled),
-            Flow::Forward(body) => Some(body),
-            Flow::Continue => None,
-        };
-        let raw = cx.raw_body.take().unwrap_or_default(); // not kept while the answer streams
-        if route.is_generation() && rewritten.is_none() {
-            // Generation routes must be translated by a dialect plugin (upstream model name,
-            // usage always requested); none in the chain took this one.
-            return Err(GatewayError::new(
-                ErrorKind::HostedInferenceUnavailable,
-                "This endpoint's dialect is not enabled on this gateway.",
-            ));
-        }
-        affinity::place(&*self.placements, cx, looked_up).await?;
-        let body = match rewritten {
-            Some(b) => b,
-            None => request::forwarded_body(cx, raw)?,
-        };
-        forward::forward(s, cx, body, keepalive, in_place).await?;
-        Ok(Flow::Continue)
     }
 }
 
@@ -423,25 +341,7 @@ impl ProxyHttp for Gateway {
     /// the chat dialect's envelope like every other answer (the route is unknown), then the
     /// connection closes (issue 49).
     fn refusal_response(&self, status: u16) -> Option<(ResponseHeader, Bytes)> {
-        let err = if status == 405 {
-            GatewayError::new(ErrorKind::MethodNotAllowed, "This method is not served here.")
-        } else if status == 408 {
-            GatewayError::new(ErrorKind::RequestTimeout, "The request head did not arrive in time.")
-        } else {
-            GatewayError::invalid_request(
-                "request",
-                "The request is not valid HTTP/1.1 (its request line, headers or framing); nothing was done.",
-            )
-        };
-        let request_id = crate::proxy::ctx::next_request_id();
-        let r = envelope::render(&err, envelope::Envelope::Chat, &request_id);
-        let mut resp = ResponseHeader::build(r.status, Some(5)).ok()?;
-        resp.insert_header("content-type", "application/json").ok()?;
-        resp.insert_header("content-length", r.body.len()).ok()?;
-        resp.insert_header("x-request-id", request_id.as_str()).ok()?;
-        resp.insert_header("connection", "close").ok()?;
-        log::info!("{request_id} refused before routing: status={status}");
-        Some((resp, r.body))
+        failure::refusal(status)
     }
 
     /// Pingora's own log lines about a request (its errors): the request line with a key-shaped
@@ -459,11 +359,11 @@ impl ProxyHttp for Gateway {
     }
 
     fn response_timer_at(&self, _s: &Session, cx: &Self::CTX) -> Option<std::time::Instant> {
-        timers::next_at(cx)
+        stream_end::timer_at(cx)
     }
 
     async fn response_timer(&self, s: &mut Session, cx: &mut Self::CTX) -> Result<Option<Bytes>> {
-        timers::on_timer(cx, s.body_bytes_sent() as u64)
+        stream_end::on_timer(cx, s.body_bytes_sent() as u64)
     }
 
     async fn fail_to_proxy(&self, s: &mut Session, e: &Error, cx: &mut Self::CTX) -> FailToProxy {
@@ -480,32 +380,10 @@ impl ProxyHttp for Gateway {
         if e.is_some_and(|e| e.esource() == &ErrorSource::Downstream) {
             cx.client_gone = true;
         }
-        // A stream whose client left (or stopped reading) delivered what its connection took,
-        // not what the replica produced or the gateway still held (clarification 19).
-        let mut cut_short = false;
-        if cx.client_gone && cx.response.streaming {
-            let took = cx.response.written.tokens(s.body_bytes_sent() as u64);
-            cut_short = took < cx.response.delivered_tokens;
-            cx.response.delivered_tokens = cx.response.delivered_tokens.min(took);
-        }
-        // The settlement input is complete before any plugin's log hook runs (so the order of
-        // the log hooks carries no meaning).
-        if let Some(model) = cx.model() {
-            let completion = crate::money::request_usage::Completion {
-                model,
-                priced_at: cx.arrived_ms,
-                prompt_estimate: cx.prompt_estimate,
-                delivered_tokens: cx.response.delivered_tokens,
-                cut_short,
-                paid_from: cx.paid_from,
-            };
-            let mut usage = cx.usage; // `model` borrows the context
-            usage.complete(&completion);
-            cx.usage = usage;
-        }
+        stream_end::complete_usage(s, cx);
         self.chain.on_log(cx).await; // each hook's panic is caught and logged there
         cx.logged = true;
-        crate::observe::metrics::record(cx, status, cx.started.elapsed());
+        crate::observe::metrics::record(&cx.finished(status));
         crate::transport::connection_cap::mark_idle(&s.downstream_session);
         failure::access_log(s, cx, status, self.settings.access_log_json);
         if let Some(traces) = &self.traces {

@@ -20,8 +20,6 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use pingora::{Error, ErrorType, Result};
 
-use crate::proxy::ctx::RequestCtx;
-
 /// How long a replica has to end its HTTP body once its stream has ended (`[DONE]`, or the
 /// gateway's error frame): a correct one ends it in the same write.
 pub const TAIL_GRACE: Duration = Duration::from_secs(1);
@@ -155,23 +153,6 @@ impl ResponseTimers {
         h.check_at = Some(last + h.every);
         Ok(None)
     }
-}
-
-/// `response_timer_at` of the proxy.
-pub fn next_at(cx: &RequestCtx) -> Option<Instant> {
-    cx.timers.as_ref()?.next_at(cx.upstream_header_seen, cx.first_token_seen)
-}
-
-/// `response_timer` of the proxy: a ping written by the loop counts as bytes handed on, so
-/// what the client was billed for stays tied to the bytes that carried tokens.
-pub fn on_timer(cx: &mut RequestCtx, written: u64) -> Result<Option<Bytes>> {
-    let (header_seen, token_seen) = (cx.upstream_header_seen, cx.first_token_seen);
-    let Some(t) = cx.timers.as_mut() else { return Ok(None) };
-    let ping = t.on_timer(header_seen, token_seen)?;
-    if let Some(p) = &ping {
-        cx.response.written.padding(p.len() as u64, written);
-    }
-    Ok(ping)
 }
 
 #[cfg(test)]

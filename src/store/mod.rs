@@ -4,25 +4,13 @@
 //! `serve` start when configured to.
 
 pub mod ledger;
-pub mod ledger_batch;
-mod ledger_congestion;
-pub mod ledger_lease;
-pub mod ledger_ops;
 pub mod plan_rows;
 pub mod postgres;
-mod postgres_ledger;
-mod postgres_ledger_batch;
-pub use postgres_ledger_batch::lock_sql as postgres_batch_lock_sql;
-mod postgres_plans;
-mod postgres_pool;
+pub mod settings;
 pub mod sqlite;
-mod sqlite_checkpoint;
-mod sqlite_keys;
-mod sqlite_ledger;
-mod sqlite_ledger_batch;
-mod sqlite_plans;
-mod sqlite_rows;
 pub mod tls;
+pub use postgres::ledger_batch::lock_sql as postgres_batch_lock_sql;
+pub use settings::{StoreConfig, redact_url};
 
 use std::sync::Arc;
 
@@ -170,44 +158,6 @@ pub const POSTGRES_MIGRATIONS: &[Migration] = &[
     (8, "model_states", include_str!("../../migrations/postgres/008_model_states.sql")),
 ];
 
-/// Which backend a config names.
-#[derive(Clone, PartialEq, Eq)]
-pub enum StoreConfig {
-    Sqlite {
-        path: std::path::PathBuf,
-    },
-    Postgres {
-        url: String,
-        /// Bound on each store call, waiting for a pooled connection included.
-        call_timeout: std::time::Duration,
-        /// TLS to the server (required when set); `None`: as the URL's `sslmode` says, without
-        /// a TLS implementation (plain).
-        tls: Option<tls::StoreTls>,
-    },
-}
-
-impl StoreConfig {
-    /// PostgreSQL at `url` with the default call timeout.
-    pub fn postgres(url: impl Into<String>) -> StoreConfig {
-        StoreConfig::Postgres { url: url.into(), call_timeout: postgres_pool::CALL_TIMEOUT, tls: None }
-    }
-}
-
-impl std::fmt::Debug for StoreConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            StoreConfig::Sqlite { path } => write!(f, "sqlite {}", path.display()),
-            StoreConfig::Postgres { url, tls, .. } => {
-                write!(f, "postgres {}", redact_url(url))?;
-                if let Some(tls) = tls {
-                    write!(f, " with {tls:?}")?;
-                }
-                Ok(())
-            }
-        }
-    }
-}
-
 /// The stores of one backend: the same database serves identity and the ledger.
 #[derive(Clone)]
 pub struct Stores {
@@ -217,23 +167,23 @@ pub struct Stores {
 
 /// Open the configured backend (the one place that picks one). Credentials in the URL are
 /// never logged. The ledger of either backend is wrapped in group commit
-/// (`ledger_batch::BatchedLedger`: holds and settlements of many requests per transaction).
+/// (`ledger::batch::BatchedLedger`: holds and settlements of many requests per transaction).
 pub async fn open_stores(config: &StoreConfig) -> Result<Stores, StoreError> {
-    open_stores_tuned(config, ledger_batch::MAX_HOLD_WAIT).await
+    open_stores_tuned(config, ledger::batch::MAX_HOLD_WAIT).await
 }
 
 /// [`open_stores`] with the ledger shedding holds while its writes wait longer than
 /// `max_hold_wait` (`billing.ledger_max_wait_ms`, decision 131).
 pub async fn open_stores_tuned(config: &StoreConfig, max_hold_wait: std::time::Duration) -> Result<Stores, StoreError> {
-    let tuned = |l: ledger_batch::BatchedLedger| Arc::new(l.with_max_hold_wait(max_hold_wait));
+    let tuned = |l: ledger::batch::BatchedLedger| Arc::new(l.with_max_hold_wait(max_hold_wait));
     match config {
         StoreConfig::Sqlite { path } => {
             let s = Arc::new(sqlite::SqliteStore::open(path)?);
-            Ok(Stores { identity: s.clone(), ledger: tuned(ledger_batch::BatchedLedger::new(s)?) })
+            Ok(Stores { identity: s.clone(), ledger: tuned(ledger::batch::BatchedLedger::new(s)?) })
         }
         StoreConfig::Postgres { url, call_timeout, tls } => {
             let s = Arc::new(postgres::PostgresStore::connect_tls(url, *call_timeout, tls.as_ref()).await?);
-            Ok(Stores { identity: s.clone(), ledger: tuned(ledger_batch::BatchedLedger::new(s)?) })
+            Ok(Stores { identity: s.clone(), ledger: tuned(ledger::batch::BatchedLedger::new(s)?) })
         }
     }
 }
@@ -256,27 +206,4 @@ pub async fn open_stores_unbatched(config: &StoreConfig) -> Result<Stores, Store
 /// The identity store of the configured backend.
 pub async fn open(config: &StoreConfig) -> Result<Arc<dyn IdentityStore>, StoreError> {
     Ok(open_stores(config).await?.identity)
-}
-
-/// `postgres://user:secret@host/db` -> `postgres://user:***@host/db`, for logs.
-pub fn redact_url(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(s), Some(at)) if at > s => {
-            let creds = &url[s + 3..at];
-            match creds.find(':') {
-                Some(c) => format!("{}{}:***{}", &url[..s + 3], &creds[..c], &url[at..]),
-                None => url.to_string(),
-            }
-        }
-        _ => url.to_string(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn urls_are_redacted() {
-        assert_eq!(super::redact_url("postgres://u:pw@h:5432/db"), "postgres://u:***@h:5432/db");
-        assert_eq!(super::redact_url("postgres://h/db"), "postgres://h/db");
-    }
 }

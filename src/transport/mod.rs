@@ -2,6 +2,7 @@
 //! connections are open, and where the gateway helps Pingora's proxy loop (each such piece is
 //! headed by the Pingora limitation it exists for and when to drop it).
 
+#[allow(unsafe_code)] // the replaying socket reads the kernel send queue (ioctl) and socket options
 pub mod body_replay;
 pub mod client_address;
 pub mod connection_cap;

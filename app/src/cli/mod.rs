@@ -164,7 +164,10 @@ pub fn main(args: Vec<String>) -> ExitCode {
                 // SIGHUP reloads once the server runs; until then (config, stores, migrations)
                 // it must not end the process, which is its default action.
                 // SAFETY: setting a signal's disposition to "ignore" has no preconditions.
-                unsafe { libc::signal(libc::SIGHUP, libc::SIG_IGN) };
+                #[allow(unsafe_code)]
+                unsafe {
+                    libc::signal(libc::SIGHUP, libc::SIG_IGN)
+                };
                 let (path, mut rest) = config_path(rest)?;
                 // `--upgrade`: take the listeners of the running process (zero-downtime upgrade).
                 let upgrade = rest.iter().any(|a| a == "--upgrade" || a == "-u");

@@ -10,6 +10,8 @@
 //!   pays it only on a connection's first request and on bodies over 64 KiB (decision 192).
 //!
 //! Usage: `tollgate-bench-floor --listen 127.0.0.1:19314 --upstream 127.0.0.1:19310 [--mode pass|replay]`
+
+#![forbid(unsafe_code)]
 use async_trait::async_trait;
 use bytes::BytesMut;
 use pingora::prelude::*;

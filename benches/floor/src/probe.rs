@@ -13,6 +13,8 @@
 //!   "sent_us latency_us", sent counted from the run's start, for finding what slow ones share)
 //! It prints the same `BENCH ...` summary line as `wrk_post.lua`.
 
+#![forbid(unsafe_code)]
+
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};

@@ -1,7 +1,7 @@
 //! Coding plans: the tiers and their amounts, a workspace's stored plan (the terms an operator
 //! sets and the metered counters), its windows, and the funding decision (`decide.rs`).
 //!
-//! Everything here is pure: the ledger applies it under the workspace lock (`ledger_ops`), so
+//! Everything here is pure: the ledger applies it under the workspace lock (`ledger::plan`), so
 //! two gateway instances on one store never both admit into the last room of a window. Usage
 //! value is metered in microcents at the model's per-token rates.
 

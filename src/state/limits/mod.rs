@@ -32,6 +32,7 @@ pub mod leases;
 pub mod memory;
 pub mod redis;
 mod redis_releases;
+mod redis_reply;
 
 use std::sync::Arc;
 
