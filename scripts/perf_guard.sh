@@ -39,23 +39,38 @@ N=1000 M=100
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/tollgate-perf-guard.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
 summary() { awk '/^summary:/{print $2}' "$1"; }
-measured=()
-for case in json sse; do
+# measure CASE: prints the request thread's instructions per request of one profiled run.
+measure() {
+    local case=$1 dir="$WORK/$1.$RANDOM" worker="" most=0 all_n=0 all_m=0 n f base_worker count others
     PROFILE_CALLGRIND_ARGS="--separate-threads=yes" scripts/profile.sh --bin "$BIN_DIR/tollgate" \
-        --chain full --case "$case" --requests "$N" --base "$M" --keep "$WORK/$case" >"$WORK/$case.log" 2>&1 ||
-        { cat "$WORK/$case.log" >&2; exit 1; }
-    worker="" most=0 all_n=0 all_m=0
-    for f in "$WORK/$case"/callgrind."$case".$N-*; do
+        --chain full --case "$case" --requests "$N" --base "$M" --keep "$dir" >"$dir.log" 2>&1 ||
+        { cat "$dir.log" >&2; return 1; }
+    for f in "$dir"/callgrind."$case".$N-*; do
         n=$(summary "$f")
         all_n=$((all_n + n))
         if [[ $n -gt $most ]]; then most=$n worker=${f##*-}; fi
     done
-    for f in "$WORK/$case"/callgrind."$case".$M-*; do all_m=$((all_m + $(summary "$f"))); done
-    [[ -n $worker ]] || { echo "perf_guard: no per-thread counts ($case)" >&2; cat "$WORK/$case.log" >&2; exit 1; }
-    base_worker=$(summary "$WORK/$case/callgrind.$case.$M-$worker")
+    for f in "$dir"/callgrind."$case".$M-*; do all_m=$((all_m + $(summary "$f"))); done
+    [[ -n $worker ]] || { echo "perf_guard: no per-thread counts ($case)" >&2; cat "$dir.log" >&2; return 1; }
+    base_worker=$(summary "$dir/callgrind.$case.$M-$worker")
     count=$(awk -v b="$most" -v a="$base_worker" -v n=$N -v m=$M 'BEGIN { printf "%.0f", (b - a) / (n - m) }')
     others=$(awk -v b="$((all_n - most))" -v a="$((all_m - base_worker))" -v n=$N -v m=$M 'BEGIN { printf "%.0f", (b - a) / (n - m) }')
-    echo "perf_guard: $case: request thread $count instructions/request; other threads $others (not held: timing batches them)"
+    echo "perf_guard: $case: request thread $count instructions/request; other threads $others (not held: timing batches them)" >&2
+    echo "$count"
+}
+# The lower of two runs: now and then a run counts ~10% more on the request thread (once in
+# about ten json runs, never repeated back to back: work whose timing puts it on that thread
+# now and then), while a change to the code shows in both. A check measures again only when
+# the first run is over the tolerance; an update always takes the lower of two.
+over() { awk -v n="$1" -v b="$2" -v t="$TOLERANCE" 'BEGIN { exit !(100 * (n - b) / b > t) }'; }
+measured=()
+for case in json sse; do
+    count=$(measure "$case") || exit 1
+    base=$(awk -v c="$case" '$1 == c { print $2 }' "$BASELINE" 2>/dev/null || true)
+    if [[ $UPDATE == 1 ]] || { [[ -n $base ]] && over "$count" "$base"; }; then
+        again=$(measure "$case") || exit 1
+        if [[ $again -lt $count ]]; then count=$again; fi
+    fi
     measured+=("$case $count")
 done
 
