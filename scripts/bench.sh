@@ -71,6 +71,11 @@
 #                           HTTP/1.1 runs are otherwise unchanged); cases json16-h2, sse64-h2
 #   BENCH_H2_CONNECTIONS=4 BENCH_H2_STREAMS=8   h2load connections and streams on each
 #                           (4 x 8: the 32 requests in flight of the HTTP/1.1 runs)
+#   BENCH_SHAPES=1          0: leave out the other upstream shapes: json256 (a non-streamed
+#                           answer of 256 tokens, ~1.3 KB of text, with usage), sse64-paced (a
+#                           stream sent token by token, BENCH_TOKEN_DELAY_MS=10 apart, as vLLM
+#                           sends it) and sse64-whole (the whole stream in one write with a
+#                           Content-Length: the worst case for frame-by-frame work)
 #   BENCH_FLOOR=1           0: leave out the Pingora floor (two bare Pingora proxies from
 #                           tollgate-bench-floor, ports base+20 and base+21, see below)
 #   BENCH_BIN_DIR=          directory holding tollgate and tollgate-mock-replica to use
@@ -179,6 +184,8 @@ PG_STATS_WAIT=${BENCH_PG_STATS_WAIT:-11}
 BIN_DIR=${BENCH_BIN_DIR:-}
 FLOOR=${BENCH_FLOOR:-1}
 H2=${BENCH_H2:-0}
+SHAPES=${BENCH_SHAPES:-1}
+TOKEN_DELAY_MS=${BENCH_TOKEN_DELAY_MS:-10}
 H2_CONNS=${BENCH_H2_CONNECTIONS:-4}
 H2_STREAMS=${BENCH_H2_STREAMS:-8}
 NGINX_H2_PORT=$((PORT_BASE + 22))
@@ -922,6 +929,12 @@ run() {
     port=$(port_of "$target")
     if [[ $case == *-h2 && $target == nginx ]]; then port=$NGINX_H2_PORT; fi
     if [[ $case == sse* ]]; then body=$WORK/body-sse.json tokens=64; else body=$WORK/body-json.json tokens=16; fi
+    local extra=""
+    case $case in
+    json256) tokens=256 ;;
+    sse64-paced) extra="x-mock-token-delay-ms: $TOKEN_DELAY_MS" ;;
+    sse64-whole) extra="x-mock-sse-whole: 1" ;;
+    esac
     name=$case-$target
     local -a pids
     mapfile -t pids < <(proxy_pids "$target")
@@ -949,7 +962,8 @@ run() {
     fi
     prefix_for "$BACKEND_CPU"
     wrk=("${PREFIX[@]}" "${wrk[@]}")
-    export BENCH_BODY_FILE=$body BENCH_TOKENS=$tokens BENCH_DELAY_MS=$delay BENCH_API_KEY=$key
+    export BENCH_BODY_FILE=$body BENCH_TOKENS=$tokens BENCH_DELAY_MS=$delay BENCH_API_KEY=$key \
+        BENCH_EXTRA_HEADER=$extra
     if [[ $WARMUP -gt 0 ]]; then
         if [[ $h2 == 1 ]]; then "${wrk[@]}" "$WARMUP" >/dev/null; else "${wrk[@]}" "-d${WARMUP}s" >/dev/null; fi
     fi
@@ -1166,6 +1180,11 @@ for ROUND in $(seq "$ROUNDS"); do
     if [[ $ROUNDS -gt 1 ]]; then log "round $ROUND of $ROUNDS"; fi
     for t in "${JSON_TARGETS[@]}"; do run json16 "$t" "$CONNS" 0; done
     for t in "${SSE_TARGETS[@]}"; do run sse64 "$t" "$CONNS" 0; done
+    if [[ $SHAPES == 1 ]]; then
+        for t in "${JSON_TARGETS[@]}"; do run json256 "$t" "$CONNS" 0; done
+        for t in "${SSE_TARGETS[@]}"; do run sse64-paced "$t" "$CONNS" 0; done
+        for t in "${SSE_TARGETS[@]}"; do run sse64-whole "$t" "$CONNS" 0; done
+    fi
     for t in "${H2_TARGETS[@]}"; do run json16-h2 "$t" 0 0; done
     for t in "${H2_TARGETS[@]}"; do run sse64-h2 "$t" 0 0; done
     for t in "${JSON_TARGETS[@]}"; do run "json16@${RATE}rps" "$t" "$PACED_CONNS" "$PACED_DELAY"; done

@@ -14,7 +14,7 @@
 //! - `identity`: API keys and their lifecycle, and the cached lookup the proxy uses.
 //! - `state`: state instances share (limiter, idempotency, session placements; in process or
 //!   on Redis).
-//! - `config`, `admin`: the YAML configuration, the operator API.
+//! - `config`: the YAML configuration (the operator API is the binary's, `app/src/admin/`).
 //! - `observe`: metrics, access log, traces.
 //! - `runtime`: allocator, background threads, clock, graceful stop.
 
@@ -22,7 +22,6 @@
 // they are declared).
 #![deny(unsafe_code)]
 
-pub mod admin;
 pub mod config;
 pub mod http;
 pub mod identity;

@@ -4,6 +4,7 @@
 
 #![deny(unsafe_code)]
 
+mod admin;
 mod cli;
 mod server;
 

@@ -8,7 +8,7 @@ use pingora::server::Server;
 use pingora::server::configuration::{Opt, ServerConf};
 use pingora::services::listening::Service;
 
-use tollgate::admin::AdminApp;
+use crate::admin::AdminApp;
 use tollgate::config::{Config, LiveConfig};
 use tollgate::proxy::Gateway;
 use tollgate::proxy::plugin::Chain;
@@ -78,7 +78,7 @@ pub fn run(config: Config, chain: Chain, services: Services, start: Start<'_>) -
     }
     // Operators' pauses are the fleet's: read from the identity store before serving.
     let model_states = services.identity.as_ref().map(|id| {
-        let shared = tollgate::admin::model_states::ModelStates::new(id.store().clone(), live.clone());
+        let shared = crate::admin::model_states::ModelStates::new(id.store().clone(), live.clone());
         shared.start();
         shared
     });
@@ -311,7 +311,7 @@ fn spawn_reload_on_hangup(live: Arc<LiveConfig>) {
         };
         while hangups.recv().await.is_some() {
             log::info!("SIGHUP: reloading models.yaml and upstreams.yaml");
-            let _ = tollgate::admin::reload_answer(&live);
+            let _ = crate::admin::reload_answer(&live);
         }
     });
 }

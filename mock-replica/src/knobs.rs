@@ -41,6 +41,9 @@ pub struct Knobs {
     /// What a stream does after its `[DONE]` frame (`x-mock-after-done`): end properly (absent),
     /// cut the connection without the chunked terminator (`cut`), or keep it open (`hold`).
     pub after_done: AfterDone,
+    /// Send a stream's whole body in one write with `Content-Length` (`x-mock-sse-whole`), as
+    /// a replica that buffers its stream does: the worst case for frame-by-frame work.
+    pub sse_whole: bool,
 }
 
 /// How a stream's HTTP body ends once its `[DONE]` frame is out.
@@ -84,6 +87,7 @@ impl Knobs {
             retry_after: text(headers, "x-mock-retry-after")?,
             abort_after: number(headers, "x-mock-abort-after")?,
             no_usage: flag(headers, "x-mock-no-usage"),
+            sse_whole: flag(headers, "x-mock-sse-whole"),
             no_done: flag(headers, "x-mock-no-done"),
             hang: flag(headers, "x-mock-hang"),
             malformed: flag(headers, "x-mock-malformed"),

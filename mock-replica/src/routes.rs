@@ -163,7 +163,16 @@ async fn chat(state: &State, knobs: &Knobs, body: &Bytes) -> Result<Response<Moc
     if req.wants_stream() {
         // Timing and abort knobs are played inside the stream.
         let stream = SseStream::new(completion, knobs, req.include_usage());
-        let mut response = Response::new(MockBody::sse(stream));
+        let body = if knobs.sse_whole {
+            // Only a stream without timing knobs can be had at once.
+            let Some(whole) = stream.collect_now() else {
+                return Ok(error(StatusCode::BAD_REQUEST, "x-mock-sse-whole takes no timing or abort knob"));
+            };
+            MockBody::full(whole)
+        } else {
+            MockBody::sse(stream)
+        };
+        let mut response = Response::new(body);
         let headers = response.headers_mut();
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
         headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));

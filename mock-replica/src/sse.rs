@@ -93,6 +93,22 @@ impl SseStream {
         }
     }
 
+    /// The whole stream now (`x-mock-sse-whole`), or `None` when it would wait (a timing knob)
+    /// or abort.
+    pub fn collect_now(mut self) -> Option<Bytes> {
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        let mut out = BytesMut::new();
+        loop {
+            match self.poll_next(&mut cx) {
+                Poll::Ready(Some(Ok(frame))) => out.extend_from_slice(frame.data_ref()?),
+                Poll::Ready(None) => return Some(out.freeze()),
+                // The stream gives way after each chunk; only a timer is a real wait.
+                Poll::Pending if self.sleep.is_none() => {}
+                Poll::Ready(Some(Err(_))) | Poll::Pending => return None,
+            }
+        }
+    }
+
     /// Next body chunk; `Err(Abort)` makes hyper cut the connection.
     pub fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Abort>>> {
         loop {
@@ -337,5 +353,15 @@ mod tests {
         assert!(pieces.last().unwrap().len() <= 7);
         // Same frames apart from the per-request id.
         assert_eq!(events(&whole).len(), events(&pieces).len());
+    }
+
+    #[tokio::test]
+    async fn a_stream_without_timers_is_had_whole_and_one_with_a_timer_is_not() {
+        let whole = stream(Knobs { tokens: Some(3), ..Knobs::default() }, true).collect_now().unwrap();
+        let ev = events(&[whole]);
+        assert_eq!(ev.len(), 7, "role, three tokens, the finish, usage and [DONE]: {ev:?}");
+        assert_eq!(ev.last().map(String::as_str), Some("[DONE]"));
+        let paced = Knobs { tokens: Some(3), token_delay: Duration::from_millis(5), ..Knobs::default() };
+        assert!(stream(paced, true).collect_now().is_none());
     }
 }

@@ -6,6 +6,7 @@
 --                    C connections that paces the load at about C*1000/BENCH_DELAY_MS
 --                    requests/s (wrk itself has no rate option; latency is measured from
 --                    the write of each request, so the wait is not counted).
+--   BENCH_EXTRA_HEADER  if set, one more header, `name: value` (an upstream shape's knob)
 --   BENCH_API_KEY    if set, sent as `Authorization: Bearer <key>` (the gateway runs with
 --                    the auth plugin)
 --   BENCH_HONOR_RETRY_AFTER  if 1, a connection answered 429 or 503 with `Retry-After`
@@ -22,6 +23,11 @@ wrk.body = f:read("*a")
 f:close()
 wrk.headers["Content-Type"] = "application/json"
 wrk.headers["x-mock-tokens"] = os.getenv("BENCH_TOKENS") or "16"
+local extra = os.getenv("BENCH_EXTRA_HEADER")
+if extra ~= nil and extra ~= "" then
+  local name, value = extra:match("^([^:]+):%s*(.*)$")
+  wrk.headers[name] = value
+end
 local api_key = os.getenv("BENCH_API_KEY")
 if api_key ~= nil and api_key ~= "" then
   wrk.headers["Authorization"] = "Bearer " .. api_key

@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::config::LiveConfig;
-use crate::runtime::clock::{Millis, iso, now_ms};
-use crate::store::{IdentityStore, ModelState};
+use tollgate::config::LiveConfig;
+use tollgate::runtime::clock::{Millis, iso, now_ms};
+use tollgate::store::{IdentityStore, ModelState};
 
 /// How often each instance reads the shared states: a pause sent to one instance is in force
 /// on all of them within about this.
@@ -46,7 +46,7 @@ impl ModelStates {
     pub fn start(self: &Arc<Self>) {
         let (first_tx, first_rx) = std::sync::mpsc::channel();
         let me = self.clone();
-        crate::runtime::background::spawn("model-states", async move {
+        tollgate::runtime::background::spawn("model-states", async move {
             me.sync().await;
             let _ = first_tx.send(());
             loop {
@@ -61,7 +61,7 @@ impl ModelStates {
 
     /// Record an operator's pause (`Some`) or resume (`None`) for the fleet, then put it in
     /// force here at once. Nothing changes anywhere when the store refuses the write.
-    pub async fn set(&self, model: &str, paused_until: Option<Millis>) -> Result<(), crate::store::StoreError> {
+    pub async fn set(&self, model: &str, paused_until: Option<Millis>) -> Result<(), tollgate::store::StoreError> {
         self.store.set_model_state(model, paused_until, now_ms()).await?;
         self.live.with_current(|config| {
             if let Some(entry) = config.catalog.get(model) {

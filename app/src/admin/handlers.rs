@@ -7,11 +7,11 @@ use serde_json::{Value, json};
 
 use super::fields::Fields;
 use super::{AdminApp, AdminError, json_response};
-use crate::identity::lifecycle::{KeyOpError, MAX_LIVE_PER_SCOPE};
-use crate::identity::service::{CopyRole, Identity, NewKey};
-use crate::identity::{KeyRecord, KeyScope, RateTier, Workspace};
-use crate::runtime::clock::{iso, now_ms};
-use crate::store::{KeyPatch, RotateOpts};
+use tollgate::identity::lifecycle::{KeyOpError, MAX_LIVE_PER_SCOPE};
+use tollgate::identity::service::{CopyRole, Identity, NewKey};
+use tollgate::identity::{KeyRecord, KeyScope, RateTier, Workspace};
+use tollgate::runtime::clock::{iso, now_ms};
+use tollgate::store::{KeyPatch, RotateOpts};
 
 type Answer = Result<Response<Vec<u8>>, AdminError>;
 
@@ -86,7 +86,7 @@ pub async fn route(app: &AdminApp, method: &str, path: &str, body: &Value) -> An
     match (method, parts.as_slice()) {
         ("GET", ["admin", "v1", "health"]) => health(app).await,
         ("GET", ["metrics"]) => {
-            crate::observe::metrics::refresh(&app.live.current());
+            tollgate::observe::metrics::refresh(&app.live.current());
             Ok(metrics())
         }
         ("POST", ["admin", "v1", "reload"]) => Fields::none(body).map(|()| super::pools::reload(app)),

@@ -7,8 +7,8 @@ use serde_json::{Value, json};
 
 use super::fields::Fields;
 use super::{AdminApp, AdminError, json_response};
-use crate::runtime::clock::{iso, now_ms};
-use crate::store::ledger::{Balance, LedgerStore};
+use tollgate::runtime::clock::{iso, now_ms};
+use tollgate::store::ledger::{Balance, LedgerStore};
 
 type Answer = Result<http::Response<Vec<u8>>, AdminError>;
 

@@ -6,13 +6,13 @@ use serde_json::{Value, json};
 
 use super::fields::Fields;
 use super::{AdminApp, AdminError, json_response};
-use crate::money::plans::decide::windows;
-use crate::money::plans::{PlanRecord, PlanTerms, Status, Tier};
-use crate::runtime::clock::{Millis, iso, now_ms};
+use tollgate::money::plans::decide::windows;
+use tollgate::money::plans::{PlanRecord, PlanTerms, Status, Tier};
+use tollgate::runtime::clock::{Millis, iso, now_ms};
 
 type Answer = Result<http::Response<Vec<u8>>, AdminError>;
 
-fn ledger(app: &AdminApp) -> Result<&std::sync::Arc<dyn crate::store::ledger::LedgerStore>, AdminError> {
+fn ledger(app: &AdminApp) -> Result<&std::sync::Arc<dyn tollgate::store::ledger::LedgerStore>, AdminError> {
     app.ledger.as_ref().ok_or_else(|| AdminError::new(503, "ledger_not_configured", "no ledger store is configured"))
 }
 

@@ -6,8 +6,8 @@ use std::sync::atomic::Ordering;
 use serde_json::{Value, json};
 
 use super::{AdminApp, json_response};
-use crate::config::{Config, LiveConfig};
-use crate::runtime::clock::iso;
+use tollgate::config::{Config, LiveConfig};
+use tollgate::runtime::clock::iso;
 
 /// Reload `models.yaml` and `upstreams.yaml`: 200 with what changed, or 422 listing every
 /// problem (file, field, problem) with the running config unchanged.
@@ -20,7 +20,7 @@ pub(super) fn reload(app: &AdminApp) -> http::Response<Vec<u8>> {
 pub fn reload_answer(live: &LiveConfig) -> (u16, Value) {
     match live.reload() {
         Ok(report) => {
-            crate::observe::metrics::config_reloaded(true);
+            tollgate::observe::metrics::config_reloaded(true);
             log::info!(
                 "config reloaded: {} models, {} replicas; added {:?} {:?}; draining {:?}; removed models {:?}",
                 report.models,
@@ -33,7 +33,7 @@ pub fn reload_answer(live: &LiveConfig) -> (u16, Value) {
             // A changed tollgate.yaml applies at the next start: say now if that start would be
             // refused, not when the process restarts (decision 176).
             let next_start = match report.settings_file_changed {
-                true => crate::config::load_settings(&live.current().source).err(),
+                true => tollgate::config::load_settings(&live.current().source).err(),
                 false => None,
             };
             if report.settings_file_changed {
@@ -52,7 +52,7 @@ pub fn reload_answer(live: &LiveConfig) -> (u16, Value) {
             (200, body)
         }
         Err(errors) => {
-            crate::observe::metrics::config_reloaded(false);
+            tollgate::observe::metrics::config_reloaded(false);
             log::warn!("config reload refused, the running config stays:\n{errors}");
             let body = json!({ "error": {
                 "code": "invalid_config",
@@ -65,7 +65,7 @@ pub fn reload_answer(live: &LiveConfig) -> (u16, Value) {
 }
 
 /// Each problem as `{file, field, problem}`.
-fn problems_json(errors: &crate::config::ConfigErrors) -> Value {
+fn problems_json(errors: &tollgate::config::ConfigErrors) -> Value {
     let problems =
         errors.0.iter().map(|p| json!({ "file": p.file.display().to_string(), "field": p.path, "problem": p.problem }));
     Value::Array(problems.collect())
@@ -73,7 +73,7 @@ fn problems_json(errors: &crate::config::ConfigErrors) -> Value {
 
 /// Each pool's replicas as this instance sees them.
 pub(super) fn pools_health(config: &Config) -> Value {
-    let now = crate::runtime::clock::now_ms();
+    let now = tollgate::runtime::clock::now_ms();
     let mut pools = serde_json::Map::new();
     for (model, pool) in config.pools.iter() {
         let replicas: Vec<Value> = pool

@@ -22,8 +22,8 @@ use pingora::protocols::http::ServerSession;
 use serde_json::{Value, json};
 use subtle::ConstantTimeEq;
 
-use crate::config::LiveConfig;
-use crate::identity::service::Identity;
+use tollgate::config::LiveConfig;
+use tollgate::identity::service::Identity;
 
 /// Largest admin request body.
 const MAX_BODY: usize = 64 * 1024;
@@ -56,7 +56,7 @@ impl AdminError {
     }
 
     /// 503 with a retry hint: the store could not answer.
-    pub fn store(e: crate::store::StoreError) -> Self {
+    pub fn store(e: tollgate::store::StoreError) -> Self {
         let mut err = Self::new(503, "store_unavailable", e.to_string());
         err.retry_after = Some(2);
         err
@@ -77,9 +77,9 @@ pub struct AdminApp {
     /// The catalog and pools in force (pause, reload, health).
     pub live: Arc<LiveConfig>,
     pub identity: Option<Arc<Identity>>,
-    pub ledger: Option<Arc<dyn crate::store::ledger::LedgerStore>>,
+    pub ledger: Option<Arc<dyn tollgate::store::ledger::LedgerStore>>,
     /// The shared Redis of the limiter, idempotency records and placements, when configured.
-    pub redis: Option<Arc<crate::state::redis_conn::LazyRedis>>,
+    pub redis: Option<Arc<tollgate::state::redis_conn::LazyRedis>>,
     /// Model pauses shared through the identity store; `None` without one (this node only).
     pub model_states: Option<Arc<model_states::ModelStates>>,
     /// `None`: no token configured, every call is refused.
@@ -161,7 +161,7 @@ impl ServeHttp for AdminApp {
     async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
         // A graceful stop waits for an admin call as for a request (a top-up cut after its
         // commit would be retried and credited twice; decision 166).
-        let _in_flight = crate::runtime::drain::request();
+        let _in_flight = tollgate::runtime::drain::request();
         if !self.authorized(session) {
             // One answer whether or not a token is configured: the caller learns nothing of the
             // setup (the operator sees the missing token in the log and in `check-config`).
