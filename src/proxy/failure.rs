@@ -49,7 +49,12 @@ fn classify(e: &Error, cx: &RequestCtx) -> GatewayError {
         (_, ErrorSource::Upstream) => {
             GatewayError::new(ErrorKind::UpstreamFailed, "The model server failed after the request was admitted.")
         }
-        _ => GatewayError::internal("The gateway failed unexpectedly."),
+        (etype, source) => {
+            // Nothing classified it: the one line an operator gets about it (the error's own
+            // log line is suppressed once the failure is set).
+            log::warn!("{}: unclassified proxy error ({etype:?}, {source:?}): {e}", cx.request_id);
+            GatewayError::internal("The gateway failed unexpectedly.")
+        }
     }
 }
 
@@ -219,6 +224,10 @@ fn header_sent(s: &Session) -> bool {
 
 /// Write the access line of a finished request: JSON through the writer thread, or text.
 pub(super) fn access_log(s: &Session, cx: &RequestCtx, status: u16, json: bool) {
+    // The gateway's own fault: its message is logged at any access-log setting.
+    if let Some(f) = cx.failure.as_ref().filter(|f| f.kind == ErrorKind::InternalError) {
+        log::warn!("{}: internal error: {}", cx.request_id, f.message);
+    }
     if json {
         let h = s.req_header();
         let bytes_in = h.headers.get("content-length").and_then(|v| v.to_str().ok()?.parse().ok());

@@ -42,6 +42,16 @@ pub async fn forward(
     keepalive: Option<u64>,
     in_place: bool,
 ) -> Result<(), GatewayError> {
+    if in_place && matches!(*s.downstream_session, ServerSession::H2(_)) && !s.downstream_session.is_body_done() {
+        // The body was read to its end, so a stream not at its end now was reset, or its
+        // connection closed, by the client: it left before the request went upstream (there is
+        // no replay for HTTP/2 to fall back on).
+        cx.client_gone = true;
+        return Err(GatewayError::invalid_request(
+            "body",
+            "The client closed its stream before the request was forwarded; nothing was done.",
+        ));
+    }
     if in_place && s.downstream_session.is_body_done() && s.downstream_session.replace_request_body(body.clone()) {
         // An HTTP/1 connection's wrapper holds non-streamed answers; HTTP/2 streams have none.
         cx.output = cx.carried_output.clone().filter(|_| matches!(*s.downstream_session, ServerSession::H1(_)));
