@@ -263,3 +263,50 @@ async fn streams_cut_by_the_clients_connection_closing_are_clients_leaving_not_i
     let ledger = gw.settled_ledger();
     assert_eq!(ledger["held_cents"], 0, "every hold closed: {ledger}");
 }
+
+/// A non-streamed answer is held until its body is judged on HTTP/2 too (the session's hold,
+/// `pingora-proxy-0.9.1-response-hold.patch`): a body that is not a completion, also one
+/// arriving after the replica's 200 header, is a complete `502 upstream_error` in the route's
+/// envelope, not a reset stream, and nothing is charged.
+#[tokio::test]
+async fn a_non_streamed_answer_that_is_not_a_completion_is_a_clean_502_over_http2() {
+    let mock = Mock::start();
+    let gw = h2c_gateway(&mock);
+    let before = gw.settled_ledger()["balance_cents"].clone();
+    let client = h2c_client();
+    for route in ["/v1/chat/completions", "/v1/messages", "/v1/responses"] {
+        let body = match route {
+            "/v1/messages" => json!({"model": "chat-model", "max_tokens": 64,
+                                     "messages": [{"role": "user", "content": "hi"}]}),
+            "/v1/responses" => json!({"model": "chat-model", "input": "hi"}),
+            _ => chat_body("chat-model", false),
+        };
+        for raw in ["not json{", "", "{\"choices\":[1]}"] {
+            for delay in ["0", "150"] {
+                let what = format!("{route} body {raw:?} after {delay} ms");
+                let r = client
+                    .post(gw.url(route))
+                    .header("authorization", gw.bearer())
+                    .header("x-mock-raw-body", raw)
+                    .header("x-mock-body-delay-ms", delay)
+                    .json(&body)
+                    .send()
+                    .await
+                    .unwrap_or_else(|e| panic!("{what}: no response ({e})"));
+                assert_eq!(r.version(), reqwest::Version::HTTP_2, "{what}");
+                assert_eq!(r.status(), 502, "{what}");
+                let text = r.text().await.unwrap_or_else(|e| panic!("{what}: the body was cut ({e})"));
+                let v: serde_json::Value =
+                    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{what}: not JSON ({e}): {text}"));
+                if route == "/v1/messages" {
+                    assert_eq!(v["error"]["type"], "api_error", "{what}: {v}");
+                } else {
+                    assert_eq!(v["error"]["code"], "upstream_error", "{what}: {v}");
+                }
+            }
+        }
+    }
+    let after = gw.settled_ledger();
+    assert_eq!(after["balance_cents"], before, "nothing charged: {after}");
+    assert_eq!(after["held_cents"], 0, "every hold released: {after}");
+}

@@ -290,12 +290,16 @@ impl ProxyHttp for Gateway {
             }
         } else if cx.route.is_some_and(Route::is_generation) {
             // A non-streamed answer is judged when its body is complete: until then nothing
-            // reaches the client, so a bad body can still become a clean 502.
+            // reaches the client, so a bad body can still become a clean 502. An HTTP/1
+            // connection holds it in its socket wrapper, an HTTP/2 stream in the session
+            // (`pingora-proxy-0.9.1-response-hold.patch`).
             if let Some(h) = &cx.output {
                 // Without a length, an HTTP/1.1 client gets the body chunked.
                 let chunked =
                     !resp.headers.contains_key("content-length") && s.req_header().version == http::Version::HTTP_11;
                 h.hold(chunked);
+            } else {
+                s.hold_response_until_end();
             }
         }
         responder::common_headers(resp, cx)

@@ -630,6 +630,8 @@ pub struct Session {
     upstream_write_pending_time: Duration,
     /// Flag that is set when the shutdown process has begun.
     shutdown_flag: Arc<AtomicBool>,
+    /// The response's tasks kept back until its end (see `hold_response_until_end`).
+    held_response: Option<Vec<HttpTask>>,
 }
 
 impl Session {
@@ -655,6 +657,7 @@ impl Session {
             upstream_body_bytes_received: 0,
             upstream_body_bytes_sent: None,
             downstream_task_seen_upgraded: false,
+            held_response: None,
             upstream_write_pending_time: Duration::ZERO,
             shutdown_flag,
         }
@@ -926,7 +929,40 @@ impl Session {
                 .await?;
         }
         self.downstream_task_seen_upgraded = seen_upgraded;
+        if let Some(held) = self.held_response.as_mut() {
+            if tasks.iter().any(|t| matches!(t, HttpTask::Failed(_))) {
+                // The response failed before its end: none of it was written, so the
+                // caller can still answer with a response of its own.
+                self.held_response = None;
+            } else {
+                let ends = tasks.iter().any(HttpTask::is_end);
+                held.append(&mut tasks);
+                if !ends {
+                    return Ok(false);
+                }
+                tasks = self.held_response.take().unwrap_or_default();
+            }
+        }
         self.downstream_session.response_duplex_vec(tasks).await
+    }
+
+    /// Keep the response's header and body back until its last task, then write them
+    /// together, so that a response judged only once it is complete (a body that must
+    /// parse) can still be replaced by another: until then nothing of it has been written
+    /// (`response_written()` is `None`), and a failure drops what was kept. Call it from
+    /// `response_filter`. Only for sessions without the proxy task API, which writes
+    /// through `write_response_tasks`; `false` (nothing is held) for the others.
+    pub fn hold_response_until_end(&mut self) -> bool {
+        if self.downstream_session.supports_proxy_task_api() {
+            return false;
+        }
+        self.held_response.get_or_insert_with(Vec::new);
+        true
+    }
+
+    /// Whether response tasks are being kept back (`hold_response_until_end`).
+    pub fn holding_response(&self) -> bool {
+        self.held_response.is_some()
     }
 
     /// Mark the upstream headers as modified by caching. This should lead to range filters being
