@@ -223,7 +223,9 @@ impl<A: ServerApp + Send + Sync + 'static> ServerApp for ConnectionCap<A> {
     async fn process_new(self: &Arc<Self>, stream: Stream, shutdown: &ShutdownWatch) -> Option<Stream> {
         // The first connection runs on the request threads' runtime: the allocator's heap
         // collectors start there (`allocator::spawn_heap_collectors`).
-        self.collectors.call_once(|| crate::runtime::allocator::spawn_heap_collectors(8, Duration::from_secs(2)));
+        self.collectors.call_once(|| {
+            crate::runtime::allocator::spawn_heap_collectors(8, crate::runtime::allocator::COLLECT_EVERY)
+        });
         match self.connections.admit(stream) {
             Ok(tracked) => self.inner.process_new(Box::new(tracked), shutdown).await,
             Err(stream) => {
