@@ -119,6 +119,12 @@ pub async fn collect_heap_every(every: std::time::Duration) {
 /// minute after 2,048 streams, in one run of two). Woken together, all but one wait in that
 /// worker's queue, and the runtime wakes a sleeping worker to take them.
 pub fn spawn_heap_collectors(tasks: usize, every: std::time::Duration) {
+    // SAFETY: `mi_collect` walks the calling thread's own heap; it takes no pointer.
+    spawn_together(tasks, every, || unsafe { libmimalloc_sys::mi_collect(true) });
+}
+
+/// `tasks` loops on the calling runtime, each running `action` every `every`, all at once.
+fn spawn_together(tasks: usize, every: std::time::Duration, action: fn()) {
     let first = tokio::time::Instant::now() + every;
     for _ in 0..tasks {
         tokio::spawn(async move {
@@ -126,8 +132,7 @@ pub fn spawn_heap_collectors(tasks: usize, every: std::time::Duration) {
             ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 ticks.tick().await;
-                // SAFETY: `mi_collect` walks the calling thread's own heap; it takes no pointer.
-                unsafe { libmimalloc_sys::mi_collect(true) }
+                action();
             }
         });
     }
@@ -136,6 +141,42 @@ pub fn spawn_heap_collectors(tasks: usize, every: std::time::Duration) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    static RAN_ON: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+    /// What a collection does, as far as scheduling goes: it runs on some worker for a while.
+    fn note_worker() {
+        let name = std::thread::current().name().unwrap_or("").to_string();
+        RAN_ON.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(name);
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+
+    /// The request threads' collectors reach both workers of an otherwise idle runtime: loops
+    /// woken one at a time all ran on the worker that turns the timers, and the other worker's
+    /// heap was never collected.
+    #[test]
+    fn collectors_that_wake_together_run_on_every_worker() {
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name_fn(|| format!("worker-{}", NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)))
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        rt.spawn(async { spawn_together(8, std::time::Duration::from_millis(200), note_worker) });
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let workers = loop {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            let mut seen = RAN_ON.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+            seen.sort();
+            seen.dedup();
+            if seen.len() >= 2 || std::time::Instant::now() > deadline {
+                break seen;
+            }
+        };
+        rt.shutdown_background();
+        assert_eq!(workers.len(), 2, "the collectors ran on {workers:?} only");
+    }
 
     /// Sizes from 1 byte to 4 MiB at alignments from 1 to 4096: the block is aligned as asked,
     /// holds what is written to it, keeps it through growth and shrinking, and a zeroed block is
