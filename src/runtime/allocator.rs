@@ -115,9 +115,9 @@ pub async fn collect_heap_every(every: std::time::Duration) {
 /// [`collect_heap_every`] for every worker of the calling multi-thread runtime: `tasks` loops
 /// that wake together. A task a timer wakes runs on the worker that turned the timer, while a
 /// worker with nothing to do sleeps until work is handed to it, so loops woken one at a time
-/// all ran on one worker and the other kept what a burst left in its heap (measured: ~35 MB a
-/// minute after 2,048 streams, in one run of two). Woken together, all but one wait in that
-/// worker's queue, and the runtime wakes a sleeping worker to take them.
+/// all ran on one worker and the other kept what a burst left in its heap (measured: 15-45 MB
+/// half a minute after 2,048 streams, in about half of the runs). Woken together, all but one
+/// wait in that worker's queue, and the runtime wakes a sleeping worker to take them.
 pub fn spawn_heap_collectors(tasks: usize, every: std::time::Duration) {
     // SAFETY: `mi_collect` walks the calling thread's own heap; it takes no pointer.
     spawn_together(tasks, every, || unsafe { libmimalloc_sys::mi_collect(true) });
