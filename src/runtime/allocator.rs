@@ -91,29 +91,18 @@ pub fn keep_small_pages() {
     }
 }
 
-/// How often each thread's allocator heap is collected (see [`collect_heap_every`]).
+/// How often the request threads' allocator heaps are collected (see [`spawn_heap_collectors`]).
 pub const COLLECT_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Memory a thread's allocator heap holds free goes back to the system only when that thread
-/// collects it, and blocks freed by other threads (a request moves between request threads;
-/// a store reply made on the store's thread is dropped on a request thread) wait in the heap
-/// that made them until then: a thread idle after a burst kept what the burst left in its
-/// heap resident (~100 MB on the request threads, a few MB on the store, ledger and
-/// background threads; issue 49). This loop collects the heap of the thread it runs on every
-/// `every` (`mi_collect`, forced: empty pages are freed and returned at once); a collection of
-/// a heap in use costs tens of microseconds. Every runtime of the process runs one: each
-/// background thread (`runtime::background`), the ledger writer, the lease keeper, the store
-/// runtime, and the request threads ([`spawn_heap_collectors`]).
-pub async fn collect_heap_every(every: std::time::Duration) {
-    loop {
-        tokio::time::sleep(every).await;
-        // SAFETY: `mi_collect` walks the calling thread's own heap; it takes no pointer.
-        unsafe { libmimalloc_sys::mi_collect(true) }
-    }
-}
-
-/// [`collect_heap_every`] for every worker of the calling multi-thread runtime: `tasks` loops
-/// that wake together. A task a timer wakes runs on the worker that turned the timer, while a
+/// collects it, and blocks freed by other threads (a request moves between request threads)
+/// wait in its heap until then: a request thread idle after a burst kept ~100 MB of freed
+/// pages resident (issue 49). The request threads collect their heaps every `every`
+/// (`mi_collect`, forced: empty pages are freed and returned at once); a collection of a
+/// heap in use costs tens of microseconds.
+///
+/// `tasks` loops on the calling multi-thread runtime that wake together, so every worker runs
+/// some: a task a timer wakes runs on the worker that turned the timer, while a
 /// worker with nothing to do sleeps until work is handed to it, so loops woken one at a time
 /// all ran on one worker and the other kept what a burst left in its heap (measured: 15-45 MB
 /// half a minute after 2,048 streams, in about half of the runs). Woken together, all but one

@@ -1,6 +1,5 @@
 //! Background work on a thread of its own with a small current-thread runtime: it never
-//! competes with Pingora's request threads, and it outlives whichever runtime started it. The
-//! thread's allocator heap is collected beside the task (`allocator::collect_heap_every`).
+//! competes with Pingora's request threads, and it outlives whichever runtime started it.
 
 use std::future::Future;
 
@@ -8,12 +7,7 @@ use std::future::Future;
 pub fn spawn(name: &str, task: impl Future<Output = ()> + Send + 'static) {
     let label = name.to_string();
     let run = move || match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-        Ok(rt) => rt.block_on(async move {
-            tokio::select! {
-                () = task => {}
-                () = crate::runtime::allocator::collect_heap_every(crate::runtime::allocator::COLLECT_EVERY) => {}
-            }
-        }),
+        Ok(rt) => rt.block_on(task),
         Err(e) => log::error!("{label}: runtime could not start ({e})"),
     };
     if let Err(e) = std::thread::Builder::new().name(name.into()).spawn(run) {

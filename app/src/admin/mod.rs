@@ -162,11 +162,6 @@ impl ServeHttp for AdminApp {
         // A graceful stop waits for an admin call as for a request (a top-up cut after its
         // commit would be retried and credited twice; decision 166).
         let _in_flight = tollgate::runtime::drain::request();
-        // The admin listener's own runtime collects its allocator heap like every other one.
-        static HEAP_COLLECTOR: std::sync::Once = std::sync::Once::new();
-        HEAP_COLLECTOR.call_once(|| {
-            tollgate::runtime::allocator::spawn_heap_collectors(1, tollgate::runtime::allocator::COLLECT_EVERY)
-        });
         if !self.authorized(session) {
             // One answer whether or not a token is configured: the caller learns nothing of the
             // setup (the operator sees the missing token in the log and in `check-config`).

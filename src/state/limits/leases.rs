@@ -107,7 +107,6 @@ fn keep(store: Arc<FallbackLimiter>, live: LiveLeases, ttl: Duration, mut releas
         return;
     };
     let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
-    rt.spawn(crate::runtime::allocator::collect_heap_every(crate::runtime::allocator::COLLECT_EVERY));
     rt.block_on(async move {
         let mut renew = tokio::time::interval((ttl / 3).max(Duration::from_millis(100)));
         renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

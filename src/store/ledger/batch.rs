@@ -121,7 +121,6 @@ impl BatchedLedger {
         let woken = urgent.clone();
         let leases = Arc::new(Leases::default());
         rt.spawn(return_leases(tx.downgrade(), leases.clone()));
-        rt.spawn(crate::runtime::allocator::collect_heap_every(crate::runtime::allocator::COLLECT_EVERY));
         std::thread::Builder::new()
             .name("ledger-writer".into())
             .spawn(move || {

@@ -24,9 +24,6 @@ fn store_runtime() -> Result<&'static tokio::runtime::Runtime, StoreError> {
             .thread_name("tollgate-store")
             .enable_all()
             .build()
-            .inspect(|rt| {
-                rt.spawn(crate::runtime::allocator::collect_heap_every(crate::runtime::allocator::COLLECT_EVERY));
-            })
             .map_err(|e| e.to_string())
     })
     .as_ref()
