@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::routes::every_route_answers;
+use common::routes::{body_for, every_route_answers};
 use common::{Gateway, Mock, Opts, chat_body};
 use serde_json::json;
 
@@ -275,12 +275,7 @@ async fn a_non_streamed_answer_that_is_not_a_completion_is_a_clean_502_over_http
     let before = gw.settled_ledger()["balance_cents"].clone();
     let client = h2c_client();
     for route in ["/v1/chat/completions", "/v1/messages", "/v1/responses"] {
-        let body = match route {
-            "/v1/messages" => json!({"model": "chat-model", "max_tokens": 64,
-                                     "messages": [{"role": "user", "content": "hi"}]}),
-            "/v1/responses" => json!({"model": "chat-model", "input": "hi"}),
-            _ => chat_body("chat-model", false),
-        };
+        let body = body_for(route, false);
         for raw in ["not json{", "", "{\"choices\":[1]}"] {
             for delay in ["0", "150"] {
                 let what = format!("{route} body {raw:?} after {delay} ms");

@@ -6,19 +6,11 @@
 
 mod common;
 
+use common::routes::body_for;
 use common::*;
 use serde_json::{Value, json};
 
 const ROUTES: [&str; 3] = ["/v1/chat/completions", "/v1/messages", "/v1/responses"];
-
-fn body_for(route: &str, stream: bool) -> Value {
-    match route {
-        "/v1/messages" => json!({"model": "chat-model", "max_tokens": 64, "stream": stream,
-                                 "messages": [{"role": "user", "content": "hi"}]}),
-        "/v1/responses" => json!({"model": "chat-model", "input": "hi", "stream": stream}),
-        _ => chat_body("chat-model", stream),
-    }
-}
 
 /// Assert a 502 `upstream_error` in the route's envelope.
 fn assert_upstream_error(route: &str, r: &Reply, what: &str) {

@@ -5,6 +5,17 @@ use serde_json::{Value, json};
 
 use super::{Gateway, chat_body};
 
+/// A request body for each generation route (`/v1/chat/completions`, `/v1/messages`,
+/// `/v1/responses`) on `chat-model`.
+pub fn body_for(route: &str, stream: bool) -> Value {
+    match route {
+        "/v1/messages" => json!({"model": "chat-model", "max_tokens": 64, "stream": stream,
+                                 "messages": [{"role": "user", "content": "hi"}]}),
+        "/v1/responses" => json!({"model": "chat-model", "input": "hi", "stream": stream}),
+        _ => chat_body("chat-model", stream),
+    }
+}
+
 /// Every route over `client` (which speaks HTTP/2), answered as over HTTP/1.1.
 pub async fn every_route_answers(client: &reqwest::Client, base: &str, gw: &Gateway) {
     let post = |path: &str, body: Value| {
