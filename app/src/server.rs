@@ -165,7 +165,8 @@ pub fn run(config: Config, chain: Chain, services: Services, start: Start<'_>) -
     }
     tollgate::proxy::health::spawn(live.clone());
     spawn_reload_on_hangup(live);
-    end_stop_when_drained(&server, config.gateway.grace_period_seconds, services.ledger.clone(), traces);
+    let ledger = services.ledger.clone().map(|l| l as Arc<dyn tollgate::store::ledger::LedgerAdmin>);
+    end_stop_when_drained(&server, config.gateway.grace_period_seconds, ledger, traces);
     server.run_forever()
 }
 
@@ -212,7 +213,7 @@ fn exit_on_listener_panic() {
 fn end_stop_when_drained(
     server: &Server,
     grace_seconds: u64,
-    ledger: Option<Arc<dyn tollgate::store::ledger::LedgerStore>>,
+    ledger: Option<Arc<dyn tollgate::store::ledger::LedgerAdmin>>,
     traces: Option<Arc<tollgate::observe::traces::Exporter>>,
 ) {
     use pingora::server::ExecutionPhase;
@@ -247,7 +248,7 @@ fn end_stop_when_drained(
 /// Give back this instance's unused leases (decision 187) before it exits, so their money is
 /// not held until their rows expire; ten seconds at most (a commit behind a busy writer on a
 /// loaded machine took more than two; past the bound the rows expire and are swept).
-fn give_back_leases(ledger: &dyn tollgate::store::ledger::LedgerStore) {
+fn give_back_leases(ledger: &dyn tollgate::store::ledger::LedgerAdmin) {
     let rt = match tokio::runtime::Builder::new_current_thread().enable_time().build() {
         Ok(rt) => rt,
         Err(e) => return log::warn!("leases not given back ({e}); their rows expire and are swept"),
@@ -262,7 +263,7 @@ fn give_back_leases(ledger: &dyn tollgate::store::ledger::LedgerStore) {
 
 /// Every `every` (30 s by default), release holds whose request outlived its hold (a gateway died mid-request;
 /// released, never charged, each release logged) and remove the unspent part of expired top-ups.
-fn spawn_hold_sweeper(ledger: Arc<dyn tollgate::store::ledger::LedgerStore>, every: std::time::Duration) {
+fn spawn_hold_sweeper(ledger: Arc<dyn tollgate::store::ledger::LedgerAdmin>, every: std::time::Duration) {
     tollgate::runtime::background::spawn("hold-sweeper", async move {
         loop {
             tokio::time::sleep(every).await;

@@ -45,9 +45,9 @@ use crate::store::ledger::congestion::Congestion;
 use crate::store::ledger::lease::Leases;
 use crate::store::ledger::ops::{FundOp, FundOutcome, LedgerOp, OpOutcome, OpResult};
 pub(crate) use crate::store::ledger::writer::on_writer_thread;
-use crate::store::ledger::writer::{Job, ON_WRITER, Reply, return_leases, writer, written};
+use crate::store::ledger::writer::{Job, ON_WRITER, Reply, return_leases, writer};
 pub use crate::store::ledger::writer::{KEPT_MAX, LedgerWrites, MAX_BATCH, SETTLE_LINGER, apply_one};
-use crate::store::ledger::{Balance, LedgerEntry, LedgerStore};
+use crate::store::ledger::{Balance, LedgerAdmin, LedgerEntry, LedgerReads, LedgerStore, RequestLedger};
 
 /// Queue length (ops waiting for the writer).
 pub const QUEUE: usize = 8_192;
@@ -166,7 +166,7 @@ impl BatchedLedger {
         // A lease hold takes a slot without waiting: not while holds would be shed or the
         // queue is down to the room kept for settlements.
         if self.congested().is_none() && self.queue.capacity() > self.reserve {
-            let placed = self.leases.take(&op, |row| self.queue_now(row, Box::new(written)));
+            let placed = self.leases.take(&op, |row| self.queue_now(row, self.leases.row_queued()));
             if let Some((outcome, renewal)) = placed {
                 if let Some(grant) = renewal {
                     self.queue_grant(grant);
@@ -194,7 +194,7 @@ impl BatchedLedger {
     /// Give back `workspace`'s lease now (its plan changed here).
     fn give_back(&self, workspace: &str) {
         for op in self.leases.due(Some(workspace), crate::runtime::clock::now_ms()) {
-            self.queue_now(op, Box::new(written));
+            self.queue_now(op, self.leases.row_queued());
         }
     }
 }
@@ -258,54 +258,13 @@ impl BatchedLedger {
 }
 
 #[async_trait]
-impl LedgerStore for BatchedLedger {
-    async fn top_up(
-        &self,
-        workspace_id: &str,
-        amount_cents: i64,
-        source: &str,
-        expires_at: Option<Millis>,
-        now: Millis,
-    ) -> Result<(i64, i64), StoreError> {
-        self.store.top_up(workspace_id, amount_cents, source, expires_at, now).await
-    }
-
-    async fn balance(&self, workspace_id: &str) -> Result<Option<Balance>, StoreError> {
-        self.store.balance(workspace_id).await
-    }
-
+impl RequestLedger for BatchedLedger {
     async fn submit(&self, op: LedgerOp) -> OpResult {
         self.enqueue(op).await
     }
 
     async fn fund(&self, op: FundOp) -> Result<FundOutcome, StoreError> {
         self.fund_op(op).await
-    }
-
-    fn leased_cents(&self, workspace_id: &str) -> i64 {
-        self.leases.unused(workspace_id)
-    }
-
-    async fn balance_and_unused_leases(&self, workspace_id: &str) -> Result<Option<(Balance, i64)>, StoreError> {
-        let read = self.writes.balance_with_leases(workspace_id).await?;
-        let now = crate::runtime::clock::now_ms();
-        Ok(read.map(|(b, rows)| (b, self.leases.unused_everywhere(workspace_id, &rows, now))))
-    }
-
-    async fn give_back_leases(&self) -> usize {
-        let mut given = 0;
-        loop {
-            let ops = self.leases.all();
-            let answers = futures_util::future::join_all(ops.into_iter().map(|op| self.enqueue(op))).await;
-            given += answers.iter().filter(|r| matches!(r, Ok(OpOutcome::Release(true)))).count();
-            // A grant the writer has not answered yet becomes a lease when it does (on a busy
-            // machine, after the requests that asked for it ended): give that back too. The
-            // caller bounds the wait.
-            if !self.leases.granting() {
-                return given;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-        }
     }
 
     fn submit_detached(self: Arc<Self>, op: LedgerOp, done: crate::store::ledger::Detached) {
@@ -331,32 +290,30 @@ impl LedgerStore for BatchedLedger {
         }
     }
 
-    async fn expired_holds(&self, now: Millis) -> Result<Vec<String>, StoreError> {
-        self.writes.expired_holds(now).await
-    }
-
     fn congested(&self) -> Option<Duration> {
         let wait = self.congestion.wait();
         (wait > self.max_hold_wait).then_some(wait)
     }
+}
+
+#[async_trait]
+impl LedgerReads for BatchedLedger {
+    async fn balance(&self, workspace_id: &str) -> Result<Option<Balance>, StoreError> {
+        self.store.balance(workspace_id).await
+    }
+
+    fn leased_cents(&self, workspace_id: &str) -> i64 {
+        self.leases.unused(workspace_id)
+    }
+
+    async fn balance_and_unused_leases(&self, workspace_id: &str) -> Result<Option<(Balance, i64)>, StoreError> {
+        let read = self.writes.balance_with_leases(workspace_id).await?;
+        let now = crate::runtime::clock::now_ms();
+        Ok(read.map(|(b, rows)| (b, self.leases.unused_everywhere(workspace_id, &rows, now))))
+    }
 
     async fn plan(&self, workspace_id: &str) -> Result<Option<PlanRecord>, StoreError> {
         self.store.plan(workspace_id).await
-    }
-
-    async fn set_plan(
-        &self,
-        workspace_id: &str,
-        terms: &PlanTerms,
-        now: Millis,
-    ) -> Result<Option<PlanRecord>, StoreError> {
-        let set = self.store.set_plan(workspace_id, terms, now).await;
-        self.give_back(workspace_id);
-        set
-    }
-
-    async fn clear_plan(&self, workspace_id: &str) -> Result<bool, StoreError> {
-        self.store.clear_plan(workspace_id).await
     }
 
     async fn entries(&self, workspace_id: &str, limit: i64) -> Result<Vec<LedgerEntry>, StoreError> {
@@ -373,6 +330,56 @@ impl LedgerStore for BatchedLedger {
 
     async fn key_month_spend(&self, key_id: &str, month: &str) -> Result<i64, StoreError> {
         self.store.key_month_spend(key_id, month).await
+    }
+}
+
+#[async_trait]
+impl LedgerAdmin for BatchedLedger {
+    async fn top_up(
+        &self,
+        workspace_id: &str,
+        amount_cents: i64,
+        source: &str,
+        expires_at: Option<Millis>,
+        now: Millis,
+    ) -> Result<(i64, i64), StoreError> {
+        self.store.top_up(workspace_id, amount_cents, source, expires_at, now).await
+    }
+
+    async fn give_back_leases(&self) -> usize {
+        let mut given = 0;
+        loop {
+            let ops = self.leases.all();
+            let answers = futures_util::future::join_all(ops.into_iter().map(|op| self.enqueue(op))).await;
+            given += answers.iter().filter(|r| matches!(r, Ok(OpOutcome::Release(true)))).count();
+            // A grant the writer has not answered yet becomes a lease when it does (on a busy
+            // machine, after the requests that asked for it ended): give that back too. A lease
+            // the returner gave back a moment ago is still in the writer's queue: wait for it,
+            // or the process ends before its row is written. The caller bounds the wait.
+            if !self.leases.granting() && !self.leases.rows_unanswered() {
+                return given;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    }
+
+    async fn expired_holds(&self, now: Millis) -> Result<Vec<String>, StoreError> {
+        self.writes.expired_holds(now).await
+    }
+
+    async fn set_plan(
+        &self,
+        workspace_id: &str,
+        terms: &PlanTerms,
+        now: Millis,
+    ) -> Result<Option<PlanRecord>, StoreError> {
+        let set = self.store.set_plan(workspace_id, terms, now).await;
+        self.give_back(workspace_id);
+        set
+    }
+
+    async fn clear_plan(&self, workspace_id: &str) -> Result<bool, StoreError> {
+        self.store.clear_plan(workspace_id).await
     }
 
     async fn set_frozen(&self, workspace_id: &str, reason: Option<&str>) -> Result<bool, StoreError> {

@@ -88,7 +88,7 @@ async fn holds_come_from_a_lease_once_granted_and_the_ledger_is_exact_after_it_i
     let second = l.fund(fund("r2", 5, false)).await.unwrap();
     assert_eq!((second.verdict, second.plan), (Ok(Funding::PayAsYouGo), None));
     assert_eq!(l.leased_cents("w"), 5_115);
-    until(async || LedgerStore::expired_holds(&*store, Millis::MAX).await.unwrap().contains(&"r2".to_string())).await;
+    until(async || LedgerAdmin::expired_holds(&*store, Millis::MAX).await.unwrap().contains(&"r2".to_string())).await;
     let b = store.balance("w").await.unwrap().unwrap();
     assert_eq!((b.balance_cents, b.held_cents), (100_000 - 5 - 5_120, 5 + 5_120), "moved, not added");
     // A key at its limit is refused by the ledger, as without a lease.
@@ -98,7 +98,7 @@ async fn holds_come_from_a_lease_once_granted_and_the_ledger_is_exact_after_it_i
     l.settle(&settlement("r2", 3_500_000)).await.unwrap();
     // Past its use the lease is given back: nothing is held, every cent accounted for.
     tokio::time::sleep(LEASE_USE).await;
-    until(async || LedgerStore::expired_holds(&*store, Millis::MAX).await.unwrap().is_empty()).await;
+    until(async || LedgerAdmin::expired_holds(&*store, Millis::MAX).await.unwrap().is_empty()).await;
     assert_eq!(l.leased_cents("w"), 0);
     let b = store.balance("w").await.unwrap().unwrap();
     assert_eq!((b.balance_cents, b.held_cents), (100_000 - 7, 0));
@@ -113,7 +113,7 @@ async fn a_low_balance_gets_no_lease_and_each_hold_is_decided_by_the_ledger() {
     assert_eq!(l.fund(fund("r1", 10, false)).await.unwrap().verdict, Ok(Funding::PayAsYouGo));
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(l.leased_cents("w"), 0);
-    assert_eq!(LedgerStore::expired_holds(&*store, Millis::MAX).await.unwrap(), vec!["r1".to_string()], "no lease row");
+    assert_eq!(LedgerAdmin::expired_holds(&*store, Millis::MAX).await.unwrap(), vec!["r1".to_string()], "no lease row");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -135,7 +135,7 @@ async fn a_hold_the_lease_cannot_cover_gives_it_back_and_goes_to_the_ledger() {
 }
 
 async fn open_leases(store: &SqliteStore) -> usize {
-    let open = LedgerStore::expired_holds(store, Millis::MAX).await.unwrap();
+    let open = LedgerAdmin::expired_holds(store, Millis::MAX).await.unwrap();
     open.iter().filter(|id| id.starts_with("lease_")).count()
 }
 
@@ -160,6 +160,24 @@ async fn a_lease_running_out_is_renewed_before_it_is_empty_and_then_given_back()
     let b = store.balance("w").await.unwrap().unwrap();
     assert_eq!(b.held_cents, 771 + 1_023, "each request's hold and the new lease's rest");
     assert_eq!(store.derived_balance("w").await.unwrap(), b.balance_cents);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A stopping instance gives back its leases and waits for the lease rows already queued:
+/// a lease given back a moment before (by the returner at the end of its use, or a plan
+/// change) lingers in the writer's queue, and the process must not end before it is written.
+#[tokio::test]
+async fn giving_back_at_a_stop_waits_for_a_give_back_already_queued() {
+    let (dir, store, l) = funded(100_000).await;
+    l.fund(fund("r1", 5, false)).await.unwrap();
+    until(async || l.leased_cents("w") == 5 * 1_024).await;
+    l.settle(&settlement("r1", 1_000_000)).await.unwrap();
+    // Queued with no caller waiting: it waits in the writer's linger.
+    l.give_back("w");
+    assert_eq!(l.give_back_leases().await, 0, "nothing left in memory to give back");
+    assert_eq!(open_leases(&store).await, 0, "the lease queued a moment before is written");
+    let b = store.balance("w").await.unwrap().unwrap();
+    assert_eq!((b.balance_cents, b.held_cents), (100_000 - 1, 0));
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -222,7 +240,7 @@ async fn a_lease_holds_row_outlives_an_outage_and_lands_before_its_settlement() 
     assert_eq!(r2, 1, "r2's hold row was written and then settled");
     // The lease given back: nothing held, every cent accounted for.
     tokio::time::sleep(LEASE_USE).await;
-    until(async || LedgerStore::expired_holds(&*store, Millis::MAX).await.unwrap().is_empty()).await;
+    until(async || LedgerAdmin::expired_holds(&*store, Millis::MAX).await.unwrap().is_empty()).await;
     let b = store.balance("w").await.unwrap().unwrap();
     assert_eq!((b.balance_cents, b.held_cents), (100_000 - 6, 0));
     assert_eq!(store.derived_balance("w").await.unwrap(), b.balance_cents);

@@ -22,7 +22,7 @@
 //! What a lease changes: the stored balance counts the unused part of every open lease as
 //! held; the reads that show a balance (the credits read, the admin ledger listing) add the
 //! unused leases back, this instance's from memory and the other instances' live rows as
-//! stored (`LedgerStore::balance_shown`, [`Leases::unused_everywhere`], decision 190).
+//! stored (`LedgerReads::balance_shown`, [`Leases::unused_everywhere`], decision 190).
 //! A lease takes at most an eighth of the balance and is only asked for when the balance
 //! covers [`LEASE_MIN_HOLDS`] holds of the request's size, so a low balance is decided hold
 //! by hold by the ledger, as before.
@@ -73,6 +73,8 @@ pub struct Leases {
     counter: AtomicU64,
     /// How long a lease is used ([`LEASE_USE`]; tests on a busy machine set it longer).
     use_ms: AtomicU64,
+    /// Lease rows queued without a waiter and not yet answered ([`Leases::row_queued`]).
+    rows_queued: AtomicU64,
 }
 
 #[derive(Default)]
@@ -112,6 +114,7 @@ impl Default for Leases {
             own: format!("{LEASE_PREFIX}{prefix:016x}"),
             counter: AtomicU64::new(0),
             use_ms: AtomicU64::new(u64::try_from(LEASE_USE.as_millis()).unwrap_or(u64::MAX)),
+            rows_queued: AtomicU64::new(0),
         }
     }
 }
@@ -248,6 +251,24 @@ impl Leases {
         self.slots().values().any(|slot| slot.granting)
     }
 
+    /// The continuation of a lease's row queued with no caller waiting (a hold taken from
+    /// it, the lease given back by the returner or a plan change): counted until the writer
+    /// answers it (or drops it), so a stopping instance does not exit with a give-back still
+    /// in the writer's queue and the lease's money held until its row expires.
+    pub fn row_queued(self: &std::sync::Arc<Self>) -> crate::store::ledger::Detached {
+        self.rows_queued.fetch_add(1, Ordering::SeqCst);
+        let row = QueuedRow(self.clone());
+        Box::new(move |r| {
+            let _answered = row;
+            super::writer::written(r);
+        })
+    }
+
+    /// Whether a lease row queued with no caller waiting is not yet answered.
+    pub fn rows_unanswered(&self) -> bool {
+        self.rows_queued.load(Ordering::SeqCst) > 0
+    }
+
     /// Every lease, taken out to be given back (the instance is stopping, with nothing in
     /// flight); no lease is asked for after. A grant still unanswered is not among them: see
     /// [`Leases::granting`].
@@ -288,6 +309,16 @@ impl Leases {
 pub fn balance_and_leases(rows: Vec<(Balance, Option<LeaseRow>)>) -> Option<(Balance, Vec<LeaseRow>)> {
     let balance = rows.first()?.0;
     Some((balance, rows.into_iter().filter_map(|(_, l)| l).collect()))
+}
+
+/// One lease row counted in [`Leases::row_queued`], uncounted when dropped: with its answer, or
+/// with the job if the writer drops it unanswered.
+struct QueuedRow(std::sync::Arc<Leases>);
+
+impl Drop for QueuedRow {
+    fn drop(&mut self) {
+        self.0.rows_queued.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 fn give_back(l: Lease, now: Millis) -> LedgerOp {

@@ -34,7 +34,7 @@ pub struct Balance {
 
 impl Balance {
     /// As a client is shown it: `leased` cents of unused leases, held by the store but by no
-    /// request (`LedgerStore::balance_and_unused_leases`), counted as balance.
+    /// request (`LedgerReads::balance_and_unused_leases`), counted as balance.
     pub fn with_lease_unused(self, leased: i64) -> Balance {
         Balance { balance_cents: self.balance_cents + leased, held_cents: self.held_cents - leased, ..self }
     }
@@ -52,21 +52,9 @@ pub struct LedgerEntry {
     pub created_at: Millis,
 }
 
+/// The money a request moves: its hold (or funding), its settlement or release.
 #[async_trait]
-pub trait LedgerStore: Send + Sync {
-    /// Add credit (`purchase`, `promo` or `grant`); purchases count toward lifetime
-    /// purchases. Returns (entry id, new balance).
-    async fn top_up(
-        &self,
-        workspace_id: &str,
-        amount_cents: i64,
-        source: &str,
-        expires_at: Option<Millis>,
-        now: Millis,
-    ) -> Result<(i64, i64), StoreError>;
-
-    async fn balance(&self, workspace_id: &str) -> Result<Option<Balance>, StoreError>;
-
+pub trait RequestLedger: Send + Sync {
     /// Apply one money write (a hold, a settlement or a release): straight to the store, or
     /// queued for group commit (`ledger/batch.rs`). The four calls below are built on it, so
     /// every backend writes money through one path (`ledger::plan::plan`).
@@ -81,33 +69,6 @@ pub trait LedgerStore: Send + Sync {
     {
         tokio::spawn(async move { done(self.submit(op).await) });
     }
-
-    /// Cents this instance has reserved for holds in a lease and not yet used (from memory).
-    fn leased_cents(&self, _workspace_id: &str) -> i64 {
-        0
-    }
-
-    /// The stored balance and the cents it counts as held that no request holds: the unused
-    /// part of every instance's live leases (`Leases::unused_everywhere`), read with the
-    /// balance. The balance a client or operator is shown adds them back
-    /// (`Balance::with_lease_unused`, [`LedgerStore::balance_shown`]), so it reads as without
-    /// leases.
-    async fn balance_and_unused_leases(&self, workspace_id: &str) -> Result<Option<(Balance, i64)>, StoreError> {
-        Ok(self.balance(workspace_id).await?.map(|b| (b, self.leased_cents(workspace_id))))
-    }
-
-    /// The balance as a client is shown it (`GET /v1/credits`): unused leases added back.
-    async fn balance_shown(&self, workspace_id: &str) -> Result<Option<Balance>, StoreError> {
-        Ok(self.balance_and_unused_leases(workspace_id).await?.map(|(b, leased)| b.with_lease_unused(leased)))
-    }
-
-    /// Give back every lease this instance holds (it is stopping); how many were given back.
-    async fn give_back_leases(&self) -> usize {
-        0
-    }
-
-    /// Request ids of open holds whose expiry has passed.
-    async fn expired_holds(&self, now: Millis) -> Result<Vec<String>, StoreError>;
 
     /// `Some(wait)` while ledger writes wait longer than this instance allows, so a hold
     /// asked for now would be shed (decision 131); a cheap read, for refusing early.
@@ -137,8 +98,75 @@ pub trait LedgerStore: Send + Sync {
         }
     }
 
+    /// Release the request's hold (if still open) and debit its cost in whole cents with the
+    /// fractional remainder carried. Exactly once per request id.
+    async fn settle(&self, s: &Settlement) -> Result<SettleOutcome, StoreError> {
+        settle_outcome(self.submit(LedgerOp::Settle(s.clone())).await)
+    }
+
+    /// Release the request's hold without charge (refusal or failure before output).
+    /// `false` when there was no open hold.
+    async fn release_hold(&self, request_id: &str, now: Millis) -> Result<bool, StoreError> {
+        release_outcome(self.submit(LedgerOp::Release { request_id: request_id.into(), now }).await)
+    }
+}
+
+/// What the ledger holds, read: balances (with this instance's unused leases), plans, entries
+/// and spend.
+#[async_trait]
+pub trait LedgerReads: Send + Sync {
+    async fn balance(&self, workspace_id: &str) -> Result<Option<Balance>, StoreError>;
+
+    /// Cents this instance has reserved for holds in a lease and not yet used (from memory).
+    fn leased_cents(&self, _workspace_id: &str) -> i64 {
+        0
+    }
+
+    /// The stored balance and the cents it counts as held that no request holds: the unused
+    /// part of every instance's live leases (`Leases::unused_everywhere`), read with the
+    /// balance. The balance a client or operator is shown adds them back
+    /// (`Balance::with_lease_unused`, [`LedgerReads::balance_shown`]), so it reads as without
+    /// leases.
+    async fn balance_and_unused_leases(&self, workspace_id: &str) -> Result<Option<(Balance, i64)>, StoreError> {
+        Ok(self.balance(workspace_id).await?.map(|b| (b, self.leased_cents(workspace_id))))
+    }
+
+    /// The balance as a client is shown it (`GET /v1/credits`): unused leases added back.
+    async fn balance_shown(&self, workspace_id: &str) -> Result<Option<Balance>, StoreError> {
+        Ok(self.balance_and_unused_leases(workspace_id).await?.map(|(b, leased)| b.with_lease_unused(leased)))
+    }
+
     /// The workspace's plan with its counters as stored (not rolled to now).
     async fn plan(&self, workspace_id: &str) -> Result<Option<PlanRecord>, StoreError>;
+
+    async fn entries(&self, workspace_id: &str, limit: i64) -> Result<Vec<LedgerEntry>, StoreError>;
+
+    /// SUM of the workspace's entries less the open holds that wrote no entry (decision 133):
+    /// must equal the stored balance.
+    async fn derived_balance(&self, workspace_id: &str) -> Result<i64, StoreError>;
+
+    /// Settled debits (cents) since `since` (the billing period's spend).
+    async fn spent_since(&self, workspace_id: &str, since: Millis) -> Result<i64, StoreError>;
+
+    /// Settled cost (microcents) of a key in a UTC month `YYYY-MM`.
+    async fn key_month_spend(&self, key_id: &str, month: &str) -> Result<i64, StoreError>;
+}
+
+/// The operator's writes (top-ups, plans, freezing) and the maintenance that runs beside the
+/// requests: sweeps of expired holds and credit, leases given back at a stop. Expired holds are
+/// released through the request path.
+#[async_trait]
+pub trait LedgerAdmin: RequestLedger {
+    /// Add credit (`purchase`, `promo` or `grant`); purchases count toward lifetime
+    /// purchases. Returns (entry id, new balance).
+    async fn top_up(
+        &self,
+        workspace_id: &str,
+        amount_cents: i64,
+        source: &str,
+        expires_at: Option<Millis>,
+        now: Millis,
+    ) -> Result<(i64, i64), StoreError>;
 
     /// Set the plan's terms (the counters of an existing plan stay), under the workspace
     /// lock. `None`: no such workspace.
@@ -152,17 +180,11 @@ pub trait LedgerStore: Send + Sync {
     /// Remove the plan; `false` when there was none. Running plan requests settle without it.
     async fn clear_plan(&self, workspace_id: &str) -> Result<bool, StoreError>;
 
-    /// Release the request's hold (if still open) and debit its cost in whole cents with the
-    /// fractional remainder carried. Exactly once per request id.
-    async fn settle(&self, s: &Settlement) -> Result<SettleOutcome, StoreError> {
-        settle_outcome(self.submit(LedgerOp::Settle(s.clone())).await)
-    }
+    /// Freeze (`Some(reason)`) or unfreeze (`None`). `false` when there is no such workspace.
+    async fn set_frozen(&self, workspace_id: &str, reason: Option<&str>) -> Result<bool, StoreError>;
 
-    /// Release the request's hold without charge (refusal or failure before output).
-    /// `false` when there was no open hold.
-    async fn release_hold(&self, request_id: &str, now: Millis) -> Result<bool, StoreError> {
-        release_outcome(self.submit(LedgerOp::Release { request_id: request_id.into(), now }).await)
-    }
+    /// Request ids of open holds whose expiry has passed.
+    async fn expired_holds(&self, now: Millis) -> Result<Vec<String>, StoreError>;
 
     /// Release holds still open past their expiry (their gateway died); returns the request
     /// ids released. Never charges.
@@ -181,26 +203,22 @@ pub trait LedgerStore: Send + Sync {
         Ok(released)
     }
 
-    async fn entries(&self, workspace_id: &str, limit: i64) -> Result<Vec<LedgerEntry>, StoreError>;
-
-    /// SUM of the workspace's entries less the open holds that wrote no entry (decision 133):
-    /// must equal the stored balance.
-    async fn derived_balance(&self, workspace_id: &str) -> Result<i64, StoreError>;
-
-    /// Settled debits (cents) since `since` (the billing period's spend).
-    async fn spent_since(&self, workspace_id: &str, since: Millis) -> Result<i64, StoreError>;
-
-    /// Settled cost (microcents) of a key in a UTC month `YYYY-MM`.
-    async fn key_month_spend(&self, key_id: &str, month: &str) -> Result<i64, StoreError>;
-
-    /// Freeze (`Some(reason)`) or unfreeze (`None`). `false` when there is no such workspace.
-    async fn set_frozen(&self, workspace_id: &str, reason: Option<&str>) -> Result<bool, StoreError>;
-
     /// Remove the unspent part of top-ups whose expiry has passed (see [`expiring_credit`]),
     /// once per top-up, as one `expiry` entry per workspace. Returns (workspace, cents removed)
     /// for each workspace that lost credit.
     async fn sweep_expired_credit(&self, now: Millis) -> Result<Vec<(String, i64)>, StoreError>;
+
+    /// Give back every lease this instance holds (it is stopping); how many were given back.
+    async fn give_back_leases(&self) -> usize {
+        0
+    }
 }
+
+/// The whole ledger: what a backend (SQLite, PostgreSQL, the batching writer in front of
+/// either) implements, in three parts so a caller can name the part it uses.
+pub trait LedgerStore: RequestLedger + LedgerReads + LedgerAdmin {}
+
+impl<T: RequestLedger + LedgerReads + LedgerAdmin + ?Sized> LedgerStore for T {}
 
 /// The answers of the four money calls, from what `submit` returned.
 pub fn hold_outcome(r: OpResult) -> Result<HoldOutcome, StoreError> {
@@ -210,7 +228,7 @@ pub fn hold_outcome(r: OpResult) -> Result<HoldOutcome, StoreError> {
     }
 }
 
-/// What runs when a detached op completes (see [`LedgerStore::submit_detached`]).
+/// What runs when a detached op completes (see [`RequestLedger::submit_detached`]).
 pub type Detached = Box<dyn FnOnce(OpResult) + Send>;
 
 pub fn settle_outcome(r: OpResult) -> Result<SettleOutcome, StoreError> {

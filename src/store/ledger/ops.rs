@@ -103,7 +103,7 @@ impl LedgerOp {
     }
 }
 
-/// A hold op (the arguments of `LedgerStore::place_hold`).
+/// A hold op (the arguments of `RequestLedger::place_hold`).
 pub fn hold_op(rid: &str, ws: &str, key: Option<&str>, amount_cents: i64, expires_at: Millis, now: Millis) -> LedgerOp {
     LedgerOp::Hold {
         request_id: rid.into(),

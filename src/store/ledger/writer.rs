@@ -131,7 +131,7 @@ pub(super) async fn return_leases(queue: mpsc::WeakSender<Job>, leases: Arc<Leas
         tick.tick().await;
         let Some(queue) = queue.upgrade() else { return };
         for op in leases.due(None, crate::runtime::clock::now_ms()) {
-            if queue.try_send(Job::then(op, Box::new(written))).is_err() {
+            if queue.try_send(Job::then(op, leases.row_queued())).is_err() {
                 log::warn!("a lease could not be given back now (full queue); its row expires and is swept");
             }
         }

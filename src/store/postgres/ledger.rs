@@ -8,44 +8,19 @@ use crate::runtime::clock::Millis;
 use crate::store::StoreError;
 use crate::store::ledger::batch::{LedgerWrites, apply_one};
 use crate::store::ledger::ops::{LedgerOp, OpResult};
-use crate::store::ledger::{Balance, LedgerEntry, LedgerStore, LiveTopUp, expiring_credit};
+use crate::store::ledger::{Balance, LedgerAdmin, LedgerEntry, LedgerReads, LiveTopUp, RequestLedger, expiring_credit};
 use crate::store::postgres::PostgresStore;
 use async_trait::async_trait;
 
 #[async_trait]
-impl LedgerStore for PostgresStore {
-    async fn top_up(
-        &self,
-        workspace_id: &str,
-        amount_cents: i64,
-        source: &str,
-        expires_at: Option<Millis>,
-        now: Millis,
-    ) -> Result<(i64, i64), StoreError> {
-        let (ws, source) = (workspace_id.to_string(), source.to_string());
-        self.with_client(move |mut c| async move {
-            let tx = c.transaction().await?;
-            let purchase = if source == "purchase" { amount_cents } else { 0 };
-            let row = tx
-                .query_one(
-                    "UPDATE workspaces SET balance_cents = balance_cents + $2, \
-                     lifetime_purchases_cents = lifetime_purchases_cents + $3 WHERE id = $1 RETURNING balance_cents",
-                    &[&ws, &amount_cents, &purchase],
-                )
-                .await?;
-            let entry = tx
-                .query_one(
-                    "INSERT INTO ledger_entries (workspace_id, kind, source, amount_cents, expires_at, created_at) \
-                     VALUES ($1, 'topup', $2, $3, $4, $5) RETURNING id",
-                    &[&ws, &source, &amount_cents, &expires_at, &now],
-                )
-                .await?;
-            tx.commit().await?;
-            Ok((entry.try_get(0)?, row.try_get(0)?))
-        })
-        .await
+impl RequestLedger for PostgresStore {
+    async fn submit(&self, op: LedgerOp) -> OpResult {
+        apply_one(self, op).await
     }
+}
 
+#[async_trait]
+impl LedgerReads for PostgresStore {
     async fn balance(&self, workspace_id: &str) -> Result<Option<Balance>, StoreError> {
         let ws = workspace_id.to_string();
         self.with_client(move |c| async move {
@@ -68,29 +43,8 @@ impl LedgerStore for PostgresStore {
         .await
     }
 
-    async fn submit(&self, op: LedgerOp) -> OpResult {
-        apply_one(self, op).await
-    }
-
     async fn plan(&self, workspace_id: &str) -> Result<Option<PlanRecord>, StoreError> {
         self.read_plan(workspace_id).await
-    }
-
-    async fn set_plan(
-        &self,
-        workspace_id: &str,
-        terms: &PlanTerms,
-        now: Millis,
-    ) -> Result<Option<PlanRecord>, StoreError> {
-        self.write_plan(workspace_id, terms, now).await
-    }
-
-    async fn clear_plan(&self, workspace_id: &str) -> Result<bool, StoreError> {
-        self.delete_plan(workspace_id).await
-    }
-
-    async fn expired_holds(&self, now: Millis) -> Result<Vec<String>, StoreError> {
-        LedgerWrites::expired_holds(self, now).await
     }
 
     async fn entries(&self, workspace_id: &str, limit: i64) -> Result<Vec<LedgerEntry>, StoreError> {
@@ -162,6 +116,58 @@ impl LedgerStore for PostgresStore {
             row.map(|r| r.try_get(0)).transpose().map(|v| v.unwrap_or(0))
         })
         .await
+    }
+}
+
+#[async_trait]
+impl LedgerAdmin for PostgresStore {
+    async fn top_up(
+        &self,
+        workspace_id: &str,
+        amount_cents: i64,
+        source: &str,
+        expires_at: Option<Millis>,
+        now: Millis,
+    ) -> Result<(i64, i64), StoreError> {
+        let (ws, source) = (workspace_id.to_string(), source.to_string());
+        self.with_client(move |mut c| async move {
+            let tx = c.transaction().await?;
+            let purchase = if source == "purchase" { amount_cents } else { 0 };
+            let row = tx
+                .query_one(
+                    "UPDATE workspaces SET balance_cents = balance_cents + $2, \
+                     lifetime_purchases_cents = lifetime_purchases_cents + $3 WHERE id = $1 RETURNING balance_cents",
+                    &[&ws, &amount_cents, &purchase],
+                )
+                .await?;
+            let entry = tx
+                .query_one(
+                    "INSERT INTO ledger_entries (workspace_id, kind, source, amount_cents, expires_at, created_at) \
+                     VALUES ($1, 'topup', $2, $3, $4, $5) RETURNING id",
+                    &[&ws, &source, &amount_cents, &expires_at, &now],
+                )
+                .await?;
+            tx.commit().await?;
+            Ok((entry.try_get(0)?, row.try_get(0)?))
+        })
+        .await
+    }
+
+    async fn set_plan(
+        &self,
+        workspace_id: &str,
+        terms: &PlanTerms,
+        now: Millis,
+    ) -> Result<Option<PlanRecord>, StoreError> {
+        self.write_plan(workspace_id, terms, now).await
+    }
+
+    async fn clear_plan(&self, workspace_id: &str) -> Result<bool, StoreError> {
+        self.delete_plan(workspace_id).await
+    }
+
+    async fn expired_holds(&self, now: Millis) -> Result<Vec<String>, StoreError> {
+        LedgerWrites::expired_holds(self, now).await
     }
 
     async fn set_frozen(&self, workspace_id: &str, reason: Option<&str>) -> Result<bool, StoreError> {

@@ -283,7 +283,7 @@ mod tests {
     #[test]
     fn the_ledger_writer_runs_its_batches_on_its_own_connections() {
         use crate::store::IdentityStore;
-        use crate::store::ledger::LedgerStore;
+        use crate::store::ledger::RequestLedger;
         let url =
             std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
         let db = format!("tollgate_t_writer_{}_{}", std::process::id(), crate::runtime::clock::now_ms());

@@ -12,43 +12,18 @@ use crate::runtime::clock::Millis;
 use crate::store::StoreError;
 use crate::store::ledger::batch::{LedgerWrites, apply_one};
 use crate::store::ledger::ops::{LedgerOp, OpResult};
-use crate::store::ledger::{Balance, LedgerEntry, LedgerStore, LiveTopUp, expiring_credit};
+use crate::store::ledger::{Balance, LedgerAdmin, LedgerEntry, LedgerReads, LiveTopUp, RequestLedger, expiring_credit};
 use crate::store::sqlite::SqliteStore;
 
 #[async_trait]
-impl LedgerStore for SqliteStore {
-    async fn top_up(
-        &self,
-        workspace_id: &str,
-        amount_cents: i64,
-        source: &str,
-        expires_at: Option<Millis>,
-        now: Millis,
-    ) -> Result<(i64, i64), StoreError> {
-        let (ws, source) = (workspace_id.to_string(), source.to_string());
-        self.with_conn(move |c| {
-            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let purchase = if source == "purchase" { amount_cents } else { 0 };
-            tx.prepare_cached(
-                "UPDATE workspaces SET balance_cents = balance_cents + ?2, \
-                 lifetime_purchases_cents = lifetime_purchases_cents + ?3 WHERE id = ?1",
-            )?
-            .execute(params![ws, amount_cents, purchase])?;
-            tx.prepare_cached(
-                "INSERT INTO ledger_entries (workspace_id, kind, source, amount_cents, expires_at, created_at) \
-                 VALUES (?1, 'topup', ?2, ?3, ?4, ?5)",
-            )?
-            .execute(params![ws, source, amount_cents, expires_at, now])?;
-            let id = tx.last_insert_rowid();
-            let balance: i64 = tx
-                .prepare_cached("SELECT balance_cents FROM workspaces WHERE id = ?1")?
-                .query_row([&ws], |r| r.get(0))?;
-            tx.commit()?;
-            Ok((id, balance))
-        })
-        .await
+impl RequestLedger for SqliteStore {
+    async fn submit(&self, op: LedgerOp) -> OpResult {
+        apply_one(self, op).await
     }
+}
 
+#[async_trait]
+impl LedgerReads for SqliteStore {
     async fn balance(&self, workspace_id: &str) -> Result<Option<Balance>, StoreError> {
         let ws = workspace_id.to_string();
         self.with_conn(move |c| {
@@ -67,29 +42,8 @@ impl LedgerStore for SqliteStore {
         .await
     }
 
-    async fn submit(&self, op: LedgerOp) -> OpResult {
-        apply_one(self, op).await
-    }
-
     async fn plan(&self, workspace_id: &str) -> Result<Option<PlanRecord>, StoreError> {
         self.read_plan(workspace_id).await
-    }
-
-    async fn set_plan(
-        &self,
-        workspace_id: &str,
-        terms: &PlanTerms,
-        now: Millis,
-    ) -> Result<Option<PlanRecord>, StoreError> {
-        self.write_plan(workspace_id, terms, now).await
-    }
-
-    async fn clear_plan(&self, workspace_id: &str) -> Result<bool, StoreError> {
-        self.delete_plan(workspace_id).await
-    }
-
-    async fn expired_holds(&self, now: Millis) -> Result<Vec<String>, StoreError> {
-        LedgerWrites::expired_holds(self, now).await
     }
 
     async fn entries(&self, workspace_id: &str, limit: i64) -> Result<Vec<LedgerEntry>, StoreError> {
@@ -150,6 +104,58 @@ impl LedgerStore for SqliteStore {
                 .map(|v| v.unwrap_or(0))
         })
         .await
+    }
+}
+
+#[async_trait]
+impl LedgerAdmin for SqliteStore {
+    async fn top_up(
+        &self,
+        workspace_id: &str,
+        amount_cents: i64,
+        source: &str,
+        expires_at: Option<Millis>,
+        now: Millis,
+    ) -> Result<(i64, i64), StoreError> {
+        let (ws, source) = (workspace_id.to_string(), source.to_string());
+        self.with_conn(move |c| {
+            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let purchase = if source == "purchase" { amount_cents } else { 0 };
+            tx.prepare_cached(
+                "UPDATE workspaces SET balance_cents = balance_cents + ?2, \
+                 lifetime_purchases_cents = lifetime_purchases_cents + ?3 WHERE id = ?1",
+            )?
+            .execute(params![ws, amount_cents, purchase])?;
+            tx.prepare_cached(
+                "INSERT INTO ledger_entries (workspace_id, kind, source, amount_cents, expires_at, created_at) \
+                 VALUES (?1, 'topup', ?2, ?3, ?4, ?5)",
+            )?
+            .execute(params![ws, source, amount_cents, expires_at, now])?;
+            let id = tx.last_insert_rowid();
+            let balance: i64 = tx
+                .prepare_cached("SELECT balance_cents FROM workspaces WHERE id = ?1")?
+                .query_row([&ws], |r| r.get(0))?;
+            tx.commit()?;
+            Ok((id, balance))
+        })
+        .await
+    }
+
+    async fn set_plan(
+        &self,
+        workspace_id: &str,
+        terms: &PlanTerms,
+        now: Millis,
+    ) -> Result<Option<PlanRecord>, StoreError> {
+        self.write_plan(workspace_id, terms, now).await
+    }
+
+    async fn clear_plan(&self, workspace_id: &str) -> Result<bool, StoreError> {
+        self.delete_plan(workspace_id).await
+    }
+
+    async fn expired_holds(&self, now: Millis) -> Result<Vec<String>, StoreError> {
+        LedgerWrites::expired_holds(self, now).await
     }
 
     async fn set_frozen(&self, workspace_id: &str, reason: Option<&str>) -> Result<bool, StoreError> {
