@@ -17,10 +17,10 @@ use std::process::ExitCode;
 /// (heaptrack: `docs/operations.md`).
 #[cfg(not(feature = "system-allocator"))]
 #[global_allocator]
-static ALLOCATOR: tollgate::runtime::allocator::Allocator = tollgate::runtime::allocator::Allocator;
+static ALLOCATOR: tollgate_allocator::Allocator = tollgate_allocator::Allocator;
 
 fn main() -> ExitCode {
-    tollgate::runtime::allocator::keep_small_pages();
+    tollgate_allocator::keep_small_pages();
     let logger = env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).build();
     let max = logger.filter();
     if log::set_boxed_logger(Box::new(PingoraLogFilter(logger))).is_ok() {

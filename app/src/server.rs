@@ -124,7 +124,11 @@ pub fn run(config: Config, chain: Chain, services: Services, start: Start<'_>) -
     app.server_options = Some(options);
     // Open connections are capped, the oldest idle one closed for a new one (decision 216).
     let connections = Connections::new(config.gateway.client.max_connections);
-    let mut proxy = Service::new("tollgate".to_string(), ConnectionCap::new(app, connections));
+    // The request threads' heaps are collected every 2 s (issue 49; `tollgate_allocator`).
+    let capped = ConnectionCap::new(app, connections).on_request_runtime(|| {
+        tollgate_allocator::spawn_heap_collectors(8, tollgate_allocator::COLLECT_EVERY);
+    });
+    let mut proxy = Service::new("tollgate".to_string(), capped);
     if config.gateway.client_addressing.proxy_protocol {
         // Every connection starts with a PROXY header from a trusted balancer, read within
         // the head deadline (decision 212).

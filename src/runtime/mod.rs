@@ -1,8 +1,6 @@
-//! The process around the proxy: the allocator, how background threads are scheduled and
-//! run, the clock the stores keep, what a graceful stop waits for, and test fault injection.
+//! The process around the proxy: how background threads are scheduled and run, the clock the
+//! stores keep, what a graceful stop waits for, and test fault injection.
 
-#[allow(unsafe_code)] // the global allocator and the page policy call mimalloc and prctl
-pub mod allocator;
 pub mod background;
 pub mod clock;
 pub mod drain;

@@ -209,23 +209,29 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 pub struct ConnectionCap<A> {
     inner: Arc<A>,
     connections: Arc<Connections>,
-    collectors: std::sync::Once,
+    on_request_runtime: Option<fn()>,
+    started: std::sync::Once,
 }
 
 impl<A> ConnectionCap<A> {
     pub fn new(inner: A, connections: Arc<Connections>) -> Self {
-        ConnectionCap { inner: Arc::new(inner), connections, collectors: std::sync::Once::new() }
+        ConnectionCap { inner: Arc::new(inner), connections, on_request_runtime: None, started: std::sync::Once::new() }
+    }
+
+    /// Run `start` once, at the first connection, on the request threads' runtime (the only
+    /// place a binary can reach it: the binary starts its allocator's heap collectors there).
+    pub fn on_request_runtime(mut self, start: fn()) -> Self {
+        self.on_request_runtime = Some(start);
+        self
     }
 }
 
 #[async_trait]
 impl<A: ServerApp + Send + Sync + 'static> ServerApp for ConnectionCap<A> {
     async fn process_new(self: &Arc<Self>, stream: Stream, shutdown: &ShutdownWatch) -> Option<Stream> {
-        // The first connection runs on the request threads' runtime: the allocator's heap
-        // collectors start there (`allocator::spawn_heap_collectors`).
-        self.collectors.call_once(|| {
-            crate::runtime::allocator::spawn_heap_collectors(8, crate::runtime::allocator::COLLECT_EVERY)
-        });
+        if let Some(start) = self.on_request_runtime {
+            self.started.call_once(start);
+        }
         match self.connections.admit(stream) {
             Ok(tracked) => self.inner.process_new(Box::new(tracked), shutdown).await,
             Err(stream) => {

@@ -22,7 +22,7 @@ use tollgate::transport::held_output::OutputHold;
 /// The same allocator as the `tollgate` binary (decisions 137 and 201), so the floor differs
 /// from the gateway only by the gateway's work.
 #[global_allocator]
-static ALLOCATOR: tollgate::runtime::allocator::Allocator = tollgate::runtime::allocator::Allocator;
+static ALLOCATOR: tollgate_allocator::Allocator = tollgate_allocator::Allocator;
 
 struct Floor {
     upstream: String,

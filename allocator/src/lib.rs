@@ -1,4 +1,6 @@
-//! The process allocator: mimalloc, asked the way its fast paths expect.
+//! The process allocator: mimalloc, asked the way its fast paths expect, and the memory
+//! policy around it ([`keep_small_pages`], [`spawn_heap_collectors`]). The binaries choose it
+//! (`#[global_allocator]` in `app/src/main.rs` and the bench's floor); the core does not know it.
 //!
 //! `mimalloc::MiMalloc` passes every Rust allocation to `mi_malloc_aligned`, even those that
 //! need no more than the word alignment every mimalloc block has. mimalloc 3 serves those
