@@ -8,14 +8,13 @@
 //! still silent), as nginx reuses its "reusable" connections; when none is idle, the new one
 //! is answered `429 hosted_admission_congested` with the envelope and closed.
 //!
-//! Idle means no request in progress: a connection becomes busy when bytes of a request arrive
-//! (or the proxy starts a request) and idle again when the proxy logged its answer
-//! ([`mark_idle`]). An idle connection is closed by ending its pending read: Pingora sees the
-//! client close, as after a keep-alive timeout. An HTTP/2 connection (known by the client's
-//! preface) is busy from its preface while any of its streams is in progress, and idle once
-//! the last one was logged; its reads (flow-control and ping frames) do not make it busy.
-//! Its sessions have no socket of their own, so they find their connection by the socket
-//! digest they share with it.
+//! Idle means no request in progress: a connection becomes busy when bytes of a request arrive (or
+//! the proxy starts a request) and idle again when the proxy logged its answer ([`mark_idle`]). An
+//! idle connection is closed by ending its pending read: Pingora sees the client close, as after a
+//! keep-alive timeout. An HTTP/2 connection (known by the client's preface) is busy from its
+//! preface while any of its streams is in progress, and idle once the last one was logged; its
+//! reads (flow-control and ping frames) do not make it busy. Its sessions have no socket of their
+//! own, so they find their connection by the socket digest they share with it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io;
@@ -209,29 +208,31 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 pub struct ConnectionCap<A> {
     inner: Arc<A>,
     connections: Arc<Connections>,
-    on_request_runtime: Option<fn()>,
+    on_request_runtime: fn(),
     started: std::sync::Once,
 }
 
 impl<A> ConnectionCap<A> {
     pub fn new(inner: A, connections: Arc<Connections>) -> Self {
-        ConnectionCap { inner: Arc::new(inner), connections, on_request_runtime: None, started: std::sync::Once::new() }
+        ConnectionCap {
+            inner: Arc::new(inner),
+            connections,
+            on_request_runtime: || {},
+            started: std::sync::Once::new(),
+        }
     }
 
-    /// Run `start` once, at the first connection, on the request threads' runtime (the only
-    /// place a binary can reach it: the binary starts its allocator's heap collectors there).
-    pub fn on_request_runtime(mut self, start: fn()) -> Self {
-        self.on_request_runtime = Some(start);
-        self
+    /// Run `start` once on the request threads' runtime, at its first connection (where the
+    /// binary starts its allocator's heap collectors).
+    pub fn on_request_runtime(self, start: fn()) -> Self {
+        ConnectionCap { on_request_runtime: start, ..self }
     }
 }
 
 #[async_trait]
 impl<A: ServerApp + Send + Sync + 'static> ServerApp for ConnectionCap<A> {
     async fn process_new(self: &Arc<Self>, stream: Stream, shutdown: &ShutdownWatch) -> Option<Stream> {
-        if let Some(start) = self.on_request_runtime {
-            self.started.call_once(start);
-        }
+        self.started.call_once(self.on_request_runtime);
         match self.connections.admit(stream) {
             Ok(tracked) => self.inner.process_new(Box::new(tracked), shutdown).await,
             Err(stream) => {

@@ -260,7 +260,7 @@ impl Leases {
         let row = QueuedRow(self.clone());
         Box::new(move |r| {
             let _answered = row;
-            super::writer::written(r);
+            written(r);
         })
     }
 
@@ -318,6 +318,16 @@ struct QueuedRow(std::sync::Arc<Leases>);
 impl Drop for QueuedRow {
     fn drop(&mut self) {
         self.0.rows_queued.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// The outcome of a lease's row nobody waits for: logged if it failed.
+fn written(r: crate::store::ledger::ops::OpResult) {
+    match r {
+        Ok(_) => {}
+        // Sent again after a batch whose commit went through but whose answer was lost.
+        Err(crate::store::StoreError::Conflict(m)) => log::debug!("a lease's ledger row was written already: {m}"),
+        Err(e) => log::warn!("a lease's ledger row was not written: {e}"),
     }
 }
 

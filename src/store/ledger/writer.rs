@@ -106,16 +106,6 @@ impl Job {
     }
 }
 
-/// The outcome of a row nobody waits for: logged if it failed.
-pub(super) fn written(r: OpResult) {
-    match r {
-        Ok(_) => {}
-        // Sent again after a batch whose commit went through but whose answer was lost.
-        Err(StoreError::Conflict(m)) => log::debug!("a lease's ledger row was written already: {m}"),
-        Err(e) => log::warn!("a lease's ledger row was not written: {e}"),
-    }
-}
-
 /// Most jobs kept through failed batches at once: a longer outage drops the newer ones (their
 /// holds stay in their lease's row, given back with it, or expire and are swept).
 pub const KEPT_MAX: usize = MAX_BATCH;
