@@ -20,7 +20,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::{Arc, LazyLock, Mutex, Once};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
@@ -209,17 +209,12 @@ pub struct ConnectionCap<A> {
     inner: Arc<A>,
     connections: Arc<Connections>,
     on_request_runtime: fn(),
-    started: std::sync::Once,
+    started: Once,
 }
 
 impl<A> ConnectionCap<A> {
     pub fn new(inner: A, connections: Arc<Connections>) -> Self {
-        ConnectionCap {
-            inner: Arc::new(inner),
-            connections,
-            on_request_runtime: || {},
-            started: std::sync::Once::new(),
-        }
+        ConnectionCap { inner: Arc::new(inner), connections, on_request_runtime: || {}, started: Once::new() }
     }
 
     /// Run `start` once on the request threads' runtime, at its first connection (where the
