@@ -16,10 +16,10 @@
 //!   on Redis).
 //! - `config`: the YAML configuration (the operator API is the binary's, `app/src/admin/`).
 //! - `observe`: metrics, access log, traces.
-//! - `runtime`: allocator, background threads, clock, graceful stop.
+//! - `runtime`: background threads and their scheduling, clock, graceful stop (the allocator is
+//!   the binaries' choice: `tollgate-allocator`).
 
-// Unsafe code is allowed only in the modules that call the OS or the allocator (marked where
-// they are declared).
+// Unsafe code is allowed only in the modules that call the OS (marked where they are declared).
 #![deny(unsafe_code)]
 
 pub mod config;
