@@ -127,7 +127,7 @@ impl BatchedLedger {
                 // Woken by requests (a batch's first op, every hold), it must not preempt
                 // them: it commits what queued meanwhile when the request thread yields
                 // (decision 140).
-                crate::runtime::thread_policy::run_as_batch("ledger writer");
+                tollgate_threads::run_as_batch("ledger writer");
                 ON_WRITER.set(true);
                 rt.block_on(writer(rx, w, seen, woken))
             })

@@ -256,7 +256,7 @@ fn gate(l: &Arc<BatchedLedger>, id: &str) -> (std::sync::mpsc::Sender<()>, u64) 
     l.clone().submit_detached(
         LedgerOp::Settle(settlement(id, 1)),
         Box::new(move |_r| {
-            let _ = held.send(crate::runtime::thread_policy::times_given_way());
+            let _ = held.send(tollgate_threads::times_given_way());
             let _ = wait.recv_timeout(Duration::from_secs(5));
         }),
     );
@@ -279,7 +279,7 @@ async fn a_long_batch_gives_way_to_requests_unless_a_hold_waits_for_it() {
     let reading = |tx: &std::sync::mpsc::Sender<u64>| -> crate::store::ledger::Detached {
         let tx = tx.clone();
         Box::new(move |_r| {
-            let _ = tx.send(crate::runtime::thread_policy::times_given_way());
+            let _ = tx.send(tollgate_threads::times_given_way());
         })
     };
     let read = || rx.recv_timeout(Duration::from_secs(10)).unwrap();

@@ -185,7 +185,7 @@ pub(super) async fn writer(
         let ops: Vec<LedgerOp> = jobs.iter().map(|j| j.op.clone()).collect();
         log::trace!("ledger batch of {}", ops.len());
         let started = Instant::now();
-        let giving_way = crate::runtime::thread_policy::GivingWay::start(give_way);
+        let giving_way = tollgate_threads::GivingWay::start(give_way);
         let (results, failed) = apply_batch(&*writes, ops).await;
         drop(giving_way);
         crate::observe::metrics::StoreOp::record(&BATCH, results.iter().all(|r| r.is_ok()), started.elapsed());

@@ -13,7 +13,6 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::money::plans::decide::Funding;
 use crate::runtime::clock::Millis;
-use crate::runtime::thread_policy::give_way;
 use crate::store::StoreError;
 use crate::store::ledger::Balance;
 use crate::store::ledger::batch::LedgerWrites;
@@ -23,6 +22,7 @@ use crate::store::ledger::plan::{HoldRow, Money, Plan, Snapshot, plan};
 use crate::store::sqlite::SqliteStore;
 use crate::store::sqlite::plans::{plan_of, write_counters};
 use crate::store::sqlite::rows::{Chunked, immediate, int, opt_int, opt_text, text};
+use tollgate_threads::give_way;
 
 #[async_trait]
 impl LedgerWrites for SqliteStore {

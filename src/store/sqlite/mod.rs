@@ -88,7 +88,7 @@ impl SqliteStore {
         conn.progress_handler(
             GIVE_WAY_STEPS,
             Some(|| {
-                crate::runtime::thread_policy::give_way();
+                tollgate_threads::give_way();
                 false
             }),
         );

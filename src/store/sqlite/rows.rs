@@ -48,7 +48,7 @@ impl Chunked {
             st.execute(rusqlite::params_from_iter(lead.iter().chain(row_values.iter())))?;
             // A multi-row statement steps through its rows without reaching the progress
             // handler's check, so the ledger writer may give way here (decision 194).
-            crate::runtime::thread_policy::give_way();
+            tollgate_threads::give_way();
             rest = tail;
         }
         Ok(())

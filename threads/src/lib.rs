@@ -1,4 +1,7 @@
 //! How the gateway's own background threads are scheduled beside Pingora's request threads.
+//!
+//! Only the ledger writer, on a thread of its own, uses it: no request thread ever changes
+//! its policy or gives way.
 
 use std::cell::Cell;
 use std::time::{Duration, Instant};
