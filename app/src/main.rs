@@ -6,6 +6,7 @@
 
 mod admin;
 mod cli;
+mod listeners;
 mod server;
 
 use std::process::ExitCode;

@@ -9,6 +9,7 @@ use pingora::server::configuration::{Opt, ServerConf};
 use pingora::services::listening::Service;
 
 use crate::admin::AdminApp;
+use crate::listeners::Listeners;
 use tollgate::config::{Config, LiveConfig};
 use tollgate::proxy::Gateway;
 use tollgate::proxy::plugin::Chain;
@@ -24,10 +25,11 @@ pub struct Start<'a> {
     pub upgrade: bool,
 }
 
-/// Pingora's settings for `gateway`; the pid file and upgrade socket go in `pid_dir`.
-fn server_conf(gateway: &tollgate::config::GatewaySettings, pid_dir: &std::path::Path) -> ServerConf {
-    // Per-instance files, so several gateways (and tests) run side by side.
-    let port = gateway.listen.port();
+/// Pingora's settings for `gateway` listening on `port`; the pid file and upgrade socket go in
+/// `pid_dir`.
+fn server_conf(gateway: &tollgate::config::GatewaySettings, port: u16, pid_dir: &std::path::Path) -> ServerConf {
+    // Per-instance files, named by the public port, so several gateways (and tests) run side
+    // by side.
     ServerConf {
         threads: gateway.threads,
         work_stealing: gateway.work_stealing,
@@ -51,14 +53,16 @@ pub fn run(config: Config, chain: Chain, services: Services, start: Start<'_>) -
     let config = live.current();
     let pid_dir = start.pid_dir;
     tollgate::observe::metrics::set_enabled(config.gateway.metrics_enabled);
-    let conf = server_conf(&config.gateway, pid_dir);
-    // In an upgrade the running process holds the ports and hands them over.
-    if !start.upgrade {
-        if let Err(e) = bindable(&[("listen", config.gateway.listen), ("admin_listen", config.gateway.admin_listen)]) {
+    // In an upgrade the running process holds the ports and hands them over. Held until exit.
+    let listeners = match Listeners::reserve(config.gateway.listen, config.gateway.admin_listen, start.upgrade) {
+        Ok(l) => l,
+        Err(e) => {
             log::error!("{e}");
             std::process::exit(1);
         }
-    }
+    };
+    println!("{}", listeners.report());
+    let conf = server_conf(&config.gateway, listeners.public.port(), pid_dir);
     exit_on_listener_panic();
     let opt = Opt { upgrade: start.upgrade, ..Opt::default() };
     let mut server = Server::new_with_opt_and_conf(opt, conf);
@@ -69,9 +73,9 @@ pub fn run(config: Config, chain: Chain, services: Services, start: Start<'_>) -
     if let Err(e) = std::fs::write(pid_file, format!("{}\n", std::process::id())) {
         log::warn!("pid file {pid_file}: {e}");
     }
-    let listen = config.gateway.listen.to_string();
+    let listen = listeners.public.to_string();
     let config_sweep = config.gateway.sweep_interval;
-    let admin_listen = config.gateway.admin_listen.to_string();
+    let admin_listen = listeners.admin.to_string();
     log::info!("tollgate listening on {listen} (admin {admin_listen}) with plugins {:?}", chain.names());
     for w in config.warnings() {
         log::warn!("{w}");
@@ -146,7 +150,7 @@ pub fn run(config: Config, chain: Chain, services: Services, start: Start<'_>) -
             match pingora::listeners::tls::TlsSettings::intermediate(&cert, &key) {
                 Ok(mut settings) => {
                     settings.set_alpn(pingora::protocols::ALPN::H2H1);
-                    proxy.add_tls_with_settings(&listen, None, settings);
+                    proxy.add_tls_with_settings(&listen, listeners.socket_options(listeners.public), settings);
                 }
                 Err(e) => {
                     log::error!("TLS listener {listen}: {e}");
@@ -154,10 +158,16 @@ pub fn run(config: Config, chain: Chain, services: Services, start: Start<'_>) -
                 }
             }
         }
-        None => proxy.add_tcp(&listen),
+        None => match listeners.socket_options(listeners.public) {
+            Some(options) => proxy.add_tcp_with_settings(&listen, options),
+            None => proxy.add_tcp(&listen),
+        },
     }
     let mut admin_service = Service::new("admin".to_string(), admin);
-    admin_service.add_tcp(&admin_listen);
+    match listeners.socket_options(listeners.admin) {
+        Some(options) => admin_service.add_tcp_with_settings(&admin_listen, options),
+        None => admin_service.add_tcp(&admin_listen),
+    }
     admin_service.threads = Some(1);
     server.add_service(proxy);
     server.add_service(admin_service);
@@ -172,17 +182,6 @@ pub fn run(config: Config, chain: Chain, services: Services, start: Start<'_>) -
     let ledger = services.ledger.clone().map(|l| l as Arc<dyn tollgate::store::ledger::LedgerAdmin>);
     end_stop_when_drained(&server, config.gateway.grace_period_seconds, ledger, traces);
     server.run_forever()
-}
-
-/// Whether each listener's address can be bound now. Pingora binds in its service threads
-/// and panics there when it cannot (after half a minute of retries on a taken port), which
-/// left a process serving only its admin listener (decision 174). `std` binds with
-/// `SO_REUSEADDR`, as Pingora does, so a port in `TIME_WAIT` still passes.
-fn bindable(listeners: &[(&str, std::net::SocketAddr)]) -> Result<(), String> {
-    for (field, addr) in listeners {
-        std::net::TcpListener::bind(addr).map_err(|e| format!("{field}: {addr} cannot be bound: {e}"))?;
-    }
-    Ok(())
 }
 
 /// Pingora's panics when a listener cannot start (a port taken after the check above, a
@@ -364,11 +363,11 @@ mod tests {
     #[test]
     fn pingora_gets_the_threads_and_their_work_stealing_from_the_config() {
         let dir = std::path::Path::new("/run/tollgate-test");
-        let one = server_conf(&gateway("threads: 1\n"), dir);
+        let one = server_conf(&gateway("threads: 1\n"), 18080, dir);
         assert_eq!((one.threads, one.work_stealing), (1, false), "one thread: nothing to steal from");
-        let two = server_conf(&gateway("threads: 2\n"), dir);
+        let two = server_conf(&gateway("threads: 2\n"), 18080, dir);
         assert_eq!((two.threads, two.work_stealing), (2, true));
-        let pinned = server_conf(&gateway("threads: 4\nwork_stealing: false\n"), dir);
+        let pinned = server_conf(&gateway("threads: 4\nwork_stealing: false\n"), 18080, dir);
         assert_eq!((pinned.threads, pinned.work_stealing), (4, false));
         assert_eq!(one.pid_file, "/run/tollgate-test/tollgate-18080.pid");
         assert_eq!(one.max_retries, 2);

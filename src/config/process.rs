@@ -1,6 +1,6 @@
 //! The process's own settings in `tollgate.yaml`: the two listeners and the shutdown times.
-//! Each problem names its field; what Pingora would otherwise take and fail on later (a
-//! random port, one socket for both listeners, a time that overflows) is refused here.
+//! Each problem names its field; what Pingora would otherwise take and fail on later (one
+//! socket for both listeners, a time that overflows) is refused here.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -33,10 +33,7 @@ fn overlap(a: std::net::IpAddr, b: std::net::IpAddr) -> bool {
 
 fn addr(p: &mut Problems, path: &str, value: &str) -> SocketAddr {
     match value.parse::<SocketAddr>() {
-        Ok(a) if a.port() == 0 => {
-            p.add(path, format!("`{value}` has port 0, which binds a random port nobody can reach: name a port"));
-            a
-        }
+        // Port 0 is a free port the system picks; `serve` prints it (decision 222).
         Ok(a) => a,
         Err(_) => {
             p.add(path, format!("`{value}` is not an address like 127.0.0.1:8080"));

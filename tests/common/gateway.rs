@@ -3,7 +3,7 @@
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use super::{Mock, Proc, Reply, closed_port, free_port, models_yaml};
@@ -112,10 +112,8 @@ impl Gateway {
 
     /// Start in `dir` (reusing its store and secrets when another instance used it before).
     pub fn start_in(mock: &Mock, opts: Opts, dir: PathBuf) -> Gateway {
-        let port = free_port();
         std::fs::create_dir_all(&dir).unwrap();
         let chat = if opts.chat_replicas.is_empty() { vec![mock.addr()] } else { opts.chat_replicas.clone() };
-        let admin_port = free_port();
         std::fs::write(dir.join("pepper"), "p".repeat(48)).unwrap();
         std::fs::write(dir.join("enc"), "ab".repeat(32)).unwrap();
         if !opts.no_admin_token {
@@ -132,7 +130,7 @@ impl Gateway {
         std::fs::write(
             dir.join("tollgate.yaml"),
             format!(
-                "listen: 127.0.0.1:{port}\nadmin_listen: 127.0.0.1:{admin_port}\nthreads: 1\nlimits:\n  max_request_bytes: {}\n{}budgets:\n  first_token_seconds: {}\n  response_seconds: {}\n  heartbeat_seconds: {}\n  session_affinity_idle_ttl_seconds: {}\nshutdown:\n  grace_period_seconds: {}\n  graceful_shutdown_timeout_seconds: 1\nidentity:\n  store: {store}\n  key_pepper: {{ file: pepper }}\n  key_encryption_key: {{ file: enc }}\n{admin}billing:\n  topup_url: https://pay.example.com/top-up\n  hold_margin_seconds: {}\n  ledger_max_wait_ms: {}\n  sweep_interval_seconds: 1\nplugins:\n{}  - name: auth\n{}  - name: chat_completions\n  - name: billing\n{}",
+                "listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\nthreads: 1\nlimits:\n  max_request_bytes: {}\n{}budgets:\n  first_token_seconds: {}\n  response_seconds: {}\n  heartbeat_seconds: {}\n  session_affinity_idle_ttl_seconds: {}\nshutdown:\n  grace_period_seconds: {}\n  graceful_shutdown_timeout_seconds: 1\nidentity:\n  store: {store}\n  key_pepper: {{ file: pepper }}\n  key_encryption_key: {{ file: enc }}\n{admin}billing:\n  topup_url: https://pay.example.com/top-up\n  hold_margin_seconds: {}\n  ledger_max_wait_ms: {}\n  sweep_interval_seconds: 1\nplugins:\n{}  - name: auth\n{}  - name: chat_completions\n  - name: billing\n{}",
                 opts.max_request_bytes, opts.limits.clone().unwrap_or_default(), opts.first_token_seconds, opts.response_seconds, opts.heartbeat_seconds, opts.affinity_ttl_seconds, opts.grace_seconds, opts.hold_margin_seconds, opts.ledger_max_wait_ms,
                 if opts.limits.is_some() { "  - name: connection_gate\n" } else { "" },
                 if opts.without_dialects { "" } else { "  - name: dialects\n  - name: idempotency\n" },
@@ -170,19 +168,21 @@ impl Gateway {
         }
         std::fs::write(dir.join("upstreams.yaml"), upstreams).unwrap();
         let log = std::fs::File::create(dir.join("gateway.log")).unwrap();
+        // Both listeners on port 0: `serve` prints the ports it picked (its one line of output).
+        let out = std::fs::File::create(dir.join("gateway.out")).unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
             .args(["serve", "--config"])
             .arg(dir.join("tollgate.yaml"))
             .env("RUST_LOG", "info")
             .env_remove("TOLLGATE_ADMIN_TOKEN")
             .envs(opts.env.iter().map(|(k, v)| (*k, v.as_str())))
-            .stdout(Stdio::null())
+            .stdout(out)
             .stderr(log)
             .spawn()
             .expect("gateway starts");
         let mut gw = Gateway {
-            port,
-            admin_port,
+            port: 0,
+            admin_port: 0,
             dir,
             admin_token: ADMIN_TOKEN.to_string(),
             key: String::new(),
@@ -190,6 +190,17 @@ impl Gateway {
             proc: Proc { child },
         };
         let deadline = Instant::now() + Duration::from_secs(20);
+        (gw.port, gw.admin_port) = loop {
+            if let Some(ports) =
+                reported_ports(&std::fs::read_to_string(gw.dir.join("gateway.out")).unwrap_or_default())
+            {
+                break ports;
+            }
+            assert!(Instant::now() < deadline, "gateway reported no ports: {}", gw.log());
+            assert!(gw.proc.child.try_wait().unwrap().is_none(), "gateway exited: {}", gw.log());
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let (port, admin_port) = (gw.port, gw.admin_port);
         while TcpStream::connect(("127.0.0.1", port)).is_err() || TcpStream::connect(("127.0.0.1", admin_port)).is_err()
         {
             assert!(Instant::now() < deadline, "gateway did not listen: {}", gw.log());
@@ -202,6 +213,18 @@ impl Gateway {
             gw.key = key;
         }
         gw
+    }
+
+    /// Name the ports this instance picked in its `tollgate.yaml`, for a process that must
+    /// take them over (an upgrade).
+    pub fn name_ports_in_config(&self) {
+        let path = self.dir.join("tollgate.yaml");
+        let yaml = std::fs::read_to_string(&path).unwrap().replacen(
+            "listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\n",
+            &format!("listen: 127.0.0.1:{}\nadmin_listen: 127.0.0.1:{}\n", self.port, self.admin_port),
+            1,
+        );
+        std::fs::write(path, yaml).unwrap();
     }
 
     /// The gateway's process id (for signals).
@@ -362,4 +385,14 @@ impl Gateway {
         }
         String::from_utf8_lossy(&out).into_owned()
     }
+}
+
+/// The ports in `serve`'s line `tollgate: listen 127.0.0.1:P admin_listen 127.0.0.1:Q`.
+pub fn reported_ports(out: &str) -> Option<(u16, u16)> {
+    let line = out.lines().find(|l| l.starts_with("tollgate: listen "))?;
+    let port_of = |field: &str| -> Option<u16> {
+        let addr = line.split(field).nth(1)?.split_whitespace().next()?;
+        addr.parse::<std::net::SocketAddr>().ok().map(|a| a.port())
+    };
+    Some((port_of("listen ")?, port_of("admin_listen ")?))
 }

@@ -60,6 +60,7 @@ async fn an_upgrade_under_load_refuses_no_connection_and_bills_every_stream_once
 
     // The new binary waits on the upgrade socket; SIGQUIT makes the old one hand the
     // listeners over, finish its streams and exit.
+    old.name_ports_in_config();
     let log = std::fs::File::create(old.dir.join("gateway-new.log")).unwrap();
     let new = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
         .args(["serve", "--upgrade", "--config"])

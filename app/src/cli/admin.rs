@@ -101,9 +101,15 @@ pub fn main(args: &[String]) -> Result<ExitCode, String> {
     let url = flag(&mut args, "--url")?;
     let token = flag(&mut args, "--token")?;
     let loaded = tollgate::config::load_settings(&config).ok();
-    let url = url
-        .or_else(|| loaded.as_ref().map(|c| format!("http://{}", c.admin_listen)))
-        .unwrap_or_else(|| "http://127.0.0.1:8081".into());
+    let url = match (url, loaded.as_ref().map(|c| c.admin_listen)) {
+        (Some(url), _) => url,
+        // The port `serve` picked is on its first line of output, not in the file.
+        (None, Some(listen)) if listen.port() == 0 => {
+            return Err(format!("admin_listen: {listen} has port 0: pass --url with the port `serve` printed"));
+        }
+        (None, Some(listen)) => format!("http://{listen}"),
+        (None, None) => "http://127.0.0.1:8081".into(),
+    };
     let token = token
         .or_else(|| std::env::var("TOLLGATE_ADMIN_TOKEN").ok())
         .or_else(|| loaded.as_ref().and_then(|c| c.admin_token.as_ref().map(|t| t.expose().to_string())))
