@@ -2,6 +2,7 @@
 //! listener. The chain of plugins is built from config by `plugins::build` (the one place
 //! that names concrete plugins) before this runs.
 
+use std::io::Write;
 use std::sync::Arc;
 
 use pingora::server::Server;
@@ -61,7 +62,8 @@ pub fn run(config: Config, chain: Chain, services: Services, start: Start<'_>) -
             std::process::exit(1);
         }
     };
-    println!("{}", listeners.report());
+    // Where to connect, for whoever started the process; a closed stdout does not stop it.
+    let _ = writeln!(std::io::stdout(), "{}", listeners.report());
     let conf = server_conf(&config.gateway, listeners.public.port(), pid_dir);
     exit_on_listener_panic();
     let opt = Opt { upgrade: start.upgrade, ..Opt::default() };
