@@ -2,11 +2,12 @@
 # One command for a newcomer: build tollgate, start the bundled mock replica and the
 # gateway on the embedded default (no Redis or PostgreSQL), send one request, and print how
 # to call it. Ctrl-C stops both.
-#   PORT=8080 MOCK_PORT=18000 scripts/demo.sh
+#   PORT=8080 scripts/demo.sh      (the mock replica listens on a port it picks)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PORT="${PORT:-8080}"
-MOCK_PORT="${MOCK_PORT:-18000}"
+# shellcheck source=lib/stack.sh
+source scripts/lib/stack.sh
 
 scripts/setup.sh
 echo "demo: building (release; the first build takes a few minutes)"
@@ -15,27 +16,19 @@ cargo build --release --bins -q
 ./target/release/tollgate init-secrets --dir data/secrets
 data_dir="$(pwd)/data"
 run_dir="$(mktemp -d /tmp/tollgate-demo.XXXXXX)"
+stack_init "$run_dir"
+trap 'exit 130' INT TERM
+stack_mock mock ./target/release/tollgate-mock-replica --listen 127.0.0.1:0
 cp conf/models.yaml "$run_dir/"
 sed "s/127.0.0.1:18000/127.0.0.1:${MOCK_PORT}/" conf/upstreams.yaml > "$run_dir/upstreams.yaml"
 sed "s/^listen: .*/listen: 127.0.0.1:${PORT}/; s/grace_period_seconds: .*/grace_period_seconds: 2/; s#\.\./data#${data_dir}#g" \
   conf/tollgate.yaml > "$run_dir/tollgate.yaml"
 
-pids=()
-cleanup() { kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; }
-trap cleanup EXIT INT TERM
-
-./target/release/tollgate-mock-replica --listen "127.0.0.1:${MOCK_PORT}" > "$run_dir/mock.log" 2>&1 &
-pids+=($!)
-./target/release/tollgate serve --config "$run_dir/tollgate.yaml" 2> "$run_dir/gateway.log" &
-pids+=($!)
+stack_gateway gateway ./target/release/tollgate serve --config "$run_dir/tollgate.yaml"
 
 admin() { ./target/release/tollgate admin --config "$run_dir/tollgate.yaml" --json "$@"; }
 json_field() { python3 -c "import json,sys; print(json.load(sys.stdin)$1)"; }
-for _ in $(seq 1 100); do
-  admin health >/dev/null 2>&1 && break
-  sleep 0.1
-done
-admin health >/dev/null || { echo "demo: gateway did not start; see $run_dir/gateway.log"; exit 1; }
+admin health >/dev/null || { echo "demo: the admin API does not answer; see $run_dir/gateway.log"; exit 1; }
 
 # A demo workspace and key. Only the key's id is kept on disk (data/demo-key-id), never the
 # key: later runs rotate it, revoking the previous one, to show a fresh key.

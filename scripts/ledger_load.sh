@@ -24,7 +24,6 @@
 #                           redis://127.0.0.1:6379, a fresh key prefix per run), the production
 #                           setting, where both instances count on one Redis
 #   LOAD_LEDGER_MAX_WAIT_MS=500  billing.ledger_max_wait_ms (decision 131)
-#   LOAD_PORT_BASE=19510    mock = base, instance i = base+2i+1 (admin base+2i+2)
 #   DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres   server for --store pg: a
 #                           fresh database is created and dropped (LOAD_KEEP_DB=1 keeps it)
 set -euo pipefail
@@ -42,6 +41,8 @@ done
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source=bench/config_yaml.sh
 source "$ROOT/scripts/bench/config_yaml.sh"
+# shellcheck source=lib/stack.sh
+source "$ROOT/scripts/lib/stack.sh"
 SECONDS_RUN=${LOAD_SECONDS:-60}
 CONNS=${LOAD_CONNECTIONS:-64}
 THREADS=${LOAD_THREADS:-1}
@@ -54,7 +55,6 @@ redis) LIMITER_YAML="{ backend: redis, url_env: REDIS_URL, prefix: tgload-$$-$(d
 *) echo "LOAD_LIMITER must be in_process or redis" >&2; exit 2 ;;
 esac
 export REDIS_URL=${REDIS_URL:-redis://127.0.0.1:6379}
-BASE=${LOAD_PORT_BASE:-19510}
 BIN_DIR=${LOAD_BIN_DIR:-${CARGO_TARGET_DIR:-$ROOT/target}/dist}
 DATABASE_URL=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}
 GW=$BIN_DIR/tollgate
@@ -65,28 +65,15 @@ die() { log "ERROR: $*"; exit 1; }
 for t in wrk curl jq; do command -v $t >/dev/null || die "$t is needed (apt-get install $t)"; done
 
 WORK=$(mktemp -d /tmp/ledger-load.XXXXXX)
-PIDS=()
 DB=""
-cleanup() {
-    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-    wait 2>/dev/null || true
+stack_after_stop() {
     if [[ -n $DB && ${LOAD_KEEP_DB:-0} != 1 ]]; then psql "$DATABASE_URL" -qtAX -c "DROP DATABASE IF EXISTS $DB" >/dev/null 2>&1 || true; fi
     log "work files in $WORK"
 }
-trap cleanup EXIT
+stack_init "$WORK"
 trap 'exit 130' INT
 
-wait_port() {
-    for _ in $(seq 200); do
-        if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 0; fi
-        sleep 0.1
-    done
-    die "nothing listens on $1 (see $WORK/*.log)"
-}
-
-"$MOCK" --listen "127.0.0.1:$BASE" --threads 1 >"$WORK/mock.log" 2>&1 &
-PIDS+=($!)
-wait_port "$BASE"
+stack_mock mock "$MOCK" --listen 127.0.0.1:0 --threads 1
 "$GW" init-secrets --dir "$WORK/secrets" >/dev/null
 if [[ $STORE == pg ]]; then
     DB=tollgate_ledger_load_$$
@@ -98,12 +85,13 @@ else
     STORE_YAML="{ backend: sqlite, path: $WORK/tollgate.db }"
     sql() { sqlite3 -cmd '.timeout 5000' "$WORK/tollgate.db" "$1"; }
 fi
+PORTS=() ADMIN_PORTS=()
 bench_models_yaml >"$WORK/models.yaml"
-bench_upstreams_yaml "$BASE" 100000 >"$WORK/upstreams.yaml"
+bench_upstreams_yaml "$MOCK_PORT" 100000 >"$WORK/upstreams.yaml"
 for i in 1 2; do
     cat >"$WORK/gw$i.yaml" <<EOF
-listen: 127.0.0.1:$((BASE + 2 * i - 1))
-admin_listen: 127.0.0.1:$((BASE + 2 * i))
+listen: 127.0.0.1:0
+admin_listen: 127.0.0.1:0
 threads: $THREADS
 models_file: models.yaml
 upstreams_file: upstreams.yaml
@@ -120,14 +108,13 @@ EOF
         printf 'plugins:\n  - name: auth\n  - name: chat_completions\n  - name: billing\n' >>"$WORK/gw$i.yaml"
     fi
     mkdir -p "$WORK/tmp$i"
-    RUST_LOG=warn TMPDIR="$WORK/tmp$i" "$GW" serve --config "$WORK/gw$i.yaml" >"$WORK/gw$i.log" 2>&1 &
-    PIDS+=($!)
-    wait_port $((BASE + 2 * i))
+    stack_gateway "gw$i" env RUST_LOG=warn TMPDIR="$WORK/tmp$i" "$GW" serve --config "$WORK/gw$i.yaml"
+    PORTS[i]=$GW_PORT ADMIN_PORTS[i]=$ADMIN_PORT
 done
 admin() {
     local -a data=()
     if [[ $# -ge 2 ]]; then data=(-H 'content-type: application/json' --data-binary "$2"); fi
-    curl -sS --max-time 30 -H "authorization: Bearer $(<"$WORK/secrets/admin_token")" "${data[@]}" "http://127.0.0.1:$((BASE + 2))$1"
+    curl -sS --max-time 30 -H "authorization: Bearer $(<"$WORK/secrets/admin_token")" "${data[@]}" "http://127.0.0.1:${ADMIN_PORTS[1]}$1"
 }
 WS=$(admin /admin/v1/workspaces '{"name":"load"}' | jq -r '.id // empty')
 [[ -n $WS ]] || die "workspace not created"
@@ -139,7 +126,7 @@ printf '{"model":"llama-3.1-8b-instruct","messages":%s,"max_tokens":512}' "$MESS
 # One request through each instance: priced, held and settled.
 for i in 1 2; do
     code=$(curl -sS -o "$WORK/check$i.json" -w '%{http_code}' -H "authorization: Bearer $KEY" \
-        -H 'content-type: application/json' --data-binary @"$WORK/body.json" "http://127.0.0.1:$((BASE + 2 * i - 1))/v1/chat/completions")
+        -H 'content-type: application/json' --data-binary @"$WORK/body.json" "http://127.0.0.1:${PORTS[i]}/v1/chat/completions")
     [[ $code == 200 ]] || die "instance $i answered $code: $(cat "$WORK/check$i.json")"
 done
 settled0=$(sql "SELECT count(*) FROM ledger_entries WHERE workspace_id = '$WS' AND kind = 'settlement'")
@@ -148,7 +135,7 @@ log "store $STORE, chain $CHAIN, 2 instances (threads: $THREADS), $CONNS connect
 for i in 1 2; do
     BENCH_BODY_FILE="$WORK/body.json" BENCH_API_KEY="$KEY" BENCH_TOKENS=16 BENCH_HONOR_RETRY_AFTER=${LOAD_HONOR_RETRY_AFTER:-1} \
         wrk -t1 "-c$CONNS" "-d${SECONDS_RUN}s" --timeout 10s -s "$ROOT/scripts/bench/wrk_post.lua" \
-        "http://127.0.0.1:$((BASE + 2 * i - 1))/v1/chat/completions" >"$WORK/wrk$i.txt" 2>&1 &
+        "http://127.0.0.1:${PORTS[i]}/v1/chat/completions" >"$WORK/wrk$i.txt" 2>&1 &
     WRK[$i]=$!
 done
 # Every 5 s, GET /v1/credits through both instances at once: each shows every instance's
@@ -159,9 +146,9 @@ sample_credits() {
     while ((n < SECONDS_RUN / 5 - 1)); do
         sleep 5
         n=$((n + 1))
-        curl -sS --max-time 5 -H "authorization: Bearer $KEY" "http://127.0.0.1:$((BASE + 1))/v1/credits" >"$WORK/credits1.$n.json" &
+        curl -sS --max-time 5 -H "authorization: Bearer $KEY" "http://127.0.0.1:${PORTS[1]}/v1/credits" >"$WORK/credits1.$n.json" &
         c1=$!
-        curl -sS --max-time 5 -H "authorization: Bearer $KEY" "http://127.0.0.1:$((BASE + 3))/v1/credits" >"$WORK/credits2.$n.json" &
+        curl -sS --max-time 5 -H "authorization: Bearer $KEY" "http://127.0.0.1:${PORTS[2]}/v1/credits" >"$WORK/credits2.$n.json" &
         c2=$!
         wait "$c1" "$c2" || true
     done
