@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Saturation harness: the gateway's CPU per request at a fixed connection count, for
-# comparing builds or chains side by side. Narrower than scripts/bench.sh (no nginx, no
+# comparing builds or chains side by side. Narrower than scripts/bench.py (no nginx, no
 # ladder of targets, one case at a time) and quicker, so builds can be alternated many times in a noisy
-# machine's quiet stretch. Not a headline figure: scripts/bench.sh is.
+# machine's quiet stretch. Not a headline figure: scripts/bench.py is.
 #
 #   scripts/saturate.sh BIN_DIR [BIN_DIR...]
 #
@@ -35,6 +35,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/bench/config_yaml.sh
+. scripts/lib/stack.sh
 
 # The usage: this file's opening comment.
 [[ $# -ge 1 ]] || { awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0"; exit 2; }
@@ -46,7 +47,6 @@ LIMITER=${SAT_LIMITER:-$([[ $STORE == pg ]] && echo redis || echo in_process)}
 PLUGINS=${SAT_PLUGINS:-connection_gate auth dialects idempotency chat_completions limits billing}
 DATABASE_URL=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}
 REDIS_URL=${REDIS_URL:-redis://127.0.0.1:6379}
-MOCK_PORT=19380 GW_PORT=19381 ADMIN_PORT=19382
 for d in "$@"; do [[ -x $d/tollgate && -x $d/tollgate-mock-replica ]] || { echo "no binaries in $d" >&2; exit 2; }; done
 command -v wrk >/dev/null || { echo "wrk is needed (apt-get install wrk)" >&2; exit 2; }
 if [[ ${SAT_CLIENT:-wrk} == probe ]]; then
@@ -57,21 +57,8 @@ if [[ ${SAT_CLIENT:-wrk} == probe ]]; then
 fi
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/tollgate-sat.XXXXXX")
-PIDS=()
-GW=""
-cleanup() {
-    for p in "${PIDS[@]}" ${GW:+"$GW"}; do kill "$p" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
-
-listening() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-wait_port() {
-    for _ in $(seq 200); do listening "$1" && return 0; sleep 0.1; done
-    echo "nothing listens on $1; logs in $WORK" >&2
-    exit 1
-}
+stack_after_stop() { rm -rf "$WORK"; }
+stack_init "$WORK"
 # Every thread's CPU (ns) of the processes given.
 cpu_ns() {
     local total=0 v t
@@ -84,9 +71,7 @@ cpu_ns() {
 switches() { cat /proc/"$1"/task/*/status 2>/dev/null | awk '/ctxt_switches/ { n += $2 } END { print n + 0 }'; }
 pg_ns() { if [[ $STORE == pg ]]; then cpu_ns $(pgrep -x postgres || pgrep postgres); else echo 0; fi; }
 
-taskset -c 0 "$1/tollgate-mock-replica" --listen "127.0.0.1:$MOCK_PORT" --threads 1 >"$WORK/mock.log" 2>&1 &
-PIDS+=($!)
-wait_port $MOCK_PORT
+stack_mock mock taskset -c 0 "$1/tollgate-mock-replica" --listen 127.0.0.1:0 --threads 1
 bench_models_yaml >"$WORK/models.yaml"
 bench_upstreams_yaml $MOCK_PORT 4096 >"$WORK/upstreams.yaml"
 STREAM=""
@@ -115,7 +100,7 @@ run_one() {
     local lstore="{ backend: in_process }"
     [[ $LIMITER == redis ]] && lstore="{ backend: redis, url_env: REDIS_URL, prefix: tgsat-$$-$n }"
     {
-        printf 'listen: 127.0.0.1:%s\nadmin_listen: 127.0.0.1:%s\nthreads: 1\n' $GW_PORT $ADMIN_PORT
+        printf 'listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\nthreads: 1\n'
         printf 'models_file: models.yaml\nupstreams_file: upstreams.yaml\n'
         printf 'shutdown: { grace_period_seconds: 1, graceful_shutdown_timeout_seconds: 1 }\n'
         identity_yaml "$store" "$RUN/secrets"
@@ -123,13 +108,10 @@ run_one() {
         printf 'billing:\n  topup_url: https://billing.example.com/top-up\nplugins:\n'
         for p in $PLUGINS; do printf '  - name: %s\n' "$p"; done
     } >"$RUN/tollgate.yaml"
-    (cd "$RUN" && exec env RUST_LOG=warn TMPDIR="$RUN" REDIS_URL="$REDIS_URL" \
-        DATABASE_URL="${DATABASE_URL%/*}/${db:-unused}" taskset -c 1 "$bin/tollgate" serve --config tollgate.yaml) \
-        >"$RUN/gateway.log" 2>&1 &
-    gw=$!
-    GW=$gw # a run stopped by an error leaves no gateway behind (the EXIT trap waits for it)
-    wait_port $GW_PORT
-    wait_port $ADMIN_PORT
+    # A run stopped by an error leaves no gateway behind: the stack stops it at exit.
+    stack_gateway "gw$n" env RUST_LOG=warn TMPDIR="$RUN" REDIS_URL="$REDIS_URL" \
+        DATABASE_URL="${DATABASE_URL%/*}/${db:-unused}" taskset -c 1 "$bin/tollgate" serve --config "$RUN/tollgate.yaml"
+    gw=$STACK_PID
     local ws key
     ws=$(admin /admin/v1/workspaces '{"name":"sat"}' | jq -r .id)
     key=$(admin "/admin/v1/workspaces/$ws/keys" '{"name":"sat"}' | jq -r .key)
@@ -169,9 +151,7 @@ run_one() {
           echo "the gateway's answers other than 2xx: $(curl -sS --max-time 10 -H "authorization: Bearer $(<"$RUN/secrets/admin_token")" \
               "http://127.0.0.1:$ADMIN_PORT/metrics" | awk -f scripts/bench/non_2xx.awk)" >&2
           exit 1; }
-    kill "$gw"
-    wait "$gw" 2>/dev/null || true
-    GW=""
+    stack_stop "gw$n"
     [[ -n $db ]] && psql "$DATABASE_URL" -qtAX -c "DROP DATABASE $db" >/dev/null
     [[ -n $calls ]] && sc=$(awk -F, '/sys_enter/ { print $1 }' "$RUN/syscalls.csv")
     awk -v b="$bin" -v r="$req" -v s="$SECS" -v g=$((g1 - g0)) -v p=$((p1 - p0)) -v w=$((s1 - s0)) -v sc="$sc" -v p50="$p50" -v p99="$p99" -v p999="$p999" 'BEGIN {
