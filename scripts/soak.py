@@ -69,14 +69,6 @@ def slope_per_10min(samples):
     return sum((t - mx) * (v - my) for t, v in samples) / den * 600
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def shared_stores(yaml: str, work: Path) -> tuple[str, dict]:
     """Point `yaml` at PostgreSQL (a fresh database) and Redis; the environment it needs."""
     server = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres")
@@ -101,14 +93,14 @@ def start(bin_dir: Path, work: Path, stores: str = "embedded"):
     mock_addr = mock.stdout.readline().strip().rsplit(" ", 1)[-1]
     conf = work / "conf"
     shutil.copytree(ROOT / "conf", conf)
-    port, admin = free_port(), free_port()
     (work / "secrets").mkdir()
     subprocess.run([str(bin_dir / "tollgate"), "init-secrets", "--dir", str(work / "secrets")], check=True,
                    capture_output=True)
     (work / "secrets" / "admin_token").write_text(ADMIN_TOKEN)
     yaml = (conf / "tollgate.yaml").read_text()
-    yaml = yaml.replace("listen: 0.0.0.0:8080", f"listen: 127.0.0.1:{port}")
-    yaml = yaml.replace("admin_listen: 127.0.0.1:8081", f"admin_listen: 127.0.0.1:{admin}")
+    # Port 0: the gateway picks its ports and prints them (decision 222).
+    yaml = yaml.replace("listen: 0.0.0.0:8080", "listen: 127.0.0.1:0")
+    yaml = yaml.replace("admin_listen: 127.0.0.1:8081", "admin_listen: 127.0.0.1:0")
     yaml = yaml.replace("../data/secrets/", f"{work}/secrets/").replace("../data/tollgate.db", f"{work}/tollgate.db")
     # Room for the burst: the workspace's concurrency and the replica's.
     yaml = yaml.replace("workspace_concurrency: { free: 32, core: 256, enterprise: 1024 }",
@@ -125,7 +117,13 @@ def start(bin_dir: Path, work: Path, stores: str = "embedded"):
     (conf / "models.yaml").write_text(models)
     log = open(work / "gateway.log", "w")
     gw = subprocess.Popen([str(bin_dir / "tollgate"), "serve", "--config", str(conf / "tollgate.yaml")],
-                          stdout=subprocess.DEVNULL, stderr=log, env={**os.environ, **env, "RUST_LOG": "warn"})
+                          stdout=subprocess.PIPE, stderr=log, text=True,
+                          env={**os.environ, **env, "RUST_LOG": "warn"})
+    # `tollgate: listen 127.0.0.1:P admin_listen 127.0.0.1:Q`; empty if it exited first.
+    words = gw.stdout.readline().split()
+    if len(words) != 5 or words[1] != "listen":
+        sys.exit(f"the gateway did not start; see {work / 'gateway.log'}")
+    port, admin = int(words[2].rsplit(":", 1)[1]), int(words[4].rsplit(":", 1)[1])
     deadline = time.time() + 30
     while time.time() < deadline:
         try:
