@@ -33,10 +33,10 @@
 #               non-streamed request counted 11% more than on an AMD EPYC with the same
 #               binary. With the vector loops on every CPU the counts compare across machines.
 #
-# The gateway runs with the config scripts/bench.sh writes (one model pool on a mock
+# The gateway runs with the config scripts/bench.py writes (one model pool on a mock
 # replica, only the `chat_completions` plugin, no identity, threads: 1) under valgrind
 # (callgrind) or strace -f -c. One client connection with keep-alive sends the same request
-# (bench.sh's bodies and headers) N times, one after another; the gateway is then stopped
+# (bench.py's bodies and headers) N times, one after another; the gateway is then stopped
 # with SIGTERM (grace period 1 s; the floor with SIGINT, Pingora's fast shutdown) so callgrind
 # writes its counts.
 #

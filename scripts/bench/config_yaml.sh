@@ -1,5 +1,5 @@
-# Sourced by scripts/bench.sh, profile.sh and ledger_load.sh: the config sections their
-# gateways share.
+# Sourced by scripts/profile.sh and ledger_load.sh, and run by scripts/bench.py (stack.py): the
+# config sections their gateways share.
 
 # identity_yaml STORE_YAML SECRETS_DIR: the `identity` and `admin` sections of a gateway
 # config on STORE_YAML (a flow mapping, e.g. "{ backend: sqlite, path: /x/tollgate.db }"),

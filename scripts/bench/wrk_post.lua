@@ -1,4 +1,4 @@
--- wrk script for scripts/bench.sh: POST a chat body and print one machine-readable
+-- wrk script for scripts/bench.py: POST a chat body and print one machine-readable
 -- summary line. Environment:
 --   BENCH_BODY_FILE  path of the JSON request body (required)
 --   BENCH_TOKENS     value of x-mock-tokens (output tokens the mock generates; default 16)

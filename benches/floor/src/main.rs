@@ -1,6 +1,6 @@
 //! A bare Pingora proxy: what any gateway on Pingora 0.9 pays before doing its own work.
 //!
-//! `scripts/bench.sh` runs it beside nginx and tollgate, with the same settings as the
+//! `scripts/bench.py` runs it beside nginx and tollgate, with the same settings as the
 //! gateway (one thread, a keep-alive pool to one upstream):
 //!
 //! - `--mode pass`: `upstream_peer` and nothing else; Pingora streams the request through.
