@@ -40,9 +40,10 @@ impl Drop for Proc {
     }
 }
 
-/// A port for a gateway listener. Not an ephemeral port (bound and released), because the
-/// tests of one binary run in parallel and the kernel hands a released ephemeral port to the
-/// next caller: two gateways could be given the same one. Instead each process walks its own
+/// A port a test names itself (a port nothing listens on, a Redis server's); gateways pick
+/// theirs (port 0, `Gateway::start_in`). Not an ephemeral port (bound and released), because
+/// the tests of one binary run in parallel and the kernel hands a released ephemeral port to
+/// the next caller: two servers could be given the same one. Instead each process walks its own
 /// block of 1,000 ports below the ephemeral range (test binaries run one after another), and
 /// skips any port something else holds.
 pub fn free_port() -> u16 {
