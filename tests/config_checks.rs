@@ -222,17 +222,9 @@ fn port_0_picks_free_ports_that_serve_prints_and_the_admin_command_line_asks_for
             .stderr(std::fs::File::create(d.join(format!("log{n}"))).unwrap())
             .spawn()
             .unwrap();
-        let proc = common::Proc::new(child);
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let out = std::fs::read_to_string(d.join(format!("out{n}"))).unwrap_or_default();
-            if let Some(ports) = common::reported_ports(&out) {
-                break (proc, ports);
-            }
-            let log = std::fs::read_to_string(d.join(format!("log{n}"))).unwrap_or_default();
-            assert!(Instant::now() < deadline, "no ports printed: {log}");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let mut proc = common::Proc::new(child);
+        let ports = common::await_reported_ports(&d.join(format!("out{n}")), &mut proc, &d.join(format!("log{n}")));
+        (proc, ports)
     };
     let (_one, (public1, admin1)) = start(1);
     let (_two, (public2, admin2)) = start(2);

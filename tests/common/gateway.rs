@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use super::{Mock, Proc, Reply, closed_port, free_port, models_yaml};
+use super::{Mock, Proc, Reply, await_reported_ports, closed_port, free_port, models_yaml};
 
 /// Gateway settings a test may change.
 #[derive(Clone)]
@@ -189,18 +189,10 @@ impl Gateway {
             workspace: String::new(),
             proc: Proc { child },
         };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        (gw.port, gw.admin_port) = loop {
-            if let Some(ports) =
-                reported_ports(&std::fs::read_to_string(gw.dir.join("gateway.out")).unwrap_or_default())
-            {
-                break ports;
-            }
-            assert!(Instant::now() < deadline, "gateway reported no ports: {}", gw.log());
-            assert!(gw.proc.child.try_wait().unwrap().is_none(), "gateway exited: {}", gw.log());
-            std::thread::sleep(Duration::from_millis(20));
-        };
+        (gw.port, gw.admin_port) =
+            await_reported_ports(&gw.dir.join("gateway.out"), &mut gw.proc, &gw.dir.join("gateway.log"));
         let (port, admin_port) = (gw.port, gw.admin_port);
+        let deadline = Instant::now() + Duration::from_secs(20);
         while TcpStream::connect(("127.0.0.1", port)).is_err() || TcpStream::connect(("127.0.0.1", admin_port)).is_err()
         {
             assert!(Instant::now() < deadline, "gateway did not listen: {}", gw.log());
@@ -385,14 +377,4 @@ impl Gateway {
         }
         String::from_utf8_lossy(&out).into_owned()
     }
-}
-
-/// The ports in `serve`'s line `tollgate: listen 127.0.0.1:P admin_listen 127.0.0.1:Q`.
-pub fn reported_ports(out: &str) -> Option<(u16, u16)> {
-    let line = out.lines().find(|l| l.starts_with("tollgate: listen "))?;
-    let port_of = |field: &str| -> Option<u16> {
-        let addr = line.split(field).nth(1)?.split_whitespace().next()?;
-        addr.parse::<std::net::SocketAddr>().ok().map(|a| a.port())
-    };
-    Some((port_of("listen ")?, port_of("admin_listen ")?))
 }

@@ -16,7 +16,9 @@ pub use gateway::*;
 pub use mock::*;
 
 use std::net::TcpListener;
+use std::path::Path;
 use std::process::Child;
+use std::time::{Duration, Instant};
 
 pub struct Proc {
     child: Child,
@@ -110,4 +112,29 @@ pub fn chat_body(model: &str, stream: bool) -> serde_json::Value {
         "messages": [{"role": "user", "content": "Say hello"}],
         "stream": stream,
     })
+}
+
+/// Wait (20 s) for the ports `serve` prints into the file `out`; fails with the log at `log`
+/// if `proc` exits first.
+pub fn await_reported_ports(out: &Path, proc: &mut Proc, log: &Path) -> (u16, u16) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(ports) = reported_ports(&std::fs::read_to_string(out).unwrap_or_default()) {
+            return ports;
+        }
+        let log = || std::fs::read_to_string(log).unwrap_or_default();
+        assert!(Instant::now() < deadline, "no ports printed: {}", log());
+        assert!(proc.running(), "exited before it printed its ports: {}", log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The ports in `serve`'s line `tollgate: listen 127.0.0.1:P admin_listen 127.0.0.1:Q`.
+pub fn reported_ports(out: &str) -> Option<(u16, u16)> {
+    let line = out.lines().find(|l| l.starts_with("tollgate: listen "))?;
+    let port_of = |field: &str| -> Option<u16> {
+        let addr = line.split(field).nth(1)?.split_whitespace().next()?;
+        addr.parse::<std::net::SocketAddr>().ok().map(|a| a.port())
+    };
+    Some((port_of("listen ")?, port_of("admin_listen ")?))
 }
