@@ -7,6 +7,8 @@
 #   --bin       gateway binary (default target/dist/tollgate under $CARGO_TARGET_DIR or ./target)
 #   --mock      mock replica binary (default: tollgate-mock-replica next to --bin)
 #   --case      json: non-streamed, 16 tokens (default); sse: `"stream": true`, 64 tokens;
+#               whole: the sse request answered in one write with a Content-Length
+#               (`x-mock-sse-whole`, the bench's sse64-whole);
 #               msgs: a messages-dialect stream of 64 tokens (`/v1/messages`, plugins
 #               `dialects` + `chat_completions`)
 #   --tool      callgrind (default): instructions per request; strace: syscalls per request
@@ -68,7 +70,7 @@ BIN=${BIN:-${CARGO_TARGET_DIR:-$ROOT/target}/dist/tollgate}
 MOCK=${MOCK:-$(dirname "$BIN")/tollgate-mock-replica}
 [[ -x $BIN ]] || { echo "no gateway binary at $BIN" >&2; exit 1; }
 [[ -x $MOCK ]] || { echo "no mock replica at $MOCK" >&2; exit 1; }
-case $CASE in json | sse | msgs) ;; *) echo "--case json|sse|msgs" >&2; exit 2 ;; esac
+case $CASE in json | sse | whole | msgs) ;; *) echo "--case json|sse|whole|msgs" >&2; exit 2 ;; esac
 case $TOOL in callgrind | strace) ;; *) echo "--tool callgrind|strace" >&2; exit 2 ;; esac
 case $IDEM in off | chain | key) ;; *) echo "--idem off|chain|key" >&2; exit 2 ;; esac
 case $CHAIN in chat | full) ;; *) echo "--chain chat|full" >&2; exit 2 ;; esac
@@ -120,7 +122,7 @@ MESSAGES='[{"role":"system","content":"You are a helpful assistant."},{"role":"u
 if [[ $CASE == json ]]; then
     printf '{"model":"llama-3.1-8b-instruct","messages":%s,"max_tokens":512}' "$MESSAGES" >"$WORK/body.json"
     TOKENS=16
-elif [[ $CASE == sse ]]; then
+elif [[ $CASE == sse || $CASE == whole ]]; then
     printf '{"model":"llama-3.1-8b-instruct","messages":%s,"max_tokens":512,"stream":true,"stream_options":{"include_usage":true}}' \
         "$MESSAGES" >"$WORK/body.json"
     TOKENS=64
@@ -159,6 +161,8 @@ for i in range(count):
     conn.putrequest("POST", path, skip_accept_encoding=True)
     conn.putheader("Content-Type", "application/json")
     conn.putheader("x-mock-tokens", tokens)
+    if case == "whole":
+        conn.putheader("x-mock-sse-whole", "1")
     if key:
         conn.putheader("Authorization", f"Bearer {key}")
     if idem == "key":
@@ -168,7 +172,7 @@ for i in range(count):
     r = conn.getresponse()
     data = r.read()
     # The floor passes the replica's answer on unpriced: no `cost` in its usage.
-    done = {"json": b'"usage"' if floor else b'"cost"', "sse": b"data: [DONE]", "msgs": b"event: message_stop"}[case]
+    done = {"json": b'"usage"' if floor else b'"cost"', "sse": b"data: [DONE]", "whole": b"data: [DONE]", "msgs": b"event: message_stop"}[case]
     if r.status != 200 or done not in data or (case != "msgs" and not floor and b'"cost"' not in data):
         sys.exit(f"request {i}: HTTP {r.status}: {data[:300]!r}")
 conn.close()

@@ -134,6 +134,33 @@ impl<'t> Edits<'t> {
         self.push(s, s, m)
     }
 
+    /// The edited text before `start` and after `end`, when no edit touches `start..end`
+    /// (one that ends at `start` or begins at `end` is outside it) and none overlap.
+    pub fn around(&self, start: usize, end: usize) -> Option<(Vec<u8>, Vec<u8>)> {
+        let mut splices: Vec<&Splice> = self.first.iter().chain(&self.more).collect();
+        splices.sort_by_key(|&&(s, e, _)| (s, e));
+        let t = self.text;
+        let (mut before, mut after) = (Vec::new(), Vec::new());
+        let (mut at_before, mut at_after) = (0, end);
+        for (s, e, with) in splices {
+            let (s, e) = (*s, *e);
+            if e <= start && s < start && s >= at_before {
+                before.extend_from_slice(&t[at_before..s]);
+                before.extend_from_slice(with);
+                at_before = e;
+            } else if s >= end && e > end && s >= at_after {
+                after.extend_from_slice(&t[at_after..s]);
+                after.extend_from_slice(with);
+                at_after = e;
+            } else {
+                return None; // touches the span, or overlaps another edit (never planned)
+            }
+        }
+        before.extend_from_slice(t.get(at_before..start)?);
+        after.extend_from_slice(t.get(at_after..)?);
+        Some((before, after))
+    }
+
     /// The edited text.
     pub fn write<B: BufMut>(self, out: &mut B) {
         let Edits { text, first, mut more } = self;

@@ -8,6 +8,7 @@
 
 mod account;
 mod capability;
+mod content_frame;
 mod context;
 mod edits;
 mod effort;
@@ -19,6 +20,9 @@ mod schema;
 mod stream;
 mod upstream_body;
 
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod content_frame_tests;
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod pipeline_reference;

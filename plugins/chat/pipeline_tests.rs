@@ -14,9 +14,9 @@ use tollgate::config::Config;
 use tollgate::http::sse::data_payload;
 use tollgate::proxy::ctx::RequestCtx;
 
-const UP: &str = "meta-llama/Llama-3.1-8B-Instruct";
+pub(super) const UP: &str = "meta-llama/Llama-3.1-8B-Instruct";
 
-fn ctx() -> RequestCtx {
+pub(super) fn ctx() -> RequestCtx {
     static CONFIG: std::sync::OnceLock<Arc<Config>> = std::sync::OnceLock::new();
     let config = CONFIG
         .get_or_init(|| {
@@ -56,7 +56,7 @@ fn ctx() -> RequestCtx {
     cx
 }
 
-fn state(cx: &RequestCtx) -> String {
+pub(super) fn state(cx: &RequestCtx) -> String {
     format!(
         "{:?} {:?} {} {} {} {} {:?}",
         cx.usage.figures(),
@@ -69,13 +69,13 @@ fn state(cx: &RequestCtx) -> String {
     )
 }
 
-fn json(b: &[u8]) -> Value {
+pub(super) fn json(b: &[u8]) -> Value {
     serde_json::from_slice(b).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(b)))
 }
 
 /// Members whose value is `null` are not compared: the pipeline copies them as they came
 /// (`"usage": null` on every chunk of some replicas), the reference dropped some.
-fn without_nulls(mut v: Value) -> Value {
+pub(super) fn without_nulls(mut v: Value) -> Value {
     if let Some(o) = v.as_object_mut() {
         o.retain(|_, x| !x.is_null());
         o.remove("request_id"); // differs between two contexts
@@ -293,7 +293,7 @@ fn a_translator_gets_the_whole_answer() {
     assert_eq!(cx.usage.figures().map(|u| u.cost.0), Some(13_000));
 }
 
-fn translated(which: u8) -> RequestCtx {
+pub(super) fn translated(which: u8) -> RequestCtx {
     let mut cx = ctx();
     match which {
         1 => cx.answer_translator = Some(Box::new(crate::dialects::MessagesStream::new("m", b"k"))),

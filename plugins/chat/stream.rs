@@ -9,6 +9,7 @@
 use bytes::{Bytes, BytesMut};
 
 use super::account::{account, delivered, no_answer, priced};
+use super::content_frame::{ContentFrame, content_span};
 use super::edits::{Edits, one_line};
 use crate::shared::answer::{AnswerView, Form, PricedUsage, pieces};
 use tollgate::http::envelope;
@@ -18,19 +19,21 @@ use tollgate::money::usage;
 use tollgate::proxy::ctx::RequestCtx;
 
 pub fn on_chunk(body: &mut Option<Bytes>, eos: bool, cx: &mut RequestCtx) {
+    let mut out = BytesMut::new();
     if let Some(b) = body.take() {
+        out.reserve(b.len() + 64); // most frames are forwarded as long as they came
         cx.response.framer.push(&b);
     }
-    let mut out = BytesMut::new();
+    let mut pattern = take_pattern(cx);
     while let Some(frame) = cx.response.framer.next_frame() {
-        on_frame(&frame, cx, &mut out);
+        next_frame(&frame, cx, &mut out, &mut pattern);
     }
     if eos {
         if cx.response.framer.has_partial() {
             // A last frame without its blank line: complete it.
             let mut rest = BytesMut::from(&cx.response.framer.take_rest()[..]);
             rest.extend_from_slice(b"\n\n");
-            on_frame(&rest, cx, &mut out);
+            next_frame(&rest, cx, &mut out, &mut pattern);
         }
         if !cx.response.saw_done && cx.failure.is_none() {
             end_with(
@@ -41,6 +44,7 @@ pub fn on_chunk(body: &mut Option<Bytes>, eos: bool, cx: &mut RequestCtx) {
             );
         }
     }
+    keep_pattern(cx, pattern);
     *body = (!out.is_empty()).then(|| out.freeze());
 }
 
@@ -62,7 +66,39 @@ fn malformed(cx: &mut RequestCtx, out: &mut BytesMut) {
     end_with(cx, out, ErrorKind::UpstreamFailed, "The model server sent a malformed stream frame.");
 }
 
+/// One frame, with the request's content-frame pattern kept in its `ext` between calls.
+#[cfg(test)]
 pub(super) fn on_frame(frame: &[u8], cx: &mut RequestCtx, out: &mut BytesMut) {
+    let mut pattern = take_pattern(cx);
+    next_frame(frame, cx, out, &mut pattern);
+    keep_pattern(cx, pattern);
+}
+
+/// One frame read in full, with no content-frame pattern (the tests' comparison).
+#[cfg(test)]
+pub(super) fn on_frame_in_full(frame: &[u8], cx: &mut RequestCtx, out: &mut BytesMut) {
+    next_frame(frame, cx, out, &mut None);
+}
+
+/// The request's content-frame pattern between chunks, in its own slot of `ext` (boxed once
+/// per request, not once per chunk).
+struct PatternSlot(Option<ContentFrame>);
+
+fn take_pattern(cx: &mut RequestCtx) -> Option<ContentFrame> {
+    cx.ext.get_mut::<PatternSlot>().and_then(|s| s.0.take())
+}
+
+fn keep_pattern(cx: &mut RequestCtx, pattern: Option<ContentFrame>) {
+    let Some(p) = pattern else { return };
+    match cx.ext.get_mut::<PatternSlot>() {
+        Some(slot) => slot.0 = Some(p),
+        None => cx.ext.insert(PatternSlot(Some(p))),
+    }
+}
+
+/// One frame: forwarded by `pattern` when it is the last plain content frame with another
+/// content string (`content_frame.rs`), else read, accounted and edited in full.
+fn next_frame(frame: &[u8], cx: &mut RequestCtx, out: &mut BytesMut, pattern: &mut Option<ContentFrame>) {
     if cx.failure.is_some() || cx.response.saw_done {
         return; // the stream already ended (`[DONE]`, or an error frame): nothing follows it
     }
@@ -96,6 +132,9 @@ pub(super) fn on_frame(frame: &[u8], cx: &mut RequestCtx, out: &mut BytesMut) {
         return;
     }
     let joined = matches!(data, std::borrow::Cow::Owned(_));
+    if !joined && pattern.as_ref().is_some_and(|p| p.forward(frame, &data, cx, out)) {
+        return;
+    }
     let data = one_line(data);
     let Some(view) = AnswerView::parse(&data) else { return malformed(cx, out) };
     if view.is_error() {
@@ -110,6 +149,12 @@ pub(super) fn on_frame(frame: &[u8], cx: &mut RequestCtx, out: &mut BytesMut) {
     let mut edits = Edits::new(&data);
     if account(&view, Form::Chunk, cx, &mut edits).is_none() {
         return malformed(cx, out);
+    }
+    if !joined {
+        // Kept for the frames that follow (the last plain content frame's pattern wins).
+        if let Some(span) = content_span(&view, &data) {
+            *pattern = ContentFrame::record(&view, &data, span, &edits);
+        }
     }
     let figures = usage_report.and_then(|u| priced(u, cx));
     if let Some(f) = figures {
