@@ -81,6 +81,24 @@ fn only_a_plain_string_in_the_same_text_takes_the_pattern() {
     }
 }
 
+/// `text` with the ids a translator draws at random (`msg_` and 32 hex digits, when a chunk
+/// has no `id`) written `_ID`.
+fn without_ids(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(i) = rest.find('_') {
+        out.push_str(&rest[..=i]);
+        rest = &rest[i + 1..];
+        let hex = rest.bytes().take_while(u8::is_ascii_hexdigit).count();
+        if hex >= 24 {
+            out.push_str("ID");
+            rest = &rest[hex..];
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
 /// A content string's bytes: plain text, escapes, and what makes a frame invalid JSON (a
 /// bare quote, a control character, bytes that are not UTF-8).
 fn piece() -> impl Strategy<Value = Vec<u8>> {
@@ -146,8 +164,9 @@ proptest! {
             out.extend_from_slice(&a);
             expected.extend_from_slice(&b);
         }
-        let text = String::from_utf8_lossy(&out).replace(&cx.request_id, "REQ");
-        prop_assert_eq!(text, String::from_utf8_lossy(&expected).replace(&full_cx.request_id, "REQ"));
+        let text = without_ids(&String::from_utf8_lossy(&out).replace(&cx.request_id, "REQ"));
+        let full = without_ids(&String::from_utf8_lossy(&expected).replace(&full_cx.request_id, "REQ"));
+        prop_assert_eq!(text, full);
         prop_assert_eq!(state(&cx), state(&full_cx));
     }
 }

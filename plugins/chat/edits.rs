@@ -255,6 +255,31 @@ mod tests {
     }
 
     #[test]
+    fn the_text_around_a_span_is_edited_apart_unless_an_edit_touches_it() {
+        let t = r#"{"m":"x","c":"tok","r":null}"#;
+        let span = |k: &str| {
+            let raw = member(t, k).get();
+            let start = raw.as_ptr() as usize - t.as_ptr() as usize;
+            (start, start + raw.len())
+        };
+        let (c0, c1) = span("c");
+        let mut e = Edits::new(t.as_bytes());
+        assert!(e.replace_value(member(t, "m"), &b"\"y\""[..]).is_some());
+        assert!(e.rename_key(member(t, "r"), "q").is_some());
+        let Some((before, after)) = e.around(c0, c1) else { panic!("no edit touches the content") };
+        assert_eq!(
+            [&before[..], &t.as_bytes()[c0..c1], &after[..]].concat(),
+            apply(t, |e| {
+                e.replace_value(member(t, "m"), &b"\"y\""[..])?;
+                e.rename_key(member(t, "r"), "q")
+            })
+            .as_bytes()
+        );
+        assert!(e.replace_value(member(t, "c"), &b"1"[..]).is_some());
+        assert!(e.around(c0, c1).is_none());
+    }
+
+    #[test]
     fn line_breaks_outside_strings_become_spaces() {
         let joined = Cow::Borrowed(&b"{\"a\":\n\"x\\\"\n\",\r\n\"b\":1}"[..]);
         assert_eq!(&one_line(joined)[..], &b"{\"a\": \"x\\\"\n\",  \"b\":1}"[..]);

@@ -4,7 +4,9 @@
 //! output, answered choices), priced from the replica's usage (`tollgate::money::usage`), then
 //! either edited in place for the chat dialect (`edits.rs`: reasoning on `reasoning`,
 //! `service.output_status`, the hosted Usage object with cost) or handed as typed pieces to
-//! the translator a dialect registered (`RequestCtx::answer_translator`).
+//! the translator a dialect registered (`RequestCtx::answer_translator`). A stream's content
+//! frame that repeats the last one's text around another string skips the parse
+//! (`content_frame.rs`).
 
 mod account;
 mod capability;

@@ -1,10 +1,11 @@
 //! Streamed chat responses, frame by frame as they arrive (never buffered beyond one partial
-//! frame). Each frame is read once into the borrowed view and accounted; then the chat
-//! dialect gets it copied as it arrived or edited in place (reasoning renamed,
+//! frame). Each frame is read once into the borrowed view and accounted (or, repeating the
+//! last content frame's text around another string, by its pattern: `content_frame.rs`); then
+//! the chat dialect gets it copied as it arrived or edited in place (reasoning renamed,
 //! `service.output_status` on a no-answer terminal frame, the usage frame priced and
 //! forwarded only when asked for, or when no choice answered, and then only together with
-//! `[DONE]`), while a dialect's translator gets its typed pieces and usage. A stream that ends without `[DONE]` gets one error frame
-//! (or the translator's error event) instead.
+//! `[DONE]`), while a dialect's translator gets its typed pieces and usage. A stream that ends
+//! without `[DONE]` gets one error frame (or the translator's error event) instead.
 
 use bytes::{Bytes, BytesMut};
 
