@@ -76,11 +76,11 @@ case $IDEM in off | chain | key) ;; *) echo "--idem off|chain|key" >&2; exit 2 ;
 case $CHAIN in chat | full) ;; *) echo "--chain chat|full" >&2; exit 2 ;; esac
 [[ -z $FLOOR || -x $FLOOR ]] || { echo "no floor binary at $FLOOR" >&2; exit 1; }
 if [[ -n $FLOOR && ( $CHAIN == full || $CASE == msgs || $IDEM != off ) ]]; then
-    echo "--floor profiles the plain proxy hop: the json and sse cases, no chain options" >&2
+    echo "--floor profiles the plain proxy hop: the json, sse and whole cases, no chain options" >&2
     exit 2
 fi
 if [[ $CHAIN == full && ( $CASE == msgs || $IDEM != off ) ]]; then
-    echo "--chain full runs the json and sse cases, with the chain's own idempotency plugin" >&2
+    echo "--chain full runs the json, sse and whole cases, with the chain's own idempotency plugin" >&2
     exit 2
 fi
 

@@ -37,10 +37,11 @@ pub struct ContentFrame {
     translated: bool,
 }
 
-/// Where the content string of a plain content chunk stands in `text`: one choice, whose
-/// `delta` has a string `content` with nothing to unescape, no reasoning and no tool calls
-/// (absent or `null`), no finish reason and no usage report. `None` for any other chunk.
-pub fn content_span(view: &AnswerView<'_>, text: &[u8]) -> Option<(usize, usize)> {
+/// Where the content string of a plain content chunk stands in the text `edits` apply to:
+/// one choice, whose `delta` has a string `content` with nothing to unescape, no reasoning
+/// and no tool calls (absent or `null`), no finish reason and no usage report. `None` for
+/// any other chunk.
+fn content_span(view: &AnswerView<'_>, edits: &Edits<'_>) -> Option<(usize, usize)> {
     if view.usage.value().is_some() {
         return None;
     }
@@ -53,11 +54,9 @@ pub fn content_span(view: &AnswerView<'_>, text: &[u8]) -> Option<(usize, usize)
     {
         return None;
     }
-    let raw = part.content.0?.get().as_bytes();
-    plain_string(raw)?;
-    let start = (raw.as_ptr() as usize).checked_sub(text.as_ptr() as usize)?;
-    let end = start + raw.len();
-    (end <= text.len()).then_some((start, end))
+    let raw = part.content.0?;
+    plain_string(raw.get().as_bytes())?;
+    edits.span(raw)
 }
 
 /// The text of the string `token` (quotes included) when it has nothing to unescape: no
@@ -71,25 +70,25 @@ fn plain_string(token: &[u8]) -> Option<&str> {
 }
 
 impl ContentFrame {
-    /// The pattern of a frame accounted by the full path: `text` its payload, `span` from
-    /// `content_span`, `edits` what the chat dialect changed in it. `None` when an edit
-    /// touches the content string.
-    pub fn record(view: &AnswerView<'_>, text: &[u8], span: (usize, usize), edits: &Edits<'_>) -> Option<ContentFrame> {
-        let choice = view.choices.as_deref()?.first()?;
-        let edited = match edits.is_empty() {
-            true => None,
-            false => {
-                let (before, after) = edits.around(span.0, span.1)?;
-                Some((Bytes::from(before), Bytes::from(after)))
-            }
+    /// The pattern of a frame accounted by the full path: `view` read from the payload `edits`
+    /// apply to, `edits` what the chat dialect changes in it. `None` for a frame that is not a
+    /// plain content chunk, or when an edit touches its content string.
+    pub fn record(view: &AnswerView<'_>, edits: &Edits<'_>) -> Option<ContentFrame> {
+        let span = content_span(view, edits)?;
+        let (choice, text, meta) = (view.choices.as_deref()?.first()?, edits.text(), view.meta());
+        let edited = if edits.is_empty() {
+            None
+        } else {
+            let (before, after) = edits.around(span.0, span.1)?;
+            Some((Bytes::from(before), Bytes::from(after)))
         };
         Some(ContentFrame {
             before: Bytes::copy_from_slice(&text[..span.0]),
             after: Bytes::copy_from_slice(&text[span.1..]),
             edited,
             slot: choice.slot(0),
-            id: view.meta().id.map(Cow::into_owned),
-            created: view.meta().created,
+            id: meta.id.map(Cow::into_owned),
+            created: meta.created,
             translated: choice.index.as_u64().unwrap_or(0) == 0,
         })
     }

@@ -4,7 +4,7 @@
 use bytes::BytesMut;
 use proptest::prelude::*;
 
-use super::content_frame::{ContentFrame, content_span};
+use super::content_frame::ContentFrame;
 use super::edits::Edits;
 use super::pipeline_reference as reference;
 use super::pipeline_tests::translated;
@@ -43,12 +43,11 @@ fn frame(payload: &[u8]) -> Vec<u8> {
 /// The pattern of a payload, as the stream records it.
 fn pattern_of(payload: &[u8]) -> Option<ContentFrame> {
     let view = AnswerView::parse(payload)?;
-    let span = content_span(&view, payload)?;
     let mut edits = Edits::new(payload);
     if let Some(model) = view.model.0.filter(|m| m.get().contains(UP)) {
         edits.replace_value(model, &b"\"llama-3.1-8b-instruct\""[..])?;
     }
-    ContentFrame::record(&view, payload, span, &edits)
+    ContentFrame::record(&view, &edits)
 }
 
 #[test]

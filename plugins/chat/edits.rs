@@ -37,8 +37,13 @@ impl<'t> Edits<'t> {
         self.first.is_none()
     }
 
+    /// The text the edits apply to.
+    pub fn text(&self) -> &'t [u8] {
+        self.text
+    }
+
     /// Where `raw` (borrowed from the text) stands in it.
-    fn span(&self, raw: &RawValue) -> Option<(usize, usize)> {
+    pub fn span(&self, raw: &RawValue) -> Option<(usize, usize)> {
         let start = (raw.get().as_ptr() as usize).checked_sub(self.text.as_ptr() as usize)?;
         let end = start + raw.get().len();
         (end <= self.text.len()).then_some((start, end))
@@ -257,13 +262,8 @@ mod tests {
     #[test]
     fn the_text_around_a_span_is_edited_apart_unless_an_edit_touches_it() {
         let t = r#"{"m":"x","c":"tok","r":null}"#;
-        let span = |k: &str| {
-            let raw = member(t, k).get();
-            let start = raw.as_ptr() as usize - t.as_ptr() as usize;
-            (start, start + raw.len())
-        };
-        let (c0, c1) = span("c");
         let mut e = Edits::new(t.as_bytes());
+        let Some((c0, c1)) = e.span(member(t, "c")) else { panic!("the content is in the text") };
         assert!(e.replace_value(member(t, "m"), &b"\"y\""[..]).is_some());
         assert!(e.rename_key(member(t, "r"), "q").is_some());
         let Some((before, after)) = e.around(c0, c1) else { panic!("no edit touches the content") };

@@ -10,7 +10,7 @@
 use bytes::{Bytes, BytesMut};
 
 use super::account::{account, delivered, no_answer, priced};
-use super::content_frame::{ContentFrame, content_span};
+use super::content_frame::ContentFrame;
 use super::edits::{Edits, one_line};
 use crate::shared::answer::{AnswerView, Form, PricedUsage, pieces};
 use tollgate::http::envelope;
@@ -153,8 +153,8 @@ fn next_frame(frame: &[u8], cx: &mut RequestCtx, out: &mut BytesMut, pattern: &m
     }
     if !joined {
         // Kept for the frames that follow (the last plain content frame's pattern wins).
-        if let Some(span) = content_span(&view, &data) {
-            *pattern = ContentFrame::record(&view, &data, span, &edits);
+        if let Some(p) = ContentFrame::record(&view, &edits) {
+            *pattern = Some(p);
         }
     }
     let figures = usage_report.and_then(|u| priced(u, cx));
